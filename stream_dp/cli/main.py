@@ -1,0 +1,49 @@
+"""Entry point of the ``stream-dp`` command.
+
+Each subcommand lives in its own module and registers itself through
+``add_parser``; this module only wires them together, so importing it does
+no work beyond building the argument parser when ``main`` is called.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+SUBCOMMANDS = ("run", "check-config", "plan", "produce", "tail", "budget")
+
+
+def _not_implemented(args: argparse.Namespace) -> int:
+    print(f"stream-dp {args.command}: not implemented yet", file=sys.stderr)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stream-dp",
+        description="Streaming differential-privacy aggregation worker.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    helps = {
+        "run": "run the worker: consume events, release noisy window aggregates",
+        "check-config": "validate a query configuration file",
+        "plan": "show noise scales, accuracy and budget use of each query",
+        "produce": "publish events (from a file or synthetic) keyed by privacy unit",
+        "tail": "print released aggregates from an output topic",
+        "budget": "inspect or reset per-unit privacy budgets",
+    }
+    for name in SUBCOMMANDS:
+        p = sub.add_parser(name, help=helps[name], description=helps[name])
+        p.set_defaults(handler=_not_implemented)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Shared fixtures: the real Kafka broker, Redis and Prometheus.
+
+Each service is found in this order:
+
+1. an address in the environment (``KAFKA_BOOTSTRAP_SERVERS``, ``REDIS_URL``,
+   ``PROMTOOL``/``PROMETHEUS``), as set by ``deploy/test.sh`` which starts
+   the local services;
+2. a testcontainers container, when a Docker engine answers;
+3. otherwise the test is skipped -- except under ``CI=true``, where a missing
+   service fails the test, so a CI run can never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _missing(service: str, how: str) -> None:
+    message = f"{service} is not available: {how}"
+    if IN_CI:
+        pytest.fail(f"{message} (CI=true: a missing service is a failure, not a skip)")
+    pytest.skip(message)
+
+
+def _docker_available() -> bool:
+    try:
+        import docker  # testcontainers depends on it
+
+        client = docker.from_env(timeout=3)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """``host:port`` of a real Apache Kafka broker."""
+    env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if env:
+        yield env
+        return
+    if _docker_available():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer().with_kraft() as kafka:
+            yield kafka.get_bootstrap_server()
+        return
+    _missing("Kafka", "set KAFKA_BOOTSTRAP_SERVERS, run `bash deploy/test.sh`, or start Docker")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """``redis://`` URL of a real Redis server."""
+    env = os.environ.get("REDIS_URL")
+    if env:
+        yield env
+        return
+    if _docker_available():
+        from testcontainers.redis import RedisContainer
+
+        with RedisContainer() as container:
+            host = container.get_container_host_ip()
+            port = container.get_exposed_port(6379)
+            yield f"redis://{host}:{port}/0"
+        return
+    _missing("Redis", "set REDIS_URL, run `bash deploy/test.sh`, or start Docker")
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """Path of Prometheus' ``promtool`` binary."""
+    path = os.environ.get("PROMTOOL") or shutil.which("promtool")
+    if not path:
+        _missing("promtool", "install Debian's `prometheus` package or run `bash deploy/test.sh`")
+    return path
+
+
+@pytest.fixture(scope="session")
+def prometheus_binary() -> str:
+    """Path of the ``prometheus`` server binary."""
+    path = os.environ.get("PROMETHEUS") or shutil.which("prometheus")
+    if not path:
+        _missing("prometheus", "install Debian's `prometheus` package or run `bash deploy/test.sh`")
+    return path
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> str:
+    """A name no other test uses: for topics, consumer groups, key prefixes."""
+    base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40]
+    return f"t-{base}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def new_topic(kafka_bootstrap: str, unique_name: str):
+    """Factory creating fresh topics on the real broker; deletes them afterwards."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="stream-dp-tests")
+    created: list[str] = []
+
+    def create(suffix: str = "", partitions: int = 1) -> str:
+        name = f"{unique_name}{'-' + suffix if suffix else ''}"
+        admin.create_topics([NewTopic(name, partitions, 1)])
+        created.append(name)
+        return name
+
+    yield create
+    if created:
+        try:
+            admin.delete_topics(created)
+        except Exception:  # deleting is housekeeping; a failure must not mask the test result
+            pass
+    admin.close()
