@@ -75,6 +75,15 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def prometheus_url() -> str:
+    """Base URL of a running Prometheus server (``PROMETHEUS_URL``)."""
+    url = os.environ.get("PROMETHEUS_URL")
+    if not url:
+        _missing("Prometheus server", "set PROMETHEUS_URL or run `bash deploy/test.sh`")
+    return url.rstrip("/")
+
+
+@pytest.fixture(scope="session")
 def promtool() -> str:
     """Path of Prometheus' ``promtool`` binary."""
     path = os.environ.get("PROMTOOL") or shutil.which("promtool")

@@ -1,0 +1,47 @@
+"""Exit 0 once a Kafka broker answers a metadata request, 1 after the deadline.
+
+Used by broker.sh: a listening port is not enough -- a KRaft broker accepts
+connections before its metadata is loaded and would then fail topic creation.
+"""
+
+import socket
+import sys
+import time
+import warnings
+
+DEADLINE_S = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
+
+
+def main() -> int:
+    bootstrap = sys.argv[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # kafka-python 3.x warns on import
+        from kafka import KafkaAdminClient
+
+    host, _, port = bootstrap.rpartition(":")
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        # The admin client blocks for its whole bootstrap timeout when nothing
+        # listens, so look for an open port first.
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+        except OSError:
+            time.sleep(0.3)
+            continue
+        try:
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+            try:
+                brokers = admin.describe_cluster()["brokers"]
+            finally:
+                admin.close()
+            if brokers and not any(b.get("is_fenced") for b in brokers):
+                return 0
+        except Exception:
+            pass
+        time.sleep(0.3)
+    print(f"Kafka at {bootstrap} did not answer a metadata request within {DEADLINE_S:.0f}s", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Local services on loopback, without Docker: Apache Kafka (KRaft, Maven jars),
+# Redis and Prometheus (Debian packages).
+#
+#   deploy/services.sh start [kafka|redis|prometheus|all]   idempotent: finds running ones
+#   deploy/services.sh stop  [kafka|redis|prometheus|all]
+#   deploy/services.sh status
+#   deploy/services.sh env        print the variables clients need (eval "$(deploy/services.sh env)")
+#
+# Ports: KAFKA_PORT (9092), REDIS_PORT (6379), PROMETHEUS_PORT (9090).
+# State, logs and pid files live under STREAM_DP_RUN_DIR (default: repo/.run, git-ignored).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
+run_dir="${STREAM_DP_RUN_DIR:-$repo/.run}"
+redis_port="${REDIS_PORT:-6379}"
+prom_port="${PROMETHEUS_PORT:-9090}"
+export STREAM_DP_RUN_DIR="$run_dir"
+
+log() { echo "[services] $*" >&2; }
+
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+redis_ping() { redis-cli -h 127.0.0.1 -p "$redis_port" ping 2>/dev/null | grep -q PONG; }
+
+start_redis() {
+  command -v redis-server >/dev/null || { log "redis-server is missing: run deploy/install.sh (apt-get install redis-server)"; exit 1; }
+  if redis_ping; then log "redis already answers on 127.0.0.1:$redis_port"; return 0; fi
+  mkdir -p "$run_dir/redis"
+  # Append-only file on: the budget ledger must survive a Redis restart.
+  redis-server --port "$redis_port" --bind 127.0.0.1 --protected-mode yes \
+    --dir "$run_dir/redis" --appendonly yes --appendfsync everysec --save "" \
+    --daemonize yes --pidfile "$run_dir/redis/redis.pid" --logfile "$run_dir/redis/redis.log"
+  for _ in $(seq 1 50); do redis_ping && break; sleep 0.1; done
+  redis_ping || { log "redis did not answer; see $run_dir/redis/redis.log"; exit 1; }
+  log "redis ready on 127.0.0.1:$redis_port"
+}
+
+stop_redis() {
+  if pid_alive "$run_dir/redis/redis.pid"; then
+    redis-cli -h 127.0.0.1 -p "$redis_port" shutdown nosave >/dev/null 2>&1 || kill "$(cat "$run_dir/redis/redis.pid")" || true
+    for _ in $(seq 1 50); do pid_alive "$run_dir/redis/redis.pid" || break; sleep 0.1; done
+    log "redis stopped"
+  fi
+  rm -f "$run_dir/redis/redis.pid"
+}
+
+prom_ready() { curl -fsS "http://127.0.0.1:$prom_port/-/ready" >/dev/null 2>&1; }
+
+start_prometheus() {
+  command -v prometheus >/dev/null || { log "prometheus is missing: run deploy/install.sh (apt-get install prometheus)"; exit 1; }
+  if prom_ready; then log "prometheus already answers on 127.0.0.1:$prom_port"; return 0; fi
+  mkdir -p "$run_dir/prometheus/data"
+  nohup prometheus --config.file="$here/prometheus/prometheus.local.yml" \
+    --storage.tsdb.path="$run_dir/prometheus/data" \
+    --web.listen-address="127.0.0.1:$prom_port" --web.enable-lifecycle \
+    > "$run_dir/prometheus/prometheus.log" 2>&1 &
+  echo $! > "$run_dir/prometheus/prometheus.pid"
+  for _ in $(seq 1 100); do prom_ready && break; sleep 0.2; done
+  prom_ready || { log "prometheus did not become ready; see $run_dir/prometheus/prometheus.log"; exit 1; }
+  log "prometheus ready on 127.0.0.1:$prom_port"
+}
+
+stop_prometheus() {
+  local pid_file="$run_dir/prometheus/prometheus.pid"
+  if pid_alive "$pid_file"; then
+    kill "$(cat "$pid_file")"
+    for _ in $(seq 1 100); do pid_alive "$pid_file" || break; sleep 0.1; done
+    log "prometheus stopped"
+  fi
+  rm -f "$pid_file"
+}
+
+what="${2:-all}"
+case "${1:-}" in
+  start)
+    case "$what" in
+      kafka) "$here/kafka/broker.sh" start ;;
+      redis) start_redis ;;
+      prometheus) start_prometheus ;;
+      all) start_redis; start_prometheus; "$here/kafka/broker.sh" start ;;
+      *) log "unknown service '$what': use kafka, redis, prometheus or all"; exit 2 ;;
+    esac ;;
+  stop)
+    case "$what" in
+      kafka) "$here/kafka/broker.sh" stop ;;
+      redis) stop_redis ;;
+      prometheus) stop_prometheus ;;
+      all) "$here/kafka/broker.sh" stop; stop_prometheus; stop_redis ;;
+      *) log "unknown service '$what': use kafka, redis, prometheus or all"; exit 2 ;;
+    esac ;;
+  status)
+    rc=0
+    "$here/kafka/broker.sh" status || rc=1
+    if redis_ping; then log "redis answers on 127.0.0.1:$redis_port"; else log "redis not answering"; rc=1; fi
+    if prom_ready; then log "prometheus answers on 127.0.0.1:$prom_port"; else log "prometheus not answering"; rc=1; fi
+    exit $rc ;;
+  env)
+    echo "export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:${KAFKA_PORT:-9092}"
+    echo "export REDIS_URL=redis://127.0.0.1:$redis_port/0"
+    echo "export PROMETHEUS_URL=http://127.0.0.1:$prom_port"
+    echo "export PROMTOOL=$(command -v promtool || echo promtool)"
+    echo "export PROMETHEUS=$(command -v prometheus || echo prometheus)" ;;
+  *) echo "usage: $0 {start|stop|status|env} [kafka|redis|prometheus|all]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs the whole test suite against real services, on a new machine too:
+# installs what is missing, starts Kafka, Redis and Prometheus on loopback,
+# runs pytest (extra arguments are passed to it), and stops what it started.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
+cd "$repo"
+
+"$here/install.sh"
+
+started=()
+cleanup() {
+  for service in "${started[@]}"; do "$here/services.sh" stop "$service" || true; done
+}
+trap cleanup EXIT
+
+eval "$("$here/services.sh" env)"
+# Services already running (a developer's own) are used and left running.
+for service in redis prometheus kafka; do
+  case "$service" in
+    redis) redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && continue ;;
+    prometheus) curl -fsS "$PROMETHEUS_URL/-/ready" >/dev/null 2>&1 && continue ;;
+    kafka) "$here/kafka/broker.sh" status >/dev/null 2>&1 && continue ;;
+  esac
+  "$here/services.sh" start "$service"
+  started+=("$service")
+done
+
+.venv/bin/python -m pytest "$@"

@@ -1,0 +1,42 @@
+"""Durations written the way people write them in YAML: ``500ms``, ``10s``, ``1m``, ``24h``, ``7d``."""
+
+from __future__ import annotations
+
+import re
+
+_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+
+
+def parse_duration_ms(value: object) -> int:
+    """Return the duration in whole milliseconds.
+
+    Accepts a string with a unit (``"1m"``, ``"1.5s"``, ``"250ms"``) or a bare
+    integer already in milliseconds. Raises ``ValueError`` saying how to write
+    one otherwise.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration; write it like 30s, 1m, 1h or 24h")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"duration {value} ms is negative; use 0 or more")
+        return value
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match:
+            amount, unit = match.groups()
+            ms = float(amount) * _UNIT_MS[unit]
+            if ms != int(ms):
+                raise ValueError(f"duration {value!r} is not a whole number of milliseconds")
+            return int(ms)
+    raise ValueError(
+        f"{value!r} is not a duration; write a number and a unit (ms, s, m, h, d), e.g. 30s, 1m, 1h or 24h"
+    )
+
+
+def format_duration_ms(ms: int) -> str:
+    """The shortest exact way to write ``ms`` with one unit (``3600000`` -> ``"1h"``)."""
+    for unit in ("d", "h", "m", "s"):
+        if ms and ms % _UNIT_MS[unit] == 0:
+            return f"{ms // _UNIT_MS[unit]}{unit}"
+    return f"{ms}ms"

@@ -1,0 +1,253 @@
+"""The query configuration file: namespaces (budget policies) and queries.
+
+Validated with pydantic when loaded; ``load_config`` turns every validation
+problem into one ``ConfigError`` line naming the file, the query, the field,
+what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from stream_dp.config.durations import parse_duration_ms
+
+DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def _check_name(kind: str, value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"{kind} {value!r} is not allowed; use letters, digits, '_', '.' or '-' (at most 128, not starting with a symbol)"
+        )
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HorizonBudget(_Strict):
+    """A rolling-horizon limit: at most ``epsilon`` (or ``rho``) per ``horizon``."""
+
+    horizon_ms: DurationMs = Field(alias="horizon")
+    epsilon: float | None = Field(None, gt=0, allow_inf_nan=False)
+    rho: float | None = Field(None, gt=0, allow_inf_nan=False)
+    buckets: int = Field(12, ge=1, le=240)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _one_unit(self) -> HorizonBudget:
+        if (self.epsilon is None) == (self.rho is None):
+            raise ValueError("give exactly one of epsilon or rho for each budget horizon, e.g. {horizon: 1h, epsilon: 1.0}")
+        if self.horizon_ms < 1000:
+            raise ValueError(f"horizon of {self.horizon_ms} ms is too short; use at least 1s (typically 1h and 24h)")
+        if self.horizon_ms % self.buckets:
+            raise ValueError(f"horizon of {self.horizon_ms} ms does not split into {self.buckets} equal buckets; pick buckets that divide it")
+        return self
+
+    @property
+    def limit(self) -> float:
+        return self.epsilon if self.epsilon is not None else self.rho  # type: ignore[return-value]
+
+
+class NamespaceConfig(_Strict):
+    """A kind of privacy unit and its per-unit budget policy."""
+
+    budgets: list[HorizonBudget] = Field(min_length=1)
+    alert_at: list[float] = Field(default_factory=lambda: [0.8, 1.0])
+
+    @field_validator("alert_at")
+    @classmethod
+    def _fractions(cls, value: list[float]) -> list[float]:
+        for fraction in value:
+            if not (0 < fraction <= 1):
+                raise ValueError(f"alert threshold {fraction} is not a fraction of the limit; use values in (0, 1], e.g. [0.8, 1.0]")
+        return sorted(set(value))
+
+    @model_validator(mode="after")
+    def _one_accounting(self) -> NamespaceConfig:
+        units = {"epsilon" if b.epsilon is not None else "rho" for b in self.budgets}
+        if len(units) > 1:
+            raise ValueError("mix of epsilon and rho budgets in one namespace; account a namespace in one unit")
+        horizons = [b.horizon_ms for b in self.budgets]
+        if len(set(horizons)) != len(horizons):
+            raise ValueError("two budgets with the same horizon; keep one limit per horizon")
+        return self
+
+    @property
+    def accounting(self) -> Literal["epsilon", "rho"]:
+        return "epsilon" if self.budgets[0].epsilon is not None else "rho"
+
+
+class PrivacyUnit(_Strict):
+    namespace: str
+    field: str = Field(min_length=1)
+
+
+class WindowConfig(_Strict):
+    size_ms: DurationMs = Field(alias="size")
+    allowed_lateness_ms: DurationMs = Field(0, alias="allowed_lateness")
+    offset_ms: DurationMs = Field(0, alias="offset")
+    idle_timeout_ms: DurationMs = Field(30_000, alias="idle_timeout")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WindowConfig:
+        if self.size_ms < 1000:
+            raise ValueError(f"window size {self.size_ms} ms is below 1s; use e.g. 1m")
+        if self.offset_ms >= self.size_ms:
+            raise ValueError(f"window offset {self.offset_ms} ms is not smaller than the size {self.size_ms} ms")
+        return self
+
+
+class PublicGroups(_Strict):
+    public: list[Any] = Field(min_length=1)
+
+
+class SelectGroups(_Strict):
+    class Select(_Strict):
+        delta: float = Field(gt=0, lt=1e-3, allow_inf_nan=False)
+
+    select: Select
+
+
+class BoundsConfig(_Strict):
+    max_groups_per_unit: int = Field(ge=1, le=10_000)
+    max_events_per_group: int = Field(ge=1, le=10_000)
+
+
+class CountAggregation(_Strict):
+    pass
+
+
+class SumAggregation(_Strict):
+    field: str = Field(min_length=1)
+    clip: tuple[float, float]
+
+    @field_validator("clip")
+    @classmethod
+    def _clip(cls, value: tuple[float, float]) -> tuple[float, float]:
+        lo, hi = value
+        if not (math.isfinite(lo) and math.isfinite(hi)) or lo >= hi:
+            raise ValueError(f"clip {list(value)} must be two finite numbers [lo, hi] with lo < hi, e.g. [0, 100]")
+        return value
+
+
+class MeanAggregation(_Strict):
+    field: str = Field(min_length=1)
+
+
+class Aggregations(_Strict):
+    count: CountAggregation | None = None
+    sum: SumAggregation | None = None
+    mean: MeanAggregation | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Aggregations:
+        if self.count is None and self.sum is None and self.mean is None:
+            raise ValueError("no aggregation; add at least `count: {}`")
+        if self.mean is not None:
+            if self.sum is None:
+                raise ValueError("mean needs a sum with a clip range on the same field, e.g. sum: {field: value, clip: [0, 100]}")
+            if self.mean.field != self.sum.field:
+                raise ValueError(f"mean.field {self.mean.field!r} differs from sum.field {self.sum.field!r}; a mean is the sum over the count of one field")
+        return self
+
+    @property
+    def value_field(self) -> str | None:
+        return self.sum.field if self.sum else None
+
+    def names(self) -> frozenset[str]:
+        return frozenset(n for n in ("count", "sum", "mean") if getattr(self, n) is not None)
+
+
+class QueryConfig(_Strict):
+    name: str
+    input_topic: str
+    output_topic: str
+    privacy_unit: PrivacyUnit
+    timestamp_field: str = Field(min_length=1)
+    timestamp_format: Literal["auto", "epoch_s", "epoch_ms", "iso8601"] = "auto"
+    window: WindowConfig
+    group_by: list[str] = Field(min_length=1)
+    groups: PublicGroups | SelectGroups
+    bounds: BoundsConfig
+    aggregations: Aggregations
+    mechanism: Literal["laplace", "gaussian"] = "laplace"
+    epsilon: float = Field(gt=0, le=10, allow_inf_nan=False)
+    delta: float = Field(0.0, ge=0, lt=1e-3, allow_inf_nan=False)
+    max_future_skew_ms: DurationMs = Field(300_000, alias="max_future_skew")
+    max_message_bytes: int = Field(65_536, ge=64, le=10_485_760)
+    release_timeout_ms: DurationMs = Field(60_000, alias="release_timeout")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("name", "input_topic", "output_topic")
+    @classmethod
+    def _names(cls, value: str, info: Any) -> str:
+        return _check_name(info.field_name.replace("_", " "), value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> QueryConfig:
+        if self.mechanism == "gaussian" and self.delta <= 0:
+            raise ValueError("mechanism gaussian needs delta > 0 (e.g. delta: 1.0e-7); or use mechanism: laplace")
+        if self.input_topic == self.output_topic:
+            raise ValueError("output_topic equals input_topic; releases must go to their own topic")
+        if isinstance(self.groups, PublicGroups):
+            width = len(self.group_by)
+            for key in self.groups.public:
+                parts = key if isinstance(key, list) else [key]
+                if len(parts) != width or not all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in parts):
+                    raise ValueError(
+                        f"public group {key!r} does not match group_by {self.group_by}: give "
+                        + ("one string or integer per group" if width == 1 else f"a list of {width} strings or integers per group")
+                    )
+        return self
+
+    def public_group_keys(self) -> list[tuple[str | int, ...]] | None:
+        """Public group keys as tuples, or None when groups are selected privately."""
+        if not isinstance(self.groups, PublicGroups):
+            return None
+        return [tuple(k) if isinstance(k, list) else (k,) for k in self.groups.public]
+
+
+class PipelineConfig(_Strict):
+    namespaces: dict[str, NamespaceConfig] = Field(min_length=1)
+    queries: list[QueryConfig] = Field(min_length=1)
+
+    @field_validator("namespaces")
+    @classmethod
+    def _namespace_names(cls, value: dict[str, NamespaceConfig]) -> dict[str, NamespaceConfig]:
+        for name in value:
+            _check_name("namespace", name)
+        return value
+
+    @model_validator(mode="after")
+    def _references(self) -> PipelineConfig:
+        names = [q.name for q in self.queries]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"query names {duplicates} are used more than once; give each query its own name")
+        outputs = [q.output_topic for q in self.queries]
+        if len(set(outputs)) != len(outputs):
+            raise ValueError("two queries write the same output_topic; give each query its own output topic")
+        for query in self.queries:
+            if query.privacy_unit.namespace not in self.namespaces:
+                raise ValueError(
+                    f"query {query.name!r} uses namespace {query.privacy_unit.namespace!r}, which is not defined; "
+                    f"define it under namespaces (defined: {sorted(self.namespaces)})"
+                )
+        return self
+
+    def query(self, name: str) -> QueryConfig:
+        for query in self.queries:
+            if query.name == name:
+                return query
+        raise KeyError(f"no query named {name!r}; queries: {[q.name for q in self.queries]}")

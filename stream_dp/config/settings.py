@@ -1,0 +1,86 @@
+"""Connection settings from the environment (never from the query file).
+
+Secrets are ``SecretStr`` so that they never print in logs, reprs or errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Worker settings; each field is read from the environment variable named in ``alias``."""
+
+    model_config = SettingsConfigDict(populate_by_name=True, extra="ignore")
+
+    kafka_bootstrap_servers: str = Field("127.0.0.1:9092", alias="KAFKA_BOOTSTRAP_SERVERS")
+    kafka_security_protocol: str = Field("PLAINTEXT", alias="KAFKA_SECURITY_PROTOCOL")
+    kafka_sasl_mechanism: str | None = Field(None, alias="KAFKA_SASL_MECHANISM")
+    kafka_sasl_username: str | None = Field(None, alias="KAFKA_SASL_USERNAME")
+    kafka_sasl_password: SecretStr | None = Field(None, alias="KAFKA_SASL_PASSWORD")
+    kafka_ssl_cafile: str | None = Field(None, alias="KAFKA_SSL_CAFILE")
+    kafka_ssl_certfile: str | None = Field(None, alias="KAFKA_SSL_CERTFILE")
+    kafka_ssl_keyfile: str | None = Field(None, alias="KAFKA_SSL_KEYFILE")
+    redis_url: SecretStr = Field(SecretStr("redis://127.0.0.1:6379/0"), alias="REDIS_URL")
+    redis_timeout_s: float = Field(2.0, alias="STREAM_DP_REDIS_TIMEOUT_S", gt=0)
+    redis_retries: int = Field(3, alias="STREAM_DP_REDIS_RETRIES", ge=0)
+    metrics_host: str = Field("127.0.0.1", alias="STREAM_DP_METRICS_HOST")
+    metrics_port: int = Field(9108, alias="STREAM_DP_METRICS_PORT", ge=0, le=65535)
+    group_id: str = Field("stream-dp", alias="STREAM_DP_GROUP_ID", min_length=1)
+    internal_topic_prefix: str = Field("stream-dp.", alias="STREAM_DP_INTERNAL_TOPIC_PREFIX")
+    contribution_secret: SecretStr | None = Field(None, alias="STREAM_DP_CONTRIBUTION_SECRET")
+
+    @field_validator("kafka_security_protocol")
+    @classmethod
+    def _known_protocol(cls, value: str) -> str:
+        allowed = {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"}
+        if value.upper() not in allowed:
+            raise ValueError(f"KAFKA_SECURITY_PROTOCOL={value!r}; use one of {sorted(allowed)}")
+        return value.upper()
+
+    @field_validator("contribution_secret")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError(
+                "STREAM_DP_CONTRIBUTION_SECRET is shorter than 16 characters; "
+                "generate one with `python -c 'import secrets; print(secrets.token_hex(32))'`"
+            )
+        return value
+
+    def kafka_client_options(self) -> dict[str, Any]:
+        """Security options passed through to the Kafka clients (kafka-python / aiokafka names)."""
+        options: dict[str, Any] = {
+            "bootstrap_servers": self.kafka_bootstrap_servers,
+            "security_protocol": self.kafka_security_protocol,
+        }
+        if self.kafka_sasl_mechanism:
+            options["sasl_mechanism"] = self.kafka_sasl_mechanism
+            options["sasl_plain_username"] = self.kafka_sasl_username
+            if self.kafka_sasl_password is not None:
+                options["sasl_plain_password"] = self.kafka_sasl_password.get_secret_value()
+        for name in ("cafile", "certfile", "keyfile"):
+            value = getattr(self, f"kafka_ssl_{name}")
+            if value:
+                options[f"ssl_{name}"] = value
+        return options
+
+    @property
+    def partials_topic(self) -> str:
+        return f"{self.internal_topic_prefix}partials"
+
+    @property
+    def alerts_topic(self) -> str:
+        return f"{self.internal_topic_prefix}alerts"
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return f"{self.internal_topic_prefix}dead-letter"
+
+
+def settings_env_names() -> set[str]:
+    """Every environment variable ``Settings`` reads (used to check deployment files)."""
+    return {field.alias for field in Settings.model_fields.values() if field.alias}
