@@ -11,6 +11,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from stream_dp.cli import check_config
+
 SUBCOMMANDS = ("run", "check-config", "plan", "produce", "tail", "budget")
 
 
@@ -33,7 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
         "tail": "print released aggregates from an output topic",
         "budget": "inspect or reset per-unit privacy budgets",
     }
+    registered = {"check-config": check_config.register}
     for name in SUBCOMMANDS:
+        if name in registered:
+            registered[name](sub)
+            continue
         p = sub.add_parser(name, help=helps[name], description=helps[name])
         p.set_defaults(handler=_not_implemented)
     return parser

@@ -1,0 +1,76 @@
+"""The query file: the example loads, and each mistake gets a message naming file, query and field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stream_dp.config import ConfigError, load_config, parse_config
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "queries.example.yaml"
+
+
+@pytest.fixture
+def example() -> dict:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def test_example_file_is_valid():
+    config = load_config(EXAMPLE)
+    query = config.queries[0]
+    assert query.window.size_ms == 60_000
+    assert query.window.allowed_lateness_ms == 10_000
+    assert query.public_group_keys() == [("/",), ("/pricing",), ("/docs",)]
+    assert query.aggregations.names() == {"count", "sum", "mean"}
+    assert query.aggregations.value_field == "value"
+    users = config.namespaces["users"]
+    assert users.accounting == "epsilon"
+    assert [(b.horizon_ms, b.limit) for b in users.budgets] == [(3_600_000, 1.0), (86_400_000, 4.0)]
+
+
+def _error(data: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "queries.yaml")
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: d["queries"][0]["window"].update(size="soon"), r"queries\[0\] \(pageviews_by_page\)\.window\.size: 'soon' is not a duration"),
+        (lambda d: d["queries"][0].update(mechanism="gaussian", delta=0.0), r"gaussian needs delta > 0"),
+        (lambda d: d["queries"][0].update(epsilon=-1), r"\.epsilon: .*greater than 0"),
+        (lambda d: d["queries"][0]["aggregations"]["sum"].update(clip=[5, 1]), r"clip \[5.0, 1.0\] must be two finite numbers"),
+        (lambda d: d["queries"][0]["privacy_unit"].update(namespace="devices"), r"namespace 'devices', which is not defined"),
+        (lambda d: d["queries"][0].update(colour="blue"), r"\.colour: unknown field"),
+        (lambda d: d["queries"][0].pop("timestamp_field"), r"\.timestamp_field: is required"),
+        (lambda d: d["queries"][0]["groups"].update(public=[["/", "x"]]), r"does not match group_by"),
+        (lambda d: d["queries"].append(copy.deepcopy(d["queries"][0])), r"used more than once"),
+        (lambda d: d["namespaces"]["users"].update(alert_at=[1.5]), r"not a fraction of the limit"),
+        (lambda d: d["namespaces"]["users"]["budgets"].append({"horizon": "2h", "rho": 0.1}), r"mix of epsilon and rho"),
+        (lambda d: d["namespaces"]["users"]["budgets"][0].update(rho=0.5), r"exactly one of epsilon or rho"),
+        (lambda d: d["queries"][0]["aggregations"].pop("sum"), r"mean needs a sum"),
+        (lambda d: d["queries"][0].update(output_topic=d["queries"][0]["input_topic"]), r"releases must go to their own topic"),
+    ],
+)
+def test_mistakes_are_explained(example, mutate, expected):
+    mutate(example)
+    message = _error(example)
+    assert message.startswith("queries.yaml: ")
+    assert __import__("re").search(expected, message), message
+
+
+def test_unreadable_and_non_yaml_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("queries: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(scalar)

@@ -1,0 +1,38 @@
+import pytest
+from pydantic import ValidationError
+
+from stream_dp.config import Settings, settings_env_names
+
+
+def test_reads_environment_and_hides_secrets(monkeypatch):
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "broker:9092")
+    monkeypatch.setenv("REDIS_URL", "redis://worker:hunter2hunter2@redis:6379/0")
+    monkeypatch.setenv("KAFKA_SECURITY_PROTOCOL", "sasl_ssl")
+    monkeypatch.setenv("KAFKA_SASL_MECHANISM", "SCRAM-SHA-512")
+    monkeypatch.setenv("KAFKA_SASL_USERNAME", "svc")
+    monkeypatch.setenv("KAFKA_SASL_PASSWORD", "s3cret-password")
+    monkeypatch.setenv("STREAM_DP_CONTRIBUTION_SECRET", "0123456789abcdef0123")
+    settings = Settings()
+    assert settings.kafka_bootstrap_servers == "broker:9092"
+    assert settings.kafka_security_protocol == "SASL_SSL"
+    options = settings.kafka_client_options()
+    assert options["sasl_plain_password"] == "s3cret-password"
+    assert options["security_protocol"] == "SASL_SSL"
+    shown = repr(settings) + str(settings)
+    for secret in ("hunter2hunter2", "s3cret-password", "0123456789abcdef0123"):
+        assert secret not in shown
+
+
+def test_short_secret_and_unknown_protocol_are_refused(monkeypatch):
+    monkeypatch.setenv("STREAM_DP_CONTRIBUTION_SECRET", "short")
+    with pytest.raises(ValidationError, match="shorter than 16"):
+        Settings()
+    monkeypatch.delenv("STREAM_DP_CONTRIBUTION_SECRET")
+    monkeypatch.setenv("KAFKA_SECURITY_PROTOCOL", "TLS")
+    with pytest.raises(ValidationError, match="use one of"):
+        Settings()
+
+
+def test_env_names_listed():
+    names = settings_env_names()
+    assert {"KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL", "STREAM_DP_METRICS_PORT", "STREAM_DP_CONTRIBUTION_SECRET"} <= names
