@@ -1,0 +1,206 @@
+"""Combine per-partition partials of a window into one total, and decide when
+a window can be released. Pure logic: no Kafka, no Redis, no clock of its own.
+
+A window of a query is **complete** when every input partition has either sent
+its partial for the window or reported progress (closed through a time at or
+after the window's end): a partition with no events in a window sends no
+partial, only progress. A window that waited ``release_timeout_ms`` (wall
+clock, from its first partial) is released with what arrived; partials that
+come after the release are counted and dropped (the budget they charged stays
+charged, which errs on the safe side).
+
+For queries with public groups, windows in which no partition had any event
+are released too (all counts zero before noise) once every partition's
+progress has passed them: otherwise the mere presence of a release would say,
+without noise, that somebody was active in that window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stream_dp.worker.records import GroupKey, PartialAggregate, Progress
+
+MAX_EMPTY_WINDOWS_PER_STEP = 1_000  # bounds the work after a long silence
+
+
+@dataclass
+class _Pending:
+    window_end_ms: int
+    first_seen_ms: int
+    partials: dict[int, PartialAggregate] = field(default_factory=dict)
+    source_offsets: list[tuple[int, int]] = field(default_factory=list)  # (partials-topic partition, offset)
+
+
+@dataclass(frozen=True)
+class CombinedWindow:
+    """Totals of one window over all partitions that reported, ready for noise."""
+
+    query: str
+    window_start_ms: int
+    window_end_ms: int
+    groups: list[GroupKey]
+    count: np.ndarray
+    sum: np.ndarray | None
+    distinct_units: np.ndarray
+    partitions_missing: list[int]
+    units_charged: int
+    units_excluded: int
+    closed_at_ms: int | None  # earliest close time among partials (None for an empty window)
+
+
+class WindowCombiner:
+    """Pending windows of one query."""
+
+    def __init__(
+        self,
+        query: str,
+        *,
+        window_size_ms: int,
+        window_offset_ms: int,
+        release_timeout_ms: int,
+        public_groups: list[GroupKey] | None,
+        has_sum: bool,
+        released_through_ms: int | None = None,
+    ) -> None:
+        if window_size_ms <= 0:
+            raise ValueError(f"window_size_ms must be positive, got {window_size_ms}")
+        if release_timeout_ms <= 0:
+            raise ValueError(f"release_timeout_ms must be positive, got {release_timeout_ms}")
+        self.query = query
+        self.window_size_ms = window_size_ms
+        self.window_offset_ms = window_offset_ms
+        self.release_timeout_ms = release_timeout_ms
+        self.public_groups = public_groups
+        self._public_index = {g: i for i, g in enumerate(public_groups)} if public_groups is not None else None
+        self.has_sum = has_sum
+        self.released_through_ms = released_through_ms
+        self.input_partitions = 0
+        self.progress: dict[int, int] = {}
+        self._pending: dict[int, _Pending] = {}
+
+    # -- input ---------------------------------------------------------------------------
+
+    def add_partial(self, partial: PartialAggregate, now_ms: int, source: tuple[int, int] | None = None) -> bool:
+        """Add a partial; False when its window was already released (a late or replayed partial)."""
+        self.input_partitions = max(self.input_partitions, partial.input_partitions)
+        pending = self._pending.get(partial.window_start_ms)
+        if pending is None:
+            if self.is_released(partial.window_end_ms):
+                return False
+            pending = self._pending[partial.window_start_ms] = _Pending(partial.window_end_ms, now_ms)
+        # A replay of the same partition's partial carries the same values; keep the first.
+        pending.partials.setdefault(partial.partition, partial)
+        if source is not None:
+            pending.source_offsets.append(source)
+        return True
+
+    def add_progress(self, progress: Progress) -> None:
+        self.input_partitions = max(self.input_partitions, progress.input_partitions)
+        previous = self.progress.get(progress.partition)
+        if previous is None or progress.closed_through_ms > previous:
+            self.progress[progress.partition] = progress.closed_through_ms
+
+    def is_released(self, window_end_ms: int) -> bool:
+        return self.released_through_ms is not None and window_end_ms <= self.released_through_ms
+
+    # -- decisions -----------------------------------------------------------------------
+
+    def _complete(self, window_start_ms: int, pending: _Pending) -> bool:
+        if self.input_partitions == 0:
+            return False
+        for partition in range(self.input_partitions):
+            if partition in pending.partials:
+                continue
+            if self.progress.get(partition, -1) < pending.window_end_ms:
+                return False
+        return True
+
+    def _min_progress(self) -> int | None:
+        if self.input_partitions == 0 or len(self.progress) < self.input_partitions:
+            return None
+        return min(self.progress.get(p, -1) for p in range(self.input_partitions))
+
+    def ready(self, now_ms: int) -> list[int]:
+        """Start times of the windows to release now, oldest first (at most one step's worth of empty ones)."""
+        starts = [
+            start
+            for start, pending in self._pending.items()
+            if self._complete(start, pending) or now_ms - pending.first_seen_ms >= self.release_timeout_ms
+        ]
+        if self.public_groups is not None and self.released_through_ms is not None:
+            through = self._min_progress()
+            if through is not None:
+                end = self.released_through_ms + self.window_size_ms
+                added = 0
+                while end <= through and added < MAX_EMPTY_WINDOWS_PER_STEP:
+                    start = end - self.window_size_ms
+                    if start not in self._pending:
+                        starts.append(start)
+                        added += 1
+                    end += self.window_size_ms
+        return sorted(set(starts))
+
+    def pending_source_offsets(self) -> list[tuple[int, int]]:
+        """(partials partition, offset) of every partial still pending: the consumer may not commit past them."""
+        return [source for pending in self._pending.values() for source in pending.source_offsets]
+
+    @property
+    def pending_windows(self) -> int:
+        return len(self._pending)
+
+    # -- output --------------------------------------------------------------------------
+
+    def take(self, window_start_ms: int) -> CombinedWindow:
+        """Remove a window from the pending set and return its combined totals."""
+        pending = self._pending.pop(window_start_ms, None)
+        window_end_ms = window_start_ms + self.window_size_ms if pending is None else pending.window_end_ms
+        partials = [] if pending is None else [pending.partials[p] for p in sorted(pending.partials)]
+        groups, count, sums, distinct = self._merge(partials)
+        reported = {p.partition for p in partials}
+        missing = [
+            p for p in range(self.input_partitions)
+            if p not in reported and self.progress.get(p, -1) < window_end_ms
+        ]
+        if self.released_through_ms is None or window_end_ms > self.released_through_ms:
+            self.released_through_ms = window_end_ms
+        return CombinedWindow(
+            query=self.query,
+            window_start_ms=window_start_ms,
+            window_end_ms=window_end_ms,
+            groups=groups,
+            count=count,
+            sum=sums,
+            distinct_units=distinct,
+            partitions_missing=missing,
+            units_charged=sum(p.units_charged for p in partials),
+            units_excluded=sum(p.units_excluded for p in partials),
+            closed_at_ms=min((p.closed_at_ms for p in partials), default=None),
+        )
+
+    def _merge(self, partials: list[PartialAggregate]) -> tuple[list[GroupKey], np.ndarray, np.ndarray | None, np.ndarray]:
+        if self._public_index is not None:
+            n = len(self.public_groups)  # type: ignore[arg-type]
+            index = self._public_index
+            groups = list(self.public_groups)  # type: ignore[arg-type]
+        else:
+            index = {}
+            for partial in partials:
+                for group in partial.groups:
+                    index.setdefault(group, len(index))
+            n = len(index)
+            groups = list(index)
+        count = np.zeros(n, dtype=np.int64)
+        distinct = np.zeros(n, dtype=np.int64)
+        sums = np.zeros(n, dtype=np.float64) if self.has_sum else None
+        for partial in partials:
+            # Groups outside the public list are dropped here (-1): they are never released.
+            positions = np.fromiter((index.get(g, -1) for g in partial.groups), dtype=np.int64, count=len(partial.groups))
+            keep = positions >= 0
+            np.add.at(count, positions[keep], partial.count[keep])
+            np.add.at(distinct, positions[keep], partial.distinct_units[keep])
+            if sums is not None and partial.sum is not None:
+                np.add.at(sums, positions[keep], partial.sum[keep])
+        return groups, count, sums, distinct

@@ -1,0 +1,158 @@
+"""The release ledger: a window's noisy values are stored before they are published.
+
+``claim`` stores the records of a (query, window) release unless some release
+is already stored, and returns whatever is stored. So noise for a window is
+drawn at most once in effect: a retried, replayed or concurrent release
+publishes the stored values, never fresh draws. If the process dies after
+drawing noise but before the ledger write, those draws were never seen by
+anyone, and drawing again is harmless.
+
+The ledger is kept in Redis beside the budget store (same durability). Entries
+expire after ``ttl_s`` (default 7 days): keep it longer than the input topics'
+retention, so a replay can never reach a window whose entry has expired.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import orjson
+import redis
+
+WRITTEN = b"written"
+PUBLISHED = b"published"
+
+_CLAIM = """
+local existing = redis.call('HMGET', KEYS[1], 'payload', 'state')
+if existing[1] then
+  return {existing[1], existing[2], 0}
+end
+redis.call('HSET', KEYS[1], 'payload', ARGV[1], 'state', 'written')
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
+return {ARGV[1], 'written', 1}
+"""
+
+_RAISE_MARK = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
+if tonumber(ARGV[1]) > current then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
+  return tonumber(ARGV[1])
+end
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
+return current
+"""
+
+
+class LedgerUnavailable(RuntimeError):
+    """The ledger could not be read or written; the caller must not publish."""
+
+
+@dataclass(frozen=True)
+class StoredRelease:
+    records: list[dict]
+    published: bool
+    newly_written: bool
+
+
+def _pack(records: list[dict]) -> bytes:
+    return zlib.compress(orjson.dumps(records), 3)
+
+
+def _unpack(payload: bytes) -> list[dict]:
+    return orjson.loads(zlib.decompress(payload))
+
+
+class ReleaseLedger(Protocol):
+    def claim(self, query: str, window_start_ms: int, records: list[dict]) -> StoredRelease: ...
+    def mark_published(self, query: str, window_start_ms: int) -> None: ...
+    def get(self, query: str, window_start_ms: int) -> StoredRelease | None: ...
+    def released_through(self, query: str) -> int | None: ...
+    def raise_released_through(self, query: str, window_end_ms: int) -> None: ...
+
+
+class RedisReleaseLedger:
+    def __init__(self, client: redis.Redis, *, prefix: str = "stream-dp:ledger", ttl_s: int = 7 * 86_400) -> None:
+        if ttl_s < 3_600:
+            raise ValueError(f"ledger ttl_s={ttl_s} is under an hour; keep entries longer than the input topics' retention")
+        self._redis = client
+        self._prefix = prefix
+        self._ttl_s = ttl_s
+        self._claim = client.register_script(_CLAIM)
+        self._raise = client.register_script(_RAISE_MARK)
+
+    def _key(self, query: str, window_start_ms: int) -> str:
+        return f"{self._prefix}:{{{query}}}:{window_start_ms}"
+
+    def claim(self, query: str, window_start_ms: int, records: list[dict]) -> StoredRelease:
+        try:
+            payload, state, new = self._claim(keys=[self._key(query, window_start_ms)], args=[_pack(records), self._ttl_s])
+        except redis.RedisError as exc:
+            raise LedgerUnavailable(f"release ledger write failed ({type(exc).__name__}); not publishing") from exc
+        return StoredRelease(_unpack(payload), state == PUBLISHED, bool(new))
+
+    def mark_published(self, query: str, window_start_ms: int) -> None:
+        try:
+            self._redis.hset(self._key(query, window_start_ms), "state", PUBLISHED)
+        except redis.RedisError as exc:
+            raise LedgerUnavailable(f"release ledger update failed ({type(exc).__name__})") from exc
+
+    def get(self, query: str, window_start_ms: int) -> StoredRelease | None:
+        try:
+            payload, state = self._redis.hmget(self._key(query, window_start_ms), "payload", "state")
+        except redis.RedisError as exc:
+            raise LedgerUnavailable(f"release ledger read failed ({type(exc).__name__})") from exc
+        if payload is None:
+            return None
+        return StoredRelease(_unpack(payload), state == PUBLISHED, False)
+
+    def released_through(self, query: str) -> int | None:
+        try:
+            value = self._redis.get(f"{self._prefix}:{{{query}}}:released-through")
+        except redis.RedisError as exc:
+            raise LedgerUnavailable(f"release ledger read failed ({type(exc).__name__})") from exc
+        return None if value is None else int(value)
+
+    def raise_released_through(self, query: str, window_end_ms: int) -> None:
+        try:
+            self._raise(keys=[f"{self._prefix}:{{{query}}}:released-through"], args=[window_end_ms, self._ttl_s])
+        except redis.RedisError as exc:
+            raise LedgerUnavailable(f"release ledger update failed ({type(exc).__name__})") from exc
+
+
+class MemoryReleaseLedger:
+    """In-process ledger for a single worker without Redis, and for tests."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, int], tuple[bytes, bool]] = {}
+        self._through: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def claim(self, query: str, window_start_ms: int, records: list[dict]) -> StoredRelease:
+        with self._lock:
+            key = (query, window_start_ms)
+            if key in self._entries:
+                payload, published = self._entries[key]
+                return StoredRelease(_unpack(payload), published, False)
+            payload = _pack(records)
+            self._entries[key] = (payload, False)
+            return StoredRelease(_unpack(payload), False, True)
+
+    def mark_published(self, query: str, window_start_ms: int) -> None:
+        with self._lock:
+            payload, _ = self._entries[(query, window_start_ms)]
+            self._entries[(query, window_start_ms)] = (payload, True)
+
+    def get(self, query: str, window_start_ms: int) -> StoredRelease | None:
+        with self._lock:
+            entry = self._entries.get((query, window_start_ms))
+        return None if entry is None else StoredRelease(_unpack(entry[0]), entry[1], False)
+
+    def released_through(self, query: str) -> int | None:
+        return self._through.get(query)
+
+    def raise_released_through(self, query: str, window_end_ms: int) -> None:
+        with self._lock:
+            self._through[query] = max(self._through.get(query, window_end_ms), window_end_ms)

@@ -1,0 +1,93 @@
+import numpy as np
+import pytest
+
+from stream_dp.worker.combiner import WindowCombiner
+from stream_dp.worker.records import PartialAggregate, Progress
+
+MIN = 60_000
+
+
+def _partial(partition, start, groups, counts, sums=None, distinct=None, parts=3):
+    return PartialAggregate(
+        query="q", window_start_ms=start, window_end_ms=start + MIN, partition=partition, input_partitions=parts,
+        groups=groups, count=np.array(counts, dtype=np.int64),
+        sum=None if sums is None else np.array(sums, dtype=np.float64),
+        distinct_units=np.array(distinct if distinct is not None else counts, dtype=np.int64),
+        units_charged=sum(counts), units_excluded=0, closed_at_ms=start + MIN + 1,
+    )
+
+
+def _combiner(public=None, timeout=30_000, has_sum=True):
+    return WindowCombiner("q", window_size_ms=MIN, window_offset_ms=0, release_timeout_ms=timeout,
+                          public_groups=public, has_sum=has_sum)
+
+
+def test_waits_for_every_partition_or_its_progress():
+    c = _combiner()
+    c.add_partial(_partial(0, 0, [("a",)], [2], [1.0]), now_ms=0)
+    c.add_partial(_partial(1, 0, [("a",), ("b",)], [1, 4], [2.0, 3.0]), now_ms=0)
+    assert c.ready(now_ms=1) == []
+    c.add_progress(Progress("q", 2, 3, MIN - 1))
+    assert c.ready(now_ms=1) == []
+    c.add_progress(Progress("q", 2, 3, MIN))
+    assert c.ready(now_ms=1) == [0]
+    window = c.take(0)
+    assert dict(zip(window.groups, window.count.tolist())) == {("a",): 3, ("b",): 4}
+    assert dict(zip(window.groups, window.sum.tolist())) == {("a",): 3.0, ("b",): 3.0}
+    assert window.partitions_missing == []
+    assert c.pending_windows == 0
+
+
+def test_timeout_releases_with_missing_partitions_and_late_partials_are_refused():
+    c = _combiner(timeout=10_000)
+    c.add_partial(_partial(0, 0, [("a",)], [2]), now_ms=1_000)
+    assert c.ready(now_ms=10_999) == []
+    assert c.ready(now_ms=11_000) == [0]
+    window = c.take(0)
+    assert window.partitions_missing == [1, 2]
+    assert c.add_partial(_partial(1, 0, [("a",)], [5]), now_ms=12_000) is False
+
+
+def test_replayed_partial_of_same_partition_is_not_added_twice():
+    c = _combiner(timeout=1)
+    c.add_partial(_partial(0, 0, [("a",)], [2]), now_ms=0)
+    c.add_partial(_partial(0, 0, [("a",)], [2]), now_ms=0)
+    assert c.take(0).count.tolist() == [2]
+
+
+def test_public_groups_fill_zeros_drop_unknown_groups_and_release_empty_windows():
+    public = [("a",), ("b",)]
+    c = _combiner(public=public, timeout=1_000_000)
+    c.add_partial(_partial(0, 0, [("b",), ("zzz",)], [4, 9], [1.0, 9.0], parts=1), now_ms=0)
+    c.add_progress(Progress("q", 0, 1, MIN))
+    assert c.ready(0) == [0]
+    first = c.take(0)
+    assert first.groups == public and first.count.tolist() == [0, 4] and first.sum.tolist() == [0.0, 1.0]
+    # Three silent windows pass: each is released (empty) once progress passes it.
+    c.add_progress(Progress("q", 0, 1, 4 * MIN))
+    assert c.ready(0) == [MIN, 2 * MIN, 3 * MIN]
+    empty = c.take(MIN)
+    assert empty.count.tolist() == [0, 0] and empty.closed_at_ms is None
+
+
+def test_selected_groups_union_keys_and_count_only():
+    c = _combiner(has_sum=False, timeout=1)
+    c.add_partial(_partial(0, 0, [("a",), ("b",)], [1, 2], parts=2), now_ms=0)
+    c.add_partial(_partial(1, 0, [("c",), ("a",)], [5, 7], parts=2), now_ms=0)
+    window = c.take(0)
+    assert dict(zip(window.groups, window.count.tolist())) == {("a",): 8, ("b",): 2, ("c",): 5}
+    assert window.sum is None
+
+
+def test_pending_source_offsets_hold_commits():
+    c = _combiner()
+    c.add_partial(_partial(0, 0, [("a",)], [1]), now_ms=0, source=(0, 17))
+    c.add_partial(_partial(1, MIN, [("a",)], [1]), now_ms=0, source=(0, 18))
+    assert sorted(c.pending_source_offsets()) == [(0, 17), (0, 18)]
+    c.take(0)
+    assert c.pending_source_offsets() == [(0, 18)]
+
+
+def test_validation():
+    with pytest.raises(ValueError, match="window_size_ms"):
+        WindowCombiner("q", window_size_ms=0, window_offset_ms=0, release_timeout_ms=1, public_groups=None, has_sum=False)

@@ -1,0 +1,42 @@
+"""Both ledger backends: a window's release is stored once and read back unchanged."""
+
+import pytest
+import redis
+
+from stream_dp.worker.ledger import LedgerUnavailable, MemoryReleaseLedger, RedisReleaseLedger
+
+
+@pytest.fixture(params=["memory", "redis"])
+def ledger(request, unique_name):
+    if request.param == "memory":
+        yield MemoryReleaseLedger()
+        return
+    client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+    yield RedisReleaseLedger(client, prefix=f"{unique_name}:ledger")
+    for key in client.scan_iter(f"{unique_name}:*"):
+        client.delete(key)
+    client.close()
+
+
+def test_first_claim_wins_and_later_claims_get_the_stored_values(ledger):
+    first = ledger.claim("q", 0, [{"count": 5}])
+    assert first.newly_written and not first.published and first.records == [{"count": 5}]
+    second = ledger.claim("q", 0, [{"count": 999}])
+    assert not second.newly_written and second.records == [{"count": 5}]
+    ledger.mark_published("q", 0)
+    assert ledger.get("q", 0).published
+    assert ledger.get("q", 60_000) is None
+
+
+def test_released_through_only_moves_forward(ledger):
+    assert ledger.released_through("q") is None
+    ledger.raise_released_through("q", 120_000)
+    ledger.raise_released_through("q", 60_000)
+    assert ledger.released_through("q") == 120_000
+
+
+def test_redis_down_raises_ledger_unavailable():
+    client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    ledger = RedisReleaseLedger(client)
+    with pytest.raises(LedgerUnavailable, match="not publishing"):
+        ledger.claim("q", 0, [])

@@ -1,0 +1,54 @@
+import numpy as np
+import pytest
+
+from stream_dp.worker.records import (
+    PartialAggregate,
+    Progress,
+    WireFormatError,
+    decode_internal,
+    encode_partial,
+    encode_progress,
+    iso_utc,
+    release_id,
+)
+
+
+def _partial(**overrides):
+    values = dict(
+        query="q", window_start_ms=60_000, window_end_ms=120_000, partition=2, input_partitions=3,
+        groups=[("/a",), ("/b",)], count=np.array([3, 1]), sum=np.array([1.5, 2.0]),
+        distinct_units=np.array([2, 1]), units_charged=3, units_excluded=1, closed_at_ms=130_000,
+    )
+    values.update(overrides)
+    return PartialAggregate(**values)
+
+
+def test_partial_round_trip():
+    decoded = decode_internal(encode_partial(_partial()))
+    assert isinstance(decoded, PartialAggregate)
+    assert decoded.groups == [("/a",), ("/b",)]
+    assert decoded.count.dtype == np.int64 and decoded.count.tolist() == [3, 1]
+    assert decoded.sum.tolist() == [1.5, 2.0]
+    assert (decoded.partition, decoded.units_excluded, decoded.closed_at_ms) == (2, 1, 130_000)
+
+
+def test_count_only_partial_and_progress_round_trip():
+    assert decode_internal(encode_partial(_partial(sum=None))).sum is None
+    progress = Progress("q", 1, 3, 180_000)
+    assert decode_internal(encode_progress(progress)) == progress
+
+
+@pytest.mark.parametrize("value", [b"not json", b"{}", b'{"v": 99, "type": "partial"}', b'{"v": 1, "type": "gossip"}', b'{"v": 1, "type": "partial"}'])
+def test_corrupt_internal_records_raise_one_error_type(value):
+    with pytest.raises(WireFormatError):
+        decode_internal(value)
+
+
+def test_release_id_is_stable_and_distinct():
+    assert release_id("q", 0, ("/a",)) == release_id("q", 0, ("/a",))
+    assert len({release_id("q", 0, ("/a",)), release_id("q", 60_000, ("/a",)), release_id("q", 0, ("/b",)), release_id("r", 0, ("/a",))}) == 4
+
+
+def test_iso_utc():
+    assert iso_utc(0) == "1970-01-01T00:00:00.000Z"
+    assert iso_utc(1_700_000_000_123) == "2023-11-14T22:13:20.123Z"
