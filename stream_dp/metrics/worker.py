@@ -1,0 +1,107 @@
+"""Prometheus metrics of the worker's ingest and release stages.
+
+Labels are queries, topics, partitions, reasons and namespaces — never privacy
+unit ids or group values. The registry is injected.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.events = Counter(
+            "stream_dp_events_total",
+            "Input events by outcome: accepted, rejected (invalid), late (window already closed), replayed (skipped after restart).",
+            ["query", "outcome"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "stream_dp_events_rejected_total", "Input events rejected, by reason code.", ["query", "reason"], registry=registry
+        )
+        self.dead_letters = Counter(
+            "stream_dp_dead_letters_total", "Records written to the dead-letter topic.", ["query"], registry=registry
+        )
+        self.windows_open = Gauge(
+            "stream_dp_windows_open", "Windows open (receiving events) in this worker.", ["query"], registry=registry
+        )
+        self.open_pairs = Gauge(
+            "stream_dp_open_pairs", "Open (unit, group) contribution pairs held in memory.", ["query"], registry=registry
+        )
+        self.windows_closed = Counter(
+            "stream_dp_windows_closed_total", "Per-partition window partials emitted by the ingest stage.", ["query"], registry=registry
+        )
+        self.units_charged = Counter(
+            "stream_dp_window_units_total",
+            "Privacy units in closed windows, by budget outcome (charged or excluded).",
+            ["query", "outcome"],
+            registry=registry,
+        )
+        self.budget_failures = Counter(
+            "stream_dp_budget_failures_total",
+            "Window charges that failed (store unavailable, conflict, out of range); nothing was released for them.",
+            ["query", "kind"],
+            registry=registry,
+        )
+        self.pending_charges = Gauge(
+            "stream_dp_pending_charges", "Closed window partials waiting for the budget store.", ["query"], registry=registry
+        )
+        self.windows_released = Counter(
+            "stream_dp_windows_released_total", "Windows released (noised and published) once.", ["query"], registry=registry
+        )
+        self.groups_released = Counter(
+            "stream_dp_groups_released_total", "Per-group records published to output topics.", ["query"], registry=registry
+        )
+        self.republished = Counter(
+            "stream_dp_windows_republished_total",
+            "Windows whose stored release was published again after a retry or replay (same values, no new noise).",
+            ["query"],
+            registry=registry,
+        )
+        self.late_partials = Counter(
+            "stream_dp_late_partials_total",
+            "Partials that arrived after their window was released (dropped; their units stay charged).",
+            ["query"],
+            registry=registry,
+        )
+        self.partitions_missing = Counter(
+            "stream_dp_release_partitions_missing_total",
+            "Input partitions absent from a window released after the release timeout.",
+            ["query"],
+            registry=registry,
+        )
+        self.release_latency = Histogram(
+            "stream_dp_release_latency_seconds",
+            "From a window closing (watermark passing its end) to its last record published.",
+            ["query"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.noise_seconds = Histogram(
+            "stream_dp_noise_seconds", "Time spent drawing noise for one window release.", ["query"], registry=registry
+        )
+        self.epsilon_spent = Counter(
+            "stream_dp_epsilon_released_total",
+            "Sum over released windows of the per-unit privacy loss (epsilon) each window spent.",
+            ["query", "namespace"],
+            registry=registry,
+        )
+        self.watermark = Gauge(
+            "stream_dp_closed_through_seconds", "Event time through which every window of a query is closed.", ["query"], registry=registry
+        )
+        self.consumer_lag = Gauge(
+            "stream_dp_consumer_lag", "Records between the consumer position and the end of each input partition.",
+            ["topic", "partition"], registry=registry,
+        )
+        self.internal_errors = Counter(
+            "stream_dp_internal_errors_total",
+            "Unexpected internal records or failures, by kind (corrupt_partial, ledger_unavailable, unknown_query, ...).",
+            ["kind"],
+            registry=registry,
+        )
+        self.alerts_published = Counter(
+            "stream_dp_budget_alerts_published_total", "Budget threshold alerts written to the alerts topic.", ["namespace"], registry=registry
+        )
