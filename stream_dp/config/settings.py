@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     group_id: str = Field("stream-dp", alias="STREAM_DP_GROUP_ID", min_length=1)
     internal_topic_prefix: str = Field("stream-dp.", alias="STREAM_DP_INTERNAL_TOPIC_PREFIX")
     contribution_secret: SecretStr | None = Field(None, alias="STREAM_DP_CONTRIBUTION_SECRET")
+    partials_partitions: int = Field(4, alias="STREAM_DP_PARTIALS_PARTITIONS", ge=1, le=1000)
+    output_partitions: int = Field(3, alias="STREAM_DP_OUTPUT_PARTITIONS", ge=1, le=1000)
+    ledger_ttl_s: int = Field(7 * 86_400, alias="STREAM_DP_LEDGER_TTL_S", ge=3_600)
 
     @field_validator("kafka_security_protocol")
     @classmethod
@@ -66,6 +69,16 @@ class Settings(BaseSettings):
             value = getattr(self, f"kafka_ssl_{name}")
             if value:
                 options[f"ssl_{name}"] = value
+        return options
+
+    def aiokafka_options(self) -> dict[str, Any]:
+        """The same options in aiokafka's terms (an SSL context instead of file names)."""
+        options = self.kafka_client_options()
+        files = {name: options.pop(f"ssl_{name}") for name in ("cafile", "certfile", "keyfile") if f"ssl_{name}" in options}
+        if files or self.kafka_security_protocol in {"SSL", "SASL_SSL"}:
+            from aiokafka.helpers import create_ssl_context
+
+            options["ssl_context"] = create_ssl_context(**files)
         return options
 
     @property

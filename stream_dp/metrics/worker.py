@@ -28,8 +28,11 @@ class WorkerMetrics:
         self.windows_open = Gauge(
             "stream_dp_windows_open", "Windows open (receiving events) in this worker.", ["query"], registry=registry
         )
-        self.open_pairs = Gauge(
-            "stream_dp_open_pairs", "Open (unit, group) contribution pairs held in memory.", ["query"], registry=registry
+        self.open_rows = Gauge(
+            "stream_dp_open_rows",
+            "Bounded contribution rows held in memory by open windows (about one per open (unit, group) pair).",
+            ["query"],
+            registry=registry,
         )
         self.windows_closed = Counter(
             "stream_dp_windows_closed_total", "Per-partition window partials emitted by the ingest stage.", ["query"], registry=registry

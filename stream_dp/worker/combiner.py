@@ -49,6 +49,7 @@ class CombinedWindow:
     units_charged: int
     units_excluded: int
     closed_at_ms: int | None  # earliest close time among partials (None for an empty window)
+    source_offsets: list[tuple[int, int]] = field(default_factory=list)  # partials-topic (partition, offset)
 
 
 class WindowCombiner:
@@ -178,6 +179,7 @@ class WindowCombiner:
             units_charged=sum(p.units_charged for p in partials),
             units_excluded=sum(p.units_excluded for p in partials),
             closed_at_ms=min((p.closed_at_ms for p in partials), default=None),
+            source_offsets=[] if pending is None else list(pending.source_offsets),
         )
 
     def _merge(self, partials: list[PartialAggregate]) -> tuple[list[GroupKey], np.ndarray, np.ndarray | None, np.ndarray]:

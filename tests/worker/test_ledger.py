@@ -38,5 +38,8 @@ def test_released_through_only_moves_forward(ledger):
 def test_redis_down_raises_ledger_unavailable():
     client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
     ledger = RedisReleaseLedger(client)
-    with pytest.raises(LedgerUnavailable, match="not publishing"):
-        ledger.claim("q", 0, [])
+    try:
+        with pytest.raises(LedgerUnavailable, match="not publishing"):
+            ledger.claim("q", 0, [])
+    finally:
+        client.close()

@@ -1,0 +1,349 @@
+"""The window engine: raw message batches in, bounded closed-window partials out.
+
+Pure logic: no Kafka, no Redis, no clock of its own (``clock_ms`` is passed
+in). The caller feeds ``process`` with batches from the partitions it
+assigned, calls ``tick`` periodically, commits ``committable_offsets()`` with
+``closed_through_ms`` as commit metadata, and after a restart assigns the
+partitions with the stored ``closed_through_ms`` and replays from the
+committed offsets: events of windows closed before the restart are counted
+as ``replayed`` and skipped, open windows are rebuilt exactly.
+
+Every message of a batch is accounted for exactly once::
+
+    accepted + sum(rejected.values()) + replayed == input_count
+
+(``rejected`` includes ``RejectReason.LATE``.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import numpy as np
+
+from stream_dp.windows.batch import BatchResult, RawBatch
+from stream_dp.windows.bounding import ContributionRows
+from stream_dp.windows.decoding import DecodedEvents, EventDecoder
+from stream_dp.windows.hashing import ContributionHasher
+from stream_dp.windows.interning import GroupTable
+from stream_dp.windows.open_window import OffsetStats, OpenWindow
+from stream_dp.windows.partial import WindowPartial
+from stream_dp.windows.rejections import Rejection, RejectReason
+from stream_dp.windows.specs import BoundingSpec, EventSchema, WindowSpec
+from stream_dp.windows.watermarks import PartitionProgress, combined_watermark_ms
+
+_NEVER = np.iinfo(np.int64).min  # "nothing closed" in per-partition closed-through arrays
+
+
+class WindowEngine:
+    """Tumbling windows with watermarks and user-level contribution bounding, for one query.
+
+    ``compact_min_rows`` is how many new rows an open window collects before
+    compacting them into its pruned state (it also compacts whenever the new rows
+    outnumber the pruned ones), trading a little memory for fewer sorts.
+    """
+
+    def __init__(
+        self,
+        schema: EventSchema,
+        spec: WindowSpec,
+        bounding: BoundingSpec,
+        *,
+        clock_ms: Callable[[], int],
+        compact_min_rows: int = 262_144,
+    ) -> None:
+        if compact_min_rows < 1:
+            raise ValueError(f"compact_min_rows must be positive, got {compact_min_rows}")
+        self.schema, self.spec, self.bounding = schema, spec, bounding
+        self._clock_ms = clock_ms
+        self._compact_min_rows = compact_min_rows
+        self._decoder = EventDecoder(schema)
+        self._hasher = ContributionHasher(bounding.secret)
+        self._groups = GroupTable(self._hasher)
+        self._windows: dict[int, OpenWindow] = {}
+        self._progress: dict[int, PartitionProgress] = {}
+        self._watermark_ms: int | None = None  # the latest computed; informational
+
+    # -- partitions ---------------------------------------------------------------
+
+    def assign(self, partitions: Iterable[int], closed_through_ms: Mapping[int, int] | None = None) -> None:
+        """Start owning ``partitions``; ``closed_through_ms`` restores what an earlier owner closed."""
+        partitions = [int(p) for p in partitions]
+        already = sorted(set(partitions) & self._progress.keys())
+        if already:
+            raise ValueError(f"partition(s) {already} are already assigned; revoke them before assigning again")
+        restored = dict(closed_through_ms or {})
+        now = self._clock_ms()
+        for p in partitions:
+            through = restored.get(p)
+            self._progress[p] = PartitionProgress(None if through is None else int(through), now)
+
+    def revoke(self, partitions: Iterable[int]) -> None:
+        """Stop owning ``partitions`` and drop their part of the open windows.
+
+        The next owner rebuilds those windows by replaying from the committed offsets.
+        """
+        gone = {int(p) for p in partitions} & self._progress.keys()
+        if not gone:
+            return
+        for p in gone:
+            del self._progress[p]
+        lost = np.array(sorted(gone), dtype=np.int32)
+        for start in list(self._windows):
+            window = self._windows[start]
+            window.drop_partitions(lost)
+            if not window.offsets:
+                del self._windows[start]
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self._progress)
+
+    # -- progress ---------------------------------------------------------------------
+
+    @property
+    def watermark_ms(self) -> int | None:
+        """The engine watermark at the last ``process`` or ``tick`` (see ``watermarks`` for the rule)."""
+        return self._watermark_ms
+
+    @property
+    def closed_through_ms(self) -> dict[int, int]:
+        """Per owned partition: its part of every window ending at or before this is closed
+        (omitted while none is). Never goes back."""
+        return {p: pr.closed_through_ms for p, pr in self._progress.items() if pr.closed_through_ms is not None}
+
+    def committable_offsets(self) -> dict[int, int]:
+        """Per owned partition, the offset to commit: the first one an open window still needs,
+        else the one after the last processed (omitted for a partition with nothing processed)."""
+        out: dict[int, int] = {}
+        for p, progress in self._progress.items():
+            firsts = [w.offsets[p][0] for w in self._windows.values() if p in w.offsets]
+            if firsts:
+                out[p] = min(firsts)
+            elif progress.next_offset is not None:
+                out[p] = progress.next_offset
+        return out
+
+    @property
+    def open_windows(self) -> list[tuple[int, int]]:
+        return sorted((w.start_ms, w.end_ms) for w in self._windows.values())
+
+    @property
+    def open_rows(self) -> int:
+        """Contribution rows held by open windows: a cheap upper bound of ``open_pairs * max_events_per_group``
+        plus rows not yet compacted."""
+        return sum(w.rows for w in self._windows.values())
+
+    @property
+    def open_pairs(self) -> int:
+        """Distinct (unit, group) pairs held by open windows; compacts pending rows first."""
+        for window in self._windows.values():
+            window.compact(self.bounding, self._groups)
+        return sum(w.pair_count() for w in self._windows.values())
+
+    def state_nbytes(self) -> dict[str, int]:
+        """Bytes held: open-window contribution ``rows``, ``unit_ids`` kept for them, ``group_table`` (approximate)."""
+        held = [w.nbytes() for w in self._windows.values()]
+        return {
+            "rows": sum(r for r, _ in held),
+            "unit_ids": sum(u for _, u in held),
+            "group_table": self._groups.nbytes(),
+        }
+
+    # -- processing ---------------------------------------------------------------
+
+    def tick(self) -> list[WindowPartial]:
+        """Advance the watermark by the idle rule and return newly closed partials."""
+        return self._advance(self._clock_ms())
+
+    def process(self, batch: RawBatch) -> BatchResult:
+        """Decode, window and bound one batch; returns its accounting and any newly closed partials.
+
+        Raises ``ValueError``, before changing anything, if the batch holds a
+        partition that is not assigned; bad message contents never raise.
+        """
+        slot_partitions = np.array(sorted(self._progress), dtype=np.int32)
+        slots = self._slots_of(batch.partitions, slot_partitions)
+        now = self._clock_ms()
+        decoded, problems = self._decoder.decode(batch.values, now)
+        rejected: dict[RejectReason, int] = {}
+        rejections: list[Rejection] = []
+        for index, reason, detail in problems:
+            rejected[reason] = rejected.get(reason, 0) + 1
+            rejections.append(self._rejection(batch, index, reason, detail))
+
+        progress = [self._progress[int(p)] for p in slot_partitions]
+        self._note_offsets(progress, slots, batch.offsets)
+        index = decoded.index
+        event_slots = slots[index]
+        starts = self.spec.start_of(decoded.ts_ms)
+        ends = starts + self.spec.size_ms
+        closed_through, restored_through = self._closed_through_by_slot(progress)
+        closed = ends <= closed_through[event_slots]
+        replayed = ends <= restored_through[event_slots]
+        late = closed & ~replayed
+        self._note_event_times(progress, event_slots, decoded.ts_ms, now)
+        if late.any():
+            late_rows = np.flatnonzero(late)
+            rejected[RejectReason.LATE] = len(late_rows)
+            for i in late_rows.tolist():
+                detail = f"window [{int(starts[i])}, {int(ends[i])}) ms had already closed"
+                rejections.append(self._rejection(batch, int(index[i]), RejectReason.LATE, detail))
+        accepted = np.flatnonzero(~closed)
+        self._ingest(decoded, accepted, batch, starts, event_slots)
+        return BatchResult(
+            input_count=len(batch),
+            accepted=len(accepted),
+            replayed=int(replayed.sum()),
+            rejected=rejected,
+            rejections=rejections,
+            partials=self._advance(now),
+        )
+
+    @staticmethod
+    def _slots_of(partitions: np.ndarray, slot_partitions: np.ndarray) -> np.ndarray:
+        slots = np.searchsorted(slot_partitions, partitions)
+        found = slots < len(slot_partitions)
+        found[found] = slot_partitions[slots[found]] == partitions[found]
+        if not found.all():
+            missing = sorted(set(partitions[~found].tolist()))
+            raise ValueError(f"partition(s) {missing} are not assigned to this engine; call assign({missing}) first")
+        return slots
+
+    @staticmethod
+    def _rejection(batch: RawBatch, index: int, reason: RejectReason, detail: str) -> Rejection:
+        value = batch.values[index]
+        return Rejection(
+            partition=int(batch.partitions[index]),
+            offset=int(batch.offsets[index]),
+            reason=reason,
+            detail=detail,
+            value=None if value is None else bytes(value),
+        )
+
+    @staticmethod
+    def _closed_through_by_slot(progress: list[PartitionProgress]) -> tuple[np.ndarray, np.ndarray]:
+        closed = [_NEVER if p.closed_through_ms is None else p.closed_through_ms for p in progress]
+        restored = [_NEVER if p.restored_through_ms is None else p.restored_through_ms for p in progress]
+        return np.array(closed, dtype=np.int64), np.array(restored, dtype=np.int64)
+
+    @staticmethod
+    def _note_offsets(progress: list[PartitionProgress], slots: np.ndarray, offsets: np.ndarray) -> None:
+        if not len(slots):
+            return
+        next_offsets = np.full(len(progress), _NEVER, dtype=np.int64)
+        np.maximum.at(next_offsets, slots, offsets + 1)
+        for slot in np.flatnonzero(next_offsets != _NEVER).tolist():
+            p = progress[slot]
+            seen = int(next_offsets[slot])
+            p.next_offset = seen if p.next_offset is None else max(p.next_offset, seen)
+
+    @staticmethod
+    def _note_event_times(progress: list[PartitionProgress], slots: np.ndarray, ts_ms: np.ndarray, now: int) -> None:
+        if not len(slots):
+            return
+        newest = np.full(len(progress), _NEVER, dtype=np.int64)
+        np.maximum.at(newest, slots, ts_ms)
+        for slot in np.flatnonzero(newest != _NEVER).tolist():
+            p = progress[slot]
+            p.last_active_wall_ms = now
+            seen = int(newest[slot])
+            p.max_event_ms = seen if p.max_event_ms is None else max(p.max_event_ms, seen)
+
+    def _ingest(
+        self, decoded: DecodedEvents, accepted: np.ndarray, batch: RawBatch, starts: np.ndarray, slots: np.ndarray
+    ) -> None:
+        if not len(accepted):
+            return
+        everything = len(accepted) == len(decoded)
+        unit_ids = decoded.units if everything else decoded.units[accepted]
+        if decoded.group_keys is None:
+            group_ids = np.full(len(accepted), self._groups.ids_for([()])[0], dtype=np.int64)
+        else:
+            keys = decoded.group_keys if everything else list(map(decoded.group_keys.__getitem__, accepted.tolist()))
+            group_ids = self._groups.ids_for(keys)
+        index = decoded.index[accepted]
+        partitions, offsets = batch.partitions[index], batch.offsets[index]
+        unit_hash = self._hasher.unit_hashes(unit_ids)
+        group_hash = self._groups.hashes[group_ids]
+        if decoded.values is None:
+            values = np.zeros(len(accepted))
+        else:
+            values = np.clip(decoded.values[accepted], self.bounding.clip_lo, self.bounding.clip_hi)
+        rows = ContributionRows(
+            unit=unit_hash,
+            group=group_ids.astype(np.uint32),
+            pair_rank=(self._hasher.pair_hashes(unit_hash, group_hash) >> np.uint64(32)).astype(np.uint32),
+            partition=partitions,
+            event_hash=self._hasher.event_hashes(unit_hash, group_hash, partitions, offsets),
+            value=values,
+        )
+        window_starts = starts[accepted]
+        if window_starts.min() == window_starts.max():
+            distinct, which = window_starts[:1], np.zeros(len(accepted), dtype=np.int64)
+        else:
+            distinct, which = np.unique(window_starts, return_inverse=True)
+        n_slots = int(slots.max()) + 1
+        cell = which * n_slots + slots[accepted]
+        n_cells = len(distinct) * n_slots
+        firsts = np.full(n_cells, np.iinfo(np.int64).max, dtype=np.int64)
+        lasts = np.full(n_cells, _NEVER, dtype=np.int64)
+        np.minimum.at(firsts, cell, offsets)
+        np.maximum.at(lasts, cell, offsets)
+        counts = np.bincount(cell, minlength=n_cells)
+        slot_partition = np.zeros(n_slots, dtype=np.int64)
+        slot_partition[slots[accepted]] = partitions
+        for k, start in enumerate(distinct.tolist()):
+            base = k * n_slots
+            stats = [
+                (int(slot_partition[c - base]), int(firsts[c]), int(lasts[c]), int(counts[c]))
+                for c in range(base, base + n_slots)
+                if counts[c]
+            ]
+            if len(distinct) == 1:
+                self._add(start, rows, unit_ids, stats)
+            else:
+                mask = which == k
+                self._add(start, rows.take(mask), unit_ids[mask], stats)
+
+    def _add(self, start: int, rows: ContributionRows, unit_ids: np.ndarray, stats: list[OffsetStats]) -> None:
+        window = self._windows.get(start)
+        if window is None:
+            window = self._windows[start] = OpenWindow(start, start + self.spec.size_ms)
+        window.add(rows, unit_ids, stats)
+        if window.due_for_compaction(self._compact_min_rows):
+            window.compact(self.bounding, self._groups)
+
+    def _advance(self, now: int) -> list[WindowPartial]:
+        mark = combined_watermark_ms(self._progress.values(), now, self.spec)
+        if mark is None:
+            return []
+        self._watermark_ms = mark
+        boundary = self.spec.boundary_at_or_before(mark)
+        for progress in self._progress.values():
+            progress.close_through(boundary)
+        partials: list[WindowPartial] = []
+        for start in sorted(self._windows):
+            window = self._windows[start]
+            due = [
+                p
+                for p in window.offsets
+                if (through := self._progress[p].closed_through_ms) is not None and window.end_ms <= through
+            ]
+            if due:
+                partials.extend(window.close(due, self.bounding, self._groups))
+                if not window.offsets:
+                    del self._windows[start]
+        if partials:
+            self._forget_unused_keys()
+        return partials
+
+    def _forget_unused_keys(self) -> None:
+        """Shrink the group table once it is mostly keys of closed windows."""
+        if len(self._groups) <= 2 * self.open_rows + 65_536:
+            return
+        parts = [rows for w in self._windows.values() for rows in (w.compacted, *w.pending)]
+        live = np.concatenate([r.group for r in parts]) if parts else np.zeros(0, np.uint32)
+        remap = self._groups.retain(live.astype(np.int64))
+        for rows in parts:
+            rows.group = remap[rows.group].astype(np.uint32)

@@ -1,0 +1,174 @@
+"""What a closed window hands to the release step: one ``WindowPartial`` per (window, partition).
+
+A partial holds the bounded per-(unit, group) contributions in columns, in a
+canonical order -- units and pairs by keyed hash, groups by their type-tagged
+encoding, each pair's events summed in event-hash order -- so the same input
+gives bit-identical partials however it arrived.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from stream_dp.windows.bounding import ContributionRows, unit_starts
+from stream_dp.windows.interning import GroupTable
+from stream_dp.windows.names import UnitNames, to_str
+
+GroupKey = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTotals:
+    """Per-group totals of a partial, index-aligned with ``groups``."""
+
+    groups: list[GroupKey]
+    count: np.ndarray  # int64, bounded events
+    sum: np.ndarray  # float64, clipped values
+    distinct_units: np.ndarray  # int64
+
+
+@dataclass(frozen=True, slots=True)
+class UnitTotals:
+    """Per-unit contribution of a partial, index-aligned with ``units``."""
+
+    units: list[str]
+    groups: np.ndarray  # int64, groups the unit contributes to (<= max_groups_per_unit)
+    count: np.ndarray  # int64, events kept
+    sum: np.ndarray  # float64, clipped values kept
+
+
+@dataclass(frozen=True, eq=False)
+class WindowPartial:
+    """Bounded contributions of one partition to one closed window.
+
+    ``pair_unit`` / ``pair_group`` index ``units`` / ``groups``; each pair
+    appears once, with its kept event count (``<= max_events_per_group``) and
+    the sum of their clipped values. ``first_offset`` and ``last_offset``
+    bound the offsets of the accepted events; ``accepted_events`` counts
+    them before bounding.
+    """
+
+    window_start_ms: int
+    window_end_ms: int
+    partition: int
+    first_offset: int
+    last_offset: int
+    accepted_events: int
+    units: list[str]
+    groups: list[GroupKey]
+    pair_unit: np.ndarray  # int32
+    pair_group: np.ndarray  # int32
+    pair_count: np.ndarray  # int64
+    pair_sum: np.ndarray  # float64
+
+    def __eq__(self, other: object) -> bool:
+        """Field-by-field equality, arrays compared bit for bit (dtype included)."""
+        if not isinstance(other, WindowPartial):
+            return NotImplemented
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, np.ndarray):
+                if mine.dtype != theirs.dtype or mine.shape != theirs.shape or mine.tobytes() != theirs.tobytes():
+                    return False
+            elif mine != theirs:
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def unit_mask(self, unit_ids: Iterable[str]) -> np.ndarray:
+        """Boolean mask over ``units``, true for the given ids (unknown ids are ignored)."""
+        position = {u: i for i, u in enumerate(self.units)}
+        mask = np.zeros(len(self.units), dtype=bool)
+        hits = [position[u] for u in unit_ids if u in position]
+        mask[np.array(hits, dtype=np.int64)] = True
+        return mask
+
+    def aggregate(self, excluded_units: np.ndarray | None = None) -> GroupTotals:
+        """Per-group count, sum and distinct units, leaving out ``excluded_units``.
+
+        ``excluded_units`` is a boolean array over ``units`` (see ``unit_mask``),
+        true for units to leave out, e.g. those without privacy budget.
+        """
+        keep = self._kept_pairs(excluded_units)
+        n_groups = len(self.groups)
+        group = self.pair_group if keep is None else self.pair_group[keep]
+        count = self.pair_count if keep is None else self.pair_count[keep]
+        total = self.pair_sum if keep is None else self.pair_sum[keep]
+        return GroupTotals(
+            groups=self.groups,
+            count=np.bincount(group, weights=count, minlength=n_groups).astype(np.int64),
+            sum=np.bincount(group, weights=total, minlength=n_groups),
+            distinct_units=np.bincount(group, minlength=n_groups).astype(np.int64),
+        )
+
+    def unit_totals(self) -> UnitTotals:
+        """Each unit's contribution: groups, kept events and clipped sum."""
+        n_units = len(self.units)
+        return UnitTotals(
+            units=self.units,
+            groups=np.bincount(self.pair_unit, minlength=n_units).astype(np.int64),
+            count=np.bincount(self.pair_unit, weights=self.pair_count, minlength=n_units).astype(np.int64),
+            sum=np.bincount(self.pair_unit, weights=self.pair_sum, minlength=n_units),
+        )
+
+    def _kept_pairs(self, excluded_units: np.ndarray | None) -> np.ndarray | None:
+        if excluded_units is None:
+            return None
+        excluded = np.asarray(excluded_units)
+        if excluded.dtype != np.bool_ or excluded.shape != (len(self.units),):
+            raise ValueError(
+                f"excluded_units must be a boolean array of shape ({len(self.units)},), one flag per unit in "
+                f"partial.units; got dtype {excluded.dtype} and shape {excluded.shape}; build it with unit_mask()"
+            )
+        return ~excluded[self.pair_unit]
+
+
+def build_partial(
+    rows: ContributionRows,
+    *,
+    window_start_ms: int,
+    window_end_ms: int,
+    partition: int,
+    offsets: tuple[int, int, int],
+    names: UnitNames,
+    groups: GroupTable,
+) -> WindowPartial:
+    """The partial of one partition's pruned rows of one window.
+
+    ``rows`` must be in ``prune``'s canonical order (by unit hash, pair rank,
+    event hash), which becomes the order of units and pairs: it depends only
+    on the rows, never on how they arrived. Groups are listed by their
+    canonical encoding. ``offsets`` is (first offset, last offset, accepted events).
+    """
+    n = len(rows)
+    new_unit = unit_starts(rows.unit)
+    unit_of_row = np.cumsum(new_unit) - 1
+    new_pair = new_unit.copy()
+    new_pair[1:] |= rows.group[1:] != rows.group[:-1]
+    starts = np.flatnonzero(new_pair)
+    present = np.zeros(len(groups), dtype=bool)
+    present[rows.group] = True
+    group_ids = np.flatnonzero(present)
+    group_ids = group_ids[np.argsort(groups.canonical_ranks()[group_ids], kind="stable")]
+    group_index = np.zeros(len(groups), dtype=np.int64)
+    group_index[group_ids] = np.arange(len(group_ids))
+    return WindowPartial(
+        window_start_ms=window_start_ms,
+        window_end_ms=window_end_ms,
+        partition=partition,
+        first_offset=offsets[0],
+        last_offset=offsets[1],
+        accepted_events=offsets[2],
+        units=to_str(names.padded(rows.unit[new_unit])) if n else [],
+        groups=groups.as_tuples(group_ids),
+        pair_unit=unit_of_row[starts].astype(np.int32),
+        pair_group=group_index[rows.group[starts]].astype(np.int32),
+        pair_count=np.diff(np.append(starts, n)).astype(np.int64),
+        # each pair's values are added in event-hash order, so every replay rounds the same way
+        pair_sum=np.add.reduceat(rows.value, starts) if n else np.zeros(0),
+    )

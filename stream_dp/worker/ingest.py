@@ -1,0 +1,396 @@
+"""The ingest stage: input topics -> window engines -> budget -> partials topic.
+
+One loop iteration (``step``): take a batch from the consumer, run it through
+each query's engine, send rejected events to the dead-letter topic, charge the
+budget of every window partial that closed, publish the budget-filtered
+partials, tell the release stage how far each partition has closed, and
+commit only offsets that no open or unpublished window still needs.
+
+Fail closed: a partial whose charge fails is held (and its offsets with it)
+and retried; it is published only after the charge succeeded. Exactly-once
+bookkeeping: the charge id is ``query/window_start/partition``; a replay after
+a crash charges nobody twice and gets the same exclusions back, so the
+re-published partial is identical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka.structs import TopicPartition
+
+from stream_dp.budget import BudgetStore, BudgetUnavailable, ChargeConflict, ChargeRejected
+from stream_dp.metrics.worker import WorkerMetrics
+from stream_dp.windows import RawBatch, RejectReason
+from stream_dp.worker.records import PartialAggregate, Progress, encode_partial, encode_progress, partial_key
+from stream_dp.worker.runtime import QueryRuntime
+
+log = logging.getLogger(__name__)
+
+MAX_DEAD_LETTER_BYTES = 900_000  # stay under the producer's default 1 MB request limit
+
+
+@dataclass
+class _HeldPartial:
+    """A closed window partial not yet charged and published."""
+
+    query: QueryRuntime
+    partial: Any  # stream_dp.windows.WindowPartial
+    closed_at_ms: int
+    attempts: int = 0
+    next_attempt_s: float = 0.0
+
+
+class IngestStage:
+    def __init__(
+        self,
+        queries: list[QueryRuntime],
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer,
+        budget: BudgetStore,
+        metrics: WorkerMetrics,
+        *,
+        partials_topic: str,
+        alerts_topic: str,
+        dead_letter_topic: str,
+        read_commit_metadata: Callable[[list[TopicPartition]], dict[TopicPartition, str]],
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        max_records: int = 20_000,
+        poll_timeout_ms: int = 200,
+        commit_interval_s: float = 1.0,
+        progress_interval_s: float = 5.0,
+        retry_backoff_s: float = 0.5,
+        retry_backoff_max_s: float = 10.0,
+    ) -> None:
+        self.queries = queries
+        self.by_topic: dict[str, list[QueryRuntime]] = defaultdict(list)
+        for query in queries:
+            self.by_topic[query.config.input_topic].append(query)
+        self.consumer = consumer
+        self.producer = producer
+        self.budget = budget
+        self.metrics = metrics
+        self.partials_topic = partials_topic
+        self.alerts_topic = alerts_topic
+        self.dead_letter_topic = dead_letter_topic
+        self.read_commit_metadata = read_commit_metadata
+        self.clock_ms = clock_ms
+        self.max_records = max_records
+        self.poll_timeout_ms = poll_timeout_ms
+        self.commit_interval_s = commit_interval_s
+        self.progress_interval_s = progress_interval_s
+        self.retry_backoff_s = retry_backoff_s
+        self.retry_backoff_max_s = retry_backoff_max_s
+        self._held: list[_HeldPartial] = []
+        self._lock = asyncio.Lock()
+        self._last_commit_s = 0.0
+        self._last_progress_s = 0.0
+        self._sent_progress: dict[tuple[str, int], int] = {}
+
+    # -- wiring --------------------------------------------------------------------------
+
+    def rebalance_listener(self) -> ConsumerRebalanceListener:
+        stage = self
+
+        class _Listener(ConsumerRebalanceListener):
+            async def on_partitions_revoked(self, revoked):
+                await stage.on_revoked(list(revoked))
+
+            async def on_partitions_assigned(self, assigned):
+                await stage.on_assigned(list(assigned))
+
+        return _Listener()
+
+    async def on_assigned(self, assigned: list[TopicPartition]) -> None:
+        async with self._lock:
+            metadata = await asyncio.to_thread(self.read_commit_metadata, assigned) if assigned else {}
+            for topic, queries in self.by_topic.items():
+                partitions = [tp.partition for tp in assigned if tp.topic == topic]
+                if not partitions:
+                    continue
+                for query in queries:
+                    restored = {}
+                    for tp in assigned:
+                        if tp.topic != topic:
+                            continue
+                        closed = _closed_through(metadata.get(tp), query.name)
+                        if closed is not None:
+                            restored[tp.partition] = closed
+                    query.engine.assign(partitions, closed_through_ms=restored or None)
+            log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
+
+    async def on_revoked(self, revoked: list[TopicPartition]) -> None:
+        async with self._lock:
+            # Commit what is safe for the partitions we are losing; their open
+            # windows are rebuilt by the next owner from those offsets.
+            await self._commit(force=True)
+            for topic, queries in self.by_topic.items():
+                partitions = [tp.partition for tp in revoked if tp.topic == topic]
+                if not partitions:
+                    continue
+                for query in queries:
+                    query.engine.revoke(partitions)
+                lost = set(partitions)
+                self._held = [
+                    h for h in self._held
+                    if not (h.query.config.input_topic == topic and h.partial.partition in lost)
+                ]
+            log.info("revoked %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in revoked))
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.step()
+        async with self._lock:
+            await self._commit(force=True)
+
+    async def step(self) -> None:
+        batches = await self.consumer.getmany(timeout_ms=self.poll_timeout_ms, max_records=self.max_records)
+        async with self._lock:
+            now_ms = self.clock_ms()
+            closed: list[_HeldPartial] = []
+            by_topic: dict[str, list[tuple[TopicPartition, list]]] = defaultdict(list)
+            for tp, records in batches.items():
+                if records:
+                    by_topic[tp.topic].append((tp, records))
+            for topic, items in by_topic.items():
+                batch = _raw_batch(items)
+                for query in self.by_topic.get(topic, ()):
+                    result = query.engine.process(batch)
+                    self._count(query, result)
+                    await self._dead_letters(query, topic, result.rejections)
+                    closed += [_HeldPartial(query, p, now_ms) for p in result.partials]
+            for query in self.queries:
+                closed += [_HeldPartial(query, p, now_ms) for p in query.engine.tick()]
+                self.metrics.windows_open.labels(query.name).set(len(query.engine.open_windows))
+                self.metrics.open_rows.labels(query.name).set(query.engine.open_rows)
+                closed_through = query.engine.closed_through_ms
+                if closed_through:
+                    self.metrics.watermark.labels(query.name).set(min(closed_through.values()) / 1000)
+            self._held += closed
+            await self._emit_held()
+            await self._send_progress()
+            await self._commit()
+            self._update_lag(batches)
+
+    # -- pieces --------------------------------------------------------------------------
+
+    def _count(self, query: QueryRuntime, result: Any) -> None:
+        name = query.name
+        self.metrics.events.labels(name, "accepted").inc(result.accepted)
+        self.metrics.events.labels(name, "late").inc(result.late)
+        self.metrics.events.labels(name, "replayed").inc(result.replayed)
+        rejected = 0
+        for reason, n in result.rejected.items():
+            if reason == RejectReason.LATE:
+                continue
+            self.metrics.rejected.labels(name, reason.value).inc(n)
+            rejected += n
+        self.metrics.events.labels(name, "rejected").inc(rejected)
+
+    async def _dead_letters(self, query: QueryRuntime, topic: str, rejections: list) -> None:
+        for rejection in rejections:
+            value = rejection.value if rejection.value is not None else b""
+            headers = [
+                ("reason", rejection.reason.value.encode()),
+                ("detail", rejection.detail.encode()[:500]),
+                ("query", query.name.encode()),
+                ("source", f"{topic}/{rejection.partition}/{rejection.offset}".encode()),
+            ]
+            if len(value) > MAX_DEAD_LETTER_BYTES:
+                headers.append(("truncated_from_bytes", str(len(value)).encode()))
+                value = value[:MAX_DEAD_LETTER_BYTES]
+            # Queued in the producer's buffer (the delivery future is not awaited
+            # here); the flush before each commit makes them durable before
+            # their offsets are committed.
+            await self.producer.send(self.dead_letter_topic, value=value, headers=headers)
+            self.metrics.dead_letters.labels(query.name).inc()
+
+    async def _emit_held(self) -> None:
+        if not self._held:
+            return
+        now_s = time.monotonic()
+        still_held: list[_HeldPartial] = []
+        sends = []
+        for held in sorted(self._held, key=lambda h: (h.partial.window_start_ms, h.partial.partition)):
+            if held.next_attempt_s > now_s:
+                still_held.append(held)
+                continue
+            query, partial = held.query, held.partial
+            charge_id = f"{query.name}/{partial.window_start_ms}/{partial.partition}"
+            units = list(partial.units)
+            try:
+                outcome = await asyncio.to_thread(
+                    self.budget.charge, query.namespace, charge_id, units, query.cost, partial.window_end_ms
+                )
+            except BudgetUnavailable as exc:
+                held.attempts += 1
+                held.next_attempt_s = now_s + min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (held.attempts - 1))
+                self.metrics.budget_failures.labels(query.name, "unavailable").inc()
+                log.warning("budget store unavailable for %s (attempt %d): %s; holding the window", charge_id, held.attempts, exc)
+                still_held.append(held)
+                continue
+            except ChargeConflict:
+                # Same charge id with other units: a partial replay of a window that
+                # was charged and emitted before a restart. Its partial is already out.
+                self.metrics.budget_failures.labels(query.name, "conflict").inc()
+                log.info("window %s was already charged with other units; treating it as a replay, not re-emitting", charge_id)
+                continue
+            except ChargeRejected as exc:
+                self.metrics.budget_failures.labels(query.name, "rejected").inc()
+                log.error("budget store refused %s: %s; the window is dropped unreleased", charge_id, exc)
+                continue
+            excluded = np.asarray(outcome.excluded, dtype=bool)
+            totals = partial.aggregate(excluded if excluded.any() else None)
+            n_excluded = int(excluded.sum())
+            self.metrics.units_charged.labels(query.name, "charged").inc(len(units) - n_excluded)
+            self.metrics.units_charged.labels(query.name, "excluded").inc(n_excluded)
+            message = PartialAggregate(
+                query=query.name,
+                window_start_ms=partial.window_start_ms,
+                window_end_ms=partial.window_end_ms,
+                partition=partial.partition,
+                input_partitions=self._partition_count(query.config.input_topic),
+                groups=list(totals.groups),
+                count=totals.count,
+                sum=totals.sum if query.config.aggregations.sum is not None else None,
+                distinct_units=totals.distinct_units,
+                units_charged=len(units) - n_excluded,
+                units_excluded=n_excluded,
+                closed_at_ms=held.closed_at_ms,
+            )
+            sends.append(await self.producer.send(
+                self.partials_topic, key=partial_key(query.name, partial.window_start_ms), value=encode_partial(message)
+            ))
+            for alert in outcome.alerts:
+                sends.append(await self.producer.send(self.alerts_topic, key=query.namespace.encode(), value=_alert_json(alert)))
+                self.metrics.alerts_published.labels(query.namespace).inc()
+            self.metrics.windows_closed.labels(query.name).inc()
+        self._held = still_held
+        for query in self.queries:
+            self.metrics.pending_charges.labels(query.name).set(sum(1 for h in self._held if h.query is query))
+        if sends:
+            # Partials must be in the topic before progress says their window is closed.
+            await asyncio.gather(*sends)
+
+    def _partition_count(self, topic: str) -> int:
+        partitions = self.consumer.partitions_for_topic(topic)
+        return len(partitions) if partitions else 0
+
+    def _progress_through(self, query: QueryRuntime, partition: int) -> int | None:
+        closed = query.engine.closed_through_ms.get(partition)
+        if closed is None:
+            return None
+        for held in self._held:
+            if held.query is query and held.partial.partition == partition:
+                # A held window is not closed for the release stage yet.
+                closed = min(closed, held.partial.window_start_ms)
+        return closed
+
+    async def _send_progress(self) -> None:
+        now_s = time.monotonic()
+        heartbeat = now_s - self._last_progress_s >= self.progress_interval_s
+        partitions_of_partials = self._partition_count(self.partials_topic) or 1
+        sends = []
+        for tp in self.consumer.assignment():
+            for query in self.by_topic.get(tp.topic, ()):
+                through = self._progress_through(query, tp.partition)
+                if through is None:
+                    continue
+                key = (query.name, tp.partition)
+                if not heartbeat and self._sent_progress.get(key) == through:
+                    continue
+                self._sent_progress[key] = through
+                value = encode_progress(Progress(query.name, tp.partition, self._partition_count(tp.topic), through))
+                # Every release consumer must see every partition's progress:
+                # the marker goes to each partition of the partials topic.
+                for partials_partition in range(partitions_of_partials):
+                    sends.append(await self.producer.send(self.partials_topic, value=value, partition=partials_partition))
+        if heartbeat:
+            self._last_progress_s = now_s
+        if sends:
+            await asyncio.gather(*sends)
+
+    def committable(self) -> dict[TopicPartition, tuple[int, str]]:
+        """Offsets (with metadata) safe to commit: nothing before them is still needed."""
+        offsets: dict[TopicPartition, tuple[int, str]] = {}
+        assigned = self.consumer.assignment()
+        for topic, queries in self.by_topic.items():
+            per_partition: dict[int, int] = {}
+            for query in queries:
+                for partition, offset in query.engine.committable_offsets().items():
+                    per_partition[partition] = min(offset, per_partition.get(partition, offset))
+            for held in self._held:
+                if held.query.config.input_topic == topic and held.partial.partition in per_partition:
+                    first = held.partial.first_offset
+                    per_partition[held.partial.partition] = min(per_partition[held.partial.partition], first)
+            for partition, offset in per_partition.items():
+                tp = TopicPartition(topic, partition)
+                if tp in assigned:
+                    closed = {q.name: q.engine.closed_through_ms.get(partition) for q in queries}
+                    metadata = orjson.dumps({"closed_through_ms": {k: v for k, v in closed.items() if v is not None}})
+                    offsets[tp] = (offset, metadata.decode())
+        return offsets
+
+    async def _commit(self, *, force: bool = False) -> None:
+        now_s = time.monotonic()
+        if not force and now_s - self._last_commit_s < self.commit_interval_s:
+            return
+        offsets = self.committable()
+        if not offsets:
+            return
+        # Dead letters and partials sent so far must be durable before the
+        # offsets that produced them are committed.
+        await self.producer.flush()
+        try:
+            await self.consumer.commit(offsets)
+        except Exception as exc:  # a rebalance in progress: the next commit catches up
+            log.warning("offset commit failed (%s); will retry", exc)
+            return
+        self._last_commit_s = now_s
+
+    def _update_lag(self, batches: dict) -> None:
+        for tp in batches:
+            highwater = self.consumer.highwater(tp)
+            if highwater is None:
+                continue
+            records = batches[tp]
+            if records:
+                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, highwater - records[-1].offset - 1))
+
+
+def _raw_batch(items: list[tuple[TopicPartition, list]]) -> RawBatch:
+    values: list[bytes | None] = []
+    partitions = []
+    offsets = []
+    for tp, records in items:
+        values.extend(r.value for r in records)
+        partitions.append(np.full(len(records), tp.partition, dtype=np.int32))
+        offsets.append(np.fromiter((r.offset for r in records), dtype=np.int64, count=len(records)))
+    return RawBatch(values=values, partitions=np.concatenate(partitions), offsets=np.concatenate(offsets))
+
+
+def _closed_through(metadata: str | None, query: str) -> int | None:
+    if not metadata:
+        return None
+    try:
+        value = orjson.loads(metadata).get("closed_through_ms", {}).get(query)
+    except (orjson.JSONDecodeError, AttributeError):
+        log.warning("ignoring unreadable commit metadata %r", metadata[:100])
+        return None
+    return int(value) if isinstance(value, int) else None
+
+
+def _alert_json(alert: Any) -> bytes:
+    fields = alert.__dict__ if hasattr(alert, "__dict__") else dict(alert)
+    return orjson.dumps({"type": "budget_alert", **fields})

@@ -1,0 +1,55 @@
+"""Topic creation and commit-metadata reads, through kafka-python's admin client (blocking; run in a thread)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+from aiokafka.structs import TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+def _admin(options: dict[str, Any]):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # kafka-python 3.x import-time warnings
+        from kafka import KafkaAdminClient
+    return KafkaAdminClient(**options, client_id="stream-dp-admin")
+
+
+def ensure_topics(options: dict[str, Any], topics: dict[str, int]) -> None:
+    """Create the topics that do not exist yet (name -> partitions); existing ones are left as they are."""
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = _admin(options)
+    try:
+        existing = set(admin.list_topics())
+        missing = [NewTopic(name, partitions, 1) for name, partitions in topics.items() if name not in existing]
+        if missing:
+            try:
+                admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass  # another worker created it first
+            log.info("created topics %s", [t.name for t in missing])
+    finally:
+        admin.close()
+
+
+def read_commit_metadata(options: dict[str, Any], group_id: str, partitions: list[TopicPartition]) -> dict[TopicPartition, str]:
+    """The metadata string committed with each partition's offset (where window progress is kept)."""
+    from kafka.structs import TopicPartition as KafkaTopicPartition
+
+    admin = _admin(options)
+    try:
+        offsets = admin.list_consumer_group_offsets(
+            group_id, partitions=[KafkaTopicPartition(tp.topic, tp.partition) for tp in partitions]
+        )
+    finally:
+        admin.close()
+    return {
+        TopicPartition(tp.topic, tp.partition): meta.metadata
+        for tp, meta in offsets.items()
+        if meta is not None and meta.offset >= 0 and meta.metadata
+    }

@@ -1,0 +1,275 @@
+"""The combine-and-release stage: partials topic -> combine -> noise once -> ledger -> output topics.
+
+Each window of each query is noised once: the records are written to the
+release ledger before they are published, and a retried or replayed window
+publishes what the ledger holds. Partials-topic offsets are committed only
+past partials whose window is published, so a crash replays the pending ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+from stream_dp.metrics.worker import WorkerMetrics
+from stream_dp.worker.combiner import CombinedWindow
+from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
+from stream_dp.worker.records import (
+    PartialAggregate,
+    WireFormatError,
+    decode_internal,
+    encode_release_record,
+    iso_utc,
+    release_id,
+)
+from stream_dp.worker.runtime import QueryRuntime
+
+log = logging.getLogger(__name__)
+
+
+def _num(value, index: int) -> float | None:
+    if value is None:
+        return None
+    array = np.asarray(value)
+    item = array.item() if array.ndim == 0 else array[index].item()
+    return None if item is None or (isinstance(item, float) and not np.isfinite(item)) else item
+
+
+def build_release_records(query: QueryRuntime, window: CombinedWindow, noisy, released_at_ms: int) -> list[dict]:
+    """One record per released group; only noisy (or post-processed) values about users."""
+    aggregations = query.config.aggregations
+    keep = np.asarray(noisy.keep, dtype=bool)
+    names = query.config.group_by
+    records = []
+    for i in np.flatnonzero(keep).tolist():
+        group = window.groups[i]
+        records.append({
+            "release_id": release_id(query.name, window.window_start_ms, group),
+            "query": query.name,
+            "window": {
+                "start": iso_utc(window.window_start_ms),
+                "end": iso_utc(window.window_end_ms),
+                "start_ms": window.window_start_ms,
+                "end_ms": window.window_end_ms,
+            },
+            "group": dict(zip(names, group)),
+            "count": int(noisy.count[i]) if aggregations.count is not None else None,
+            "sum": _num(noisy.sum, i) if aggregations.sum is not None else None,
+            "mean": _num(noisy.mean, i) if aggregations.mean is not None else None,
+            "ci95": {
+                "count": _num(noisy.count_ci95, i) if aggregations.count is not None else None,
+                "sum": _num(noisy.sum_ci95, i) if aggregations.sum is not None else None,
+                "mean": _num(noisy.mean_ci95, i) if aggregations.mean is not None else None,
+            },
+            "std": {
+                "count": _num(noisy.count_std, i) if aggregations.count is not None else None,
+                "sum": _num(noisy.sum_std, i) if aggregations.sum is not None else None,
+            },
+            "privacy": query.privacy,
+            "released_at_ms": released_at_ms,
+            "released_at": iso_utc(released_at_ms),
+        })
+    return records
+
+
+@dataclass
+class _Unpublished:
+    """A window taken from the combiner whose records are not yet published."""
+
+    query: QueryRuntime
+    window_start_ms: int
+    window_end_ms: int
+    window: CombinedWindow | None = None  # None: republishing stored records
+    records: list[dict] | None = None
+    sources: list[tuple[int, int]] = field(default_factory=list)
+    attempts: int = 0
+    next_attempt_s: float = 0.0
+
+
+class ReleaseStage:
+    def __init__(
+        self,
+        queries: list[QueryRuntime],
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer,
+        ledger: ReleaseLedger,
+        noise,
+        metrics: WorkerMetrics,
+        *,
+        partials_topic: str,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        poll_timeout_ms: int = 200,
+        commit_interval_s: float = 1.0,
+        retry_backoff_s: float = 0.5,
+        retry_backoff_max_s: float = 10.0,
+    ) -> None:
+        self.queries = {q.name: q for q in queries}
+        self.consumer = consumer
+        self.producer = producer
+        self.ledger = ledger
+        self.noise = noise
+        self.metrics = metrics
+        self.partials_topic = partials_topic
+        self.clock_ms = clock_ms
+        self.poll_timeout_ms = poll_timeout_ms
+        self.commit_interval_s = commit_interval_s
+        self.retry_backoff_s = retry_backoff_s
+        self.retry_backoff_max_s = retry_backoff_max_s
+        self._unpublished: list[_Unpublished] = []
+        self._positions: dict[int, int] = {}
+        self._last_commit_s = 0.0
+        self._restored = False
+
+    async def _restore(self) -> None:
+        """Load how far each query was released, so empty public windows continue from there."""
+        for query in self.queries.values():
+            through = await asyncio.to_thread(self.ledger.released_through, query.name)
+            if through is not None and (query.combiner.released_through_ms or -1) < through:
+                query.combiner.released_through_ms = through
+        self._restored = True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.step()
+        await self._commit(force=True)
+
+    async def step(self) -> None:
+        if not self._restored:
+            try:
+                await self._restore()
+            except LedgerUnavailable as exc:
+                self.metrics.internal_errors.labels("ledger_unavailable").inc()
+                log.warning("cannot read the release ledger (%s); waiting", exc)
+                await asyncio.sleep(self.retry_backoff_s)
+                return
+        batches = await self.consumer.getmany(timeout_ms=self.poll_timeout_ms)
+        now_ms = self.clock_ms()
+        for tp, records in batches.items():
+            for record in records:
+                await self._take_record(tp.partition, record.offset, record.value, now_ms)
+            if records:
+                self._positions[tp.partition] = records[-1].offset + 1
+        for query in self.queries.values():
+            for start in query.combiner.ready(now_ms):
+                window = query.combiner.take(start)
+                self._unpublished.append(
+                    _Unpublished(query, start, window.window_end_ms, window=window, sources=window.source_offsets)
+                )
+        await self._publish_pending()
+        await self._commit()
+
+    async def _take_record(self, partition: int, offset: int, value: bytes, now_ms: int) -> None:
+        try:
+            message = decode_internal(value)
+        except WireFormatError as exc:
+            self.metrics.internal_errors.labels("corrupt_internal_record").inc()
+            log.error("skipping corrupt record at %s[%d]@%d: %s", self.partials_topic, partition, offset, exc)
+            return
+        query = self.queries.get(message.query)
+        if query is None:
+            self.metrics.internal_errors.labels("unknown_query").inc()
+            return
+        if not isinstance(message, PartialAggregate):
+            query.combiner.add_progress(message)
+            return
+        if query.combiner.add_partial(message, now_ms, (partition, offset)):
+            return
+        # Its window was released already (or timed out): a replay or a late partial.
+        stored = await self._ledger_get(query.name, message.window_start_ms)
+        if stored is not None and not stored.published:
+            self._unpublished.append(
+                _Unpublished(query, message.window_start_ms, message.window_end_ms, records=stored.records)
+            )
+        elif stored is None:
+            self.metrics.late_partials.labels(query.name).inc()
+
+    async def _ledger_get(self, query: str, window_start_ms: int):
+        try:
+            return await asyncio.to_thread(self.ledger.get, query, window_start_ms)
+        except LedgerUnavailable:
+            self.metrics.internal_errors.labels("ledger_unavailable").inc()
+            return None
+
+    async def _publish_pending(self) -> None:
+        now_s = time.monotonic()
+        remaining: list[_Unpublished] = []
+        for item in sorted(self._unpublished, key=lambda u: u.window_start_ms):
+            if item.next_attempt_s > now_s:
+                remaining.append(item)
+                continue
+            try:
+                await self._publish(item)
+            except LedgerUnavailable as exc:
+                item.attempts += 1
+                item.next_attempt_s = now_s + min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (item.attempts - 1))
+                self.metrics.internal_errors.labels("ledger_unavailable").inc()
+                log.warning("release of %s/%d held: %s", item.query.name, item.window_start_ms, exc)
+                remaining.append(item)
+        self._unpublished = remaining
+
+    async def _publish(self, item: _Unpublished) -> None:
+        query, window = item.query, item.window
+        if item.records is None:
+            assert window is not None
+            started = time.perf_counter()
+            noisy = query.plan.release(window.count, window.sum, window.distinct_units, self.noise)
+            self.metrics.noise_seconds.labels(query.name).observe(time.perf_counter() - started)
+            item.records = build_release_records(query, window, noisy, self.clock_ms())
+        stored = await asyncio.to_thread(self.ledger.claim, query.name, item.window_start_ms, item.records)
+        if stored.published:
+            return  # another worker or an earlier run published this window
+        if not stored.newly_written:
+            self.metrics.republished.labels(query.name).inc()
+        sends = []
+        for record in stored.records:
+            key = orjson.dumps(list(record["group"].values()))
+            sends.append(await self.producer.send(query.config.output_topic, key=key, value=encode_release_record(record)))
+        if sends:
+            await asyncio.gather(*sends)
+        await asyncio.to_thread(self.ledger.mark_published, query.name, item.window_start_ms)
+        await asyncio.to_thread(self.ledger.raise_released_through, query.name, item.window_end_ms)
+        if stored.newly_written and window is not None:
+            self.metrics.windows_released.labels(query.name).inc()
+            self.metrics.groups_released.labels(query.name).inc(len(stored.records))
+            self.metrics.epsilon_spent.labels(query.name, query.namespace).inc(query.privacy["epsilon"])
+            if window.partitions_missing:
+                self.metrics.partitions_missing.labels(query.name).inc(len(window.partitions_missing))
+            if window.closed_at_ms is not None:
+                self.metrics.release_latency.labels(query.name).observe(max(0.0, (self.clock_ms() - window.closed_at_ms) / 1000))
+
+    def _holds(self) -> dict[int, int]:
+        """Lowest partials-topic offset per partition that an unreleased window still needs."""
+        holds: dict[int, int] = {}
+        sources = [s for q in self.queries.values() for s in q.combiner.pending_source_offsets()]
+        sources += [s for item in self._unpublished for s in item.sources]
+        for partition, offset in sources:
+            holds[partition] = min(offset, holds.get(partition, offset))
+        return holds
+
+    async def _commit(self, *, force: bool = False) -> None:
+        now_s = time.monotonic()
+        if not force and now_s - self._last_commit_s < self.commit_interval_s:
+            return
+        holds = self._holds()
+        assigned = {tp.partition for tp in self.consumer.assignment()}
+        offsets = {}
+        for partition, position in self._positions.items():
+            if partition in assigned:
+                offsets[TopicPartition(self.partials_topic, partition)] = min(position, holds.get(partition, position))
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except Exception as exc:
+            log.warning("partials offset commit failed (%s); will retry", exc)
+            return
+        self._last_commit_s = now_s
+

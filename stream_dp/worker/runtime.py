@@ -1,0 +1,31 @@
+"""Everything one query needs at run time, built once from the configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stream_dp.config import PipelineConfig, QueryConfig
+from stream_dp.worker.combiner import WindowCombiner
+from stream_dp.worker.records import GroupKey
+
+
+@dataclass
+class QueryRuntime:
+    """A query's engine (ingest side), combiner and release plan (release side)."""
+
+    config: QueryConfig
+    engine: Any  # stream_dp.windows.WindowEngine
+    plan: Any  # stream_dp.dp.ReleasePlan
+    combiner: WindowCombiner
+    namespace: str
+    cost: float  # per-unit charge of one window, in the namespace's unit (epsilon or rho)
+    privacy: dict[str, Any]  # the `privacy` block of every release record of this query
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def public_groups(self) -> list[GroupKey] | None:
+        return self.config.public_group_keys()
