@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from stream_dp.cli import check_config, produce, tail
+from stream_dp.cli import budget, check_config, plan, produce, run, tail
 
 SUBCOMMANDS = ("run", "check-config", "plan", "produce", "tail", "budget")
 
@@ -35,7 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
         "tail": "print released aggregates from an output topic",
         "budget": "inspect or reset per-unit privacy budgets",
     }
-    registered = {"check-config": check_config.register, "produce": produce.register, "tail": tail.register}
+    registered = {
+        "run": run.register,
+        "check-config": check_config.register,
+        "plan": plan.register,
+        "produce": produce.register,
+        "tail": tail.register,
+        "budget": budget.register,
+    }
     for name in SUBCOMMANDS:
         if name in registered:
             registered[name](sub)

@@ -112,7 +112,15 @@ class IngestStage:
 
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
         async with self._lock:
-            metadata = await asyncio.to_thread(self.read_commit_metadata, assigned) if assigned else {}
+            metadata: dict[TopicPartition, str] = {}
+            if assigned:
+                try:
+                    metadata = await asyncio.to_thread(self.read_commit_metadata, assigned)
+                except Exception as exc:
+                    # Without the stored progress, replayed events rebuild windows that were
+                    # already released; their charges then conflict and they are not re-emitted.
+                    self.metrics.internal_errors.labels("commit_metadata_unreadable").inc()
+                    log.error("cannot read committed window progress (%s); replayed windows are detected by their charge ids", exc)
             for topic, queries in self.by_topic.items():
                 partitions = [tp.partition for tp in assigned if tp.topic == topic]
                 if not partitions:

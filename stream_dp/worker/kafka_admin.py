@@ -43,9 +43,9 @@ def read_commit_metadata(options: dict[str, Any], group_id: str, partitions: lis
 
     admin = _admin(options)
     try:
-        offsets = admin.list_consumer_group_offsets(
-            group_id, partitions=[KafkaTopicPartition(tp.topic, tp.partition) for tp in partitions]
-        )
+        offsets = admin.list_group_offsets(
+            {group_id: [KafkaTopicPartition(tp.topic, tp.partition) for tp in partitions]}
+        ).get(group_id, {})
     finally:
         admin.close()
     return {

@@ -1,0 +1,40 @@
+"""``stream-dp run --config FILE``: run a worker until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pydantic import ValidationError
+
+from stream_dp.config import ConfigError, Settings, load_config
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run", help="run the worker: consume events, release noisy window aggregates",
+        description="Run a worker. Connections come from the environment (see README: Configuration).",
+    )
+    parser.add_argument("--config", required=True, metavar="FILE", help="query configuration YAML")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The Kafka clients log every connection at INFO.
+    for name in ("kafka", "aiokafka"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+    from stream_dp.worker.app import WorkerConfigError, run_worker
+
+    try:
+        config = load_config(args.config)
+        settings = Settings()
+        return run_worker(config, settings)
+    except (ConfigError, WorkerConfigError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except ValidationError as exc:
+        print(f"invalid environment settings:\n{exc}", file=sys.stderr)
+        return 1
