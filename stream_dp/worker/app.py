@@ -200,7 +200,10 @@ class Worker:
         topics = {settings.partials_topic: settings.partials_partitions, settings.alerts_topic: 1,
                   settings.dead_letter_topic: 1}
         topics.update({q.config.output_topic: settings.output_partitions for q in self.runtimes})
-        await asyncio.to_thread(ensure_topics, options, topics)
+        partition_counts = await asyncio.to_thread(ensure_topics, options, topics)
+        partials_partitions = partition_counts[settings.partials_topic]
+        for runtime in self.runtimes:
+            runtime.combiner.partials_partitions = partials_partitions
         if self.serve_metrics:
             self._metrics_server = start_http_server(settings.metrics_port, settings.metrics_host, registry=self.registry)
         aio = settings.aiokafka_options()
@@ -211,13 +214,14 @@ class Worker:
             auto_offset_reset="earliest", max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
         )
         release_consumer = AIOKafkaConsumer(
-            settings.partials_topic, **aio, client_id=f"{self.client_id}-release", group_id=f"{settings.group_id}-release",
+            **aio, client_id=f"{self.client_id}-release", group_id=f"{settings.group_id}-release",
             enable_auto_commit=False, auto_offset_reset="earliest",
         )
         noise_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="noise")
         ingest = IngestStage(
             self.runtimes, ingest_consumer, producer, self.budget, self.metrics,
-            partials_topic=settings.partials_topic, alerts_topic=settings.alerts_topic,
+            partials_topic=settings.partials_topic, partials_partitions=partials_partitions,
+            alerts_topic=settings.alerts_topic,
             dead_letter_topic=settings.dead_letter_topic,
             read_commit_metadata=lambda tps: read_commit_metadata(options, settings.group_id, tps),
             clock_ms=self.clock_ms,
@@ -226,6 +230,7 @@ class Worker:
             self.runtimes, release_consumer, producer, self.ledger, OpenDPNoise(executor=noise_pool), self.metrics,
             partials_topic=settings.partials_topic, clock_ms=self.clock_ms,
         )
+        release_consumer.subscribe([settings.partials_topic], listener=release.rebalance_listener())
         ingest_consumer.subscribe(sorted({q.config.input_topic for q in self.runtimes}), listener=ingest.rebalance_listener())
         await producer.start()
         await ingest_consumer.start()

@@ -1,13 +1,21 @@
 """Combine per-partition partials of a window into one total, and decide when
 a window can be released. Pure logic: no Kafka, no Redis, no clock of its own.
 
-A window of a query is **complete** when every input partition has either sent
-its partial for the window or reported progress (closed through a time at or
-after the window's end): a partition with no events in a window sends no
-partial, only progress. A window that waited ``release_timeout_ms`` (wall
-clock, from its first partial) is released with what arrived; partials that
-come after the release are counted and dropped (the budget they charged stays
-charged, which errs on the safe side).
+Each window of a query has a **home**: one partition of the partials topic
+(``window_home``). Every input partition's partial of the window is sent
+there, and the release consumer that owns the home releases the window.
+Progress markers ("input partition p has closed every window through t") go
+to every partials partition, each after the partials they cover, so within
+one home partition a marker is never read before the partials it vouches for.
+Completeness is therefore judged only with the progress read from the
+window's own home partition.
+
+A window is **complete** when every input partition has either sent its
+partial or reported progress through the window's end (a partition with no
+events in a window sends no partial). A window that waited
+``release_timeout_ms`` (wall clock, from its first partial) is released with
+what arrived; partials that come later are counted and dropped (the budget
+they charged stays charged, which errs on the safe side).
 
 For queries with public groups, windows in which no partition had any event
 are released too (all counts zero before noise) once every partition's
@@ -17,6 +25,7 @@ without noise, that somebody was active in that window.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +33,12 @@ import numpy as np
 from stream_dp.worker.records import GroupKey, PartialAggregate, Progress
 
 MAX_EMPTY_WINDOWS_PER_STEP = 1_000  # bounds the work after a long silence
+
+
+def window_home(query: str, window_start_ms: int, partials_partitions: int) -> int:
+    """The partials-topic partition of a (query, window): stable across processes and versions."""
+    digest = hashlib.blake2b(f"{query}|{window_start_ms}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % partials_partitions
 
 
 @dataclass
@@ -41,6 +56,7 @@ class CombinedWindow:
     query: str
     window_start_ms: int
     window_end_ms: int
+    home: int
     groups: list[GroupKey]
     count: np.ndarray
     sum: np.ndarray | None
@@ -49,11 +65,11 @@ class CombinedWindow:
     units_charged: int
     units_excluded: int
     closed_at_ms: int | None  # earliest close time among partials (None for an empty window)
-    source_offsets: list[tuple[int, int]] = field(default_factory=list)  # partials-topic (partition, offset)
+    source_offsets: list[tuple[int, int]] = field(default_factory=list)
 
 
 class WindowCombiner:
-    """Pending windows of one query."""
+    """Pending windows of one query, for the home partitions this process owns."""
 
     def __init__(
         self,
@@ -64,12 +80,14 @@ class WindowCombiner:
         release_timeout_ms: int,
         public_groups: list[GroupKey] | None,
         has_sum: bool,
-        released_through_ms: int | None = None,
+        partials_partitions: int = 1,
     ) -> None:
         if window_size_ms <= 0:
             raise ValueError(f"window_size_ms must be positive, got {window_size_ms}")
         if release_timeout_ms <= 0:
             raise ValueError(f"release_timeout_ms must be positive, got {release_timeout_ms}")
+        if partials_partitions < 1:
+            raise ValueError(f"partials_partitions must be at least 1, got {partials_partitions}")
         self.query = query
         self.window_size_ms = window_size_ms
         self.window_offset_ms = window_offset_ms
@@ -77,10 +95,14 @@ class WindowCombiner:
         self.public_groups = public_groups
         self._public_index = {g: i for i, g in enumerate(public_groups)} if public_groups is not None else None
         self.has_sum = has_sum
-        self.released_through_ms = released_through_ms
+        self.partials_partitions = partials_partitions
         self.input_partitions = 0
-        self.progress: dict[int, int] = {}
+        self.released_through_ms: dict[int, int] = {}  # per home partition
+        self.progress: dict[int, dict[int, int]] = {}  # home partition -> input partition -> closed through
         self._pending: dict[int, _Pending] = {}
+
+    def home(self, window_start_ms: int) -> int:
+        return window_home(self.query, window_start_ms, self.partials_partitions)
 
     # -- input ---------------------------------------------------------------------------
 
@@ -89,7 +111,7 @@ class WindowCombiner:
         self.input_partitions = max(self.input_partitions, partial.input_partitions)
         pending = self._pending.get(partial.window_start_ms)
         if pending is None:
-            if self.is_released(partial.window_end_ms):
+            if self.is_released(partial.window_start_ms, partial.window_end_ms):
                 return False
             pending = self._pending[partial.window_start_ms] = _Pending(partial.window_end_ms, now_ms)
         # A replay of the same partition's partial carries the same values; keep the first.
@@ -98,47 +120,75 @@ class WindowCombiner:
             pending.source_offsets.append(source)
         return True
 
-    def add_progress(self, progress: Progress) -> None:
+    def add_progress(self, progress: Progress, home: int) -> None:
+        """Progress read from partials partition ``home``."""
         self.input_partitions = max(self.input_partitions, progress.input_partitions)
-        previous = self.progress.get(progress.partition)
-        if previous is None or progress.closed_through_ms > previous:
-            self.progress[progress.partition] = progress.closed_through_ms
+        seen = self.progress.setdefault(home, {})
+        if progress.closed_through_ms > seen.get(progress.partition, -1):
+            seen[progress.partition] = progress.closed_through_ms
 
-    def is_released(self, window_end_ms: int) -> bool:
-        return self.released_through_ms is not None and window_end_ms <= self.released_through_ms
+    def is_released(self, window_start_ms: int, window_end_ms: int) -> bool:
+        through = self.released_through_ms.get(self.home(window_start_ms))
+        return through is not None and window_end_ms <= through
+
+    def restore_released_through(self, home: int, window_end_ms: int) -> None:
+        if window_end_ms > self.released_through_ms.get(home, -1):
+            self.released_through_ms[home] = window_end_ms
+
+    def revoke(self, homes: set[int]) -> None:
+        """Forget windows and progress of partials partitions now owned elsewhere."""
+        for start in [s for s in self._pending if self.home(s) in homes]:
+            del self._pending[start]
+        for home in homes:
+            self.progress.pop(home, None)
+            self.released_through_ms.pop(home, None)
 
     # -- decisions -----------------------------------------------------------------------
+
+    def _progress_of(self, home: int, partition: int) -> int:
+        return self.progress.get(home, {}).get(partition, -1)
 
     def _complete(self, window_start_ms: int, pending: _Pending) -> bool:
         if self.input_partitions == 0:
             return False
-        for partition in range(self.input_partitions):
-            if partition in pending.partials:
-                continue
-            if self.progress.get(partition, -1) < pending.window_end_ms:
-                return False
-        return True
+        home = self.home(window_start_ms)
+        return all(
+            p in pending.partials or self._progress_of(home, p) >= pending.window_end_ms
+            for p in range(self.input_partitions)
+        )
 
-    def _min_progress(self) -> int | None:
-        if self.input_partitions == 0 or len(self.progress) < self.input_partitions:
+    def _min_progress(self, home: int) -> int | None:
+        seen = self.progress.get(home, {})
+        if self.input_partitions == 0 or any(p not in seen for p in range(self.input_partitions)):
             return None
-        return min(self.progress.get(p, -1) for p in range(self.input_partitions))
+        return min(seen[p] for p in range(self.input_partitions))
 
-    def ready(self, now_ms: int) -> list[int]:
-        """Start times of the windows to release now, oldest first (at most one step's worth of empty ones)."""
+    def ready(self, now_ms: int, owned: set[int] | None = None) -> list[int]:
+        """Start times of the windows this process may release now, oldest first.
+
+        ``owned``: the partials partitions assigned to this process (None: all).
+        """
+        def mine(start: int) -> bool:
+            return owned is None or self.home(start) in owned
+
         starts = [
             start
             for start, pending in self._pending.items()
-            if self._complete(start, pending) or now_ms - pending.first_seen_ms >= self.release_timeout_ms
+            if mine(start)
+            and (self._complete(start, pending) or now_ms - pending.first_seen_ms >= self.release_timeout_ms)
         ]
-        if self.public_groups is not None and self.released_through_ms is not None:
-            through = self._min_progress()
-            if through is not None:
-                end = self.released_through_ms + self.window_size_ms
+        if self.public_groups is not None:
+            for home, released in self.released_through_ms.items():
+                if owned is not None and home not in owned:
+                    continue
+                through = self._min_progress(home)
+                if through is None:
+                    continue
+                end = released + self.window_size_ms
                 added = 0
                 while end <= through and added < MAX_EMPTY_WINDOWS_PER_STEP:
                     start = end - self.window_size_ms
-                    if start not in self._pending:
+                    if self.home(start) == home and start not in self._pending:
                         starts.append(start)
                         added += 1
                     end += self.window_size_ms
@@ -157,20 +207,21 @@ class WindowCombiner:
     def take(self, window_start_ms: int) -> CombinedWindow:
         """Remove a window from the pending set and return its combined totals."""
         pending = self._pending.pop(window_start_ms, None)
+        home = self.home(window_start_ms)
         window_end_ms = window_start_ms + self.window_size_ms if pending is None else pending.window_end_ms
         partials = [] if pending is None else [pending.partials[p] for p in sorted(pending.partials)]
         groups, count, sums, distinct = self._merge(partials)
         reported = {p.partition for p in partials}
         missing = [
             p for p in range(self.input_partitions)
-            if p not in reported and self.progress.get(p, -1) < window_end_ms
+            if p not in reported and self._progress_of(home, p) < window_end_ms
         ]
-        if self.released_through_ms is None or window_end_ms > self.released_through_ms:
-            self.released_through_ms = window_end_ms
+        self.restore_released_through(home, window_end_ms)
         return CombinedWindow(
             query=self.query,
             window_start_ms=window_start_ms,
             window_end_ms=window_end_ms,
+            home=home,
             groups=groups,
             count=count,
             sum=sums,
@@ -184,7 +235,6 @@ class WindowCombiner:
 
     def _merge(self, partials: list[PartialAggregate]) -> tuple[list[GroupKey], np.ndarray, np.ndarray | None, np.ndarray]:
         if self._public_index is not None:
-            n = len(self.public_groups)  # type: ignore[arg-type]
             index = self._public_index
             groups = list(self.public_groups)  # type: ignore[arg-type]
         else:
@@ -192,8 +242,8 @@ class WindowCombiner:
             for partial in partials:
                 for group in partial.groups:
                     index.setdefault(group, len(index))
-            n = len(index)
             groups = list(index)
+        n = len(groups)
         count = np.zeros(n, dtype=np.int64)
         distinct = np.zeros(n, dtype=np.int64)
         sums = np.zeros(n, dtype=np.float64) if self.has_sum else None

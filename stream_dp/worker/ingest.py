@@ -31,6 +31,7 @@ from aiokafka.structs import TopicPartition
 from stream_dp.budget import BudgetStore, BudgetUnavailable, ChargeConflict, ChargeRejected
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import RawBatch, RejectReason
+from stream_dp.worker.combiner import window_home
 from stream_dp.worker.records import PartialAggregate, Progress, encode_partial, encode_progress, partial_key
 from stream_dp.worker.runtime import QueryRuntime
 
@@ -60,6 +61,7 @@ class IngestStage:
         metrics: WorkerMetrics,
         *,
         partials_topic: str,
+        partials_partitions: int,
         alerts_topic: str,
         dead_letter_topic: str,
         read_commit_metadata: Callable[[list[TopicPartition]], dict[TopicPartition, str]],
@@ -80,6 +82,7 @@ class IngestStage:
         self.budget = budget
         self.metrics = metrics
         self.partials_topic = partials_topic
+        self.partials_partitions = partials_partitions
         self.alerts_topic = alerts_topic
         self.dead_letter_topic = dead_letter_topic
         self.read_commit_metadata = read_commit_metadata
@@ -278,7 +281,8 @@ class IngestStage:
                 closed_at_ms=held.closed_at_ms,
             )
             sends.append(await self.producer.send(
-                self.partials_topic, key=partial_key(query.name, partial.window_start_ms), value=encode_partial(message)
+                self.partials_topic, key=partial_key(query.name, partial.window_start_ms), value=encode_partial(message),
+                partition=window_home(query.name, partial.window_start_ms, self.partials_partitions),
             ))
             for alert in outcome.alerts:
                 sends.append(await self.producer.send(self.alerts_topic, key=query.namespace.encode(), value=_alert_json(alert)))
@@ -308,7 +312,6 @@ class IngestStage:
     async def _send_progress(self) -> None:
         now_s = time.monotonic()
         heartbeat = now_s - self._last_progress_s >= self.progress_interval_s
-        partitions_of_partials = self._partition_count(self.partials_topic) or 1
         sends = []
         for tp in self.consumer.assignment():
             for query in self.by_topic.get(tp.topic, ()):
@@ -322,7 +325,7 @@ class IngestStage:
                 value = encode_progress(Progress(query.name, tp.partition, self._partition_count(tp.topic), through))
                 # Every release consumer must see every partition's progress:
                 # the marker goes to each partition of the partials topic.
-                for partials_partition in range(partitions_of_partials):
+                for partials_partition in range(self.partials_partitions):
                     sends.append(await self.producer.send(self.partials_topic, value=value, partition=partials_partition))
         if heartbeat:
             self._last_progress_s = now_s

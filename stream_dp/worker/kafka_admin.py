@@ -18,8 +18,11 @@ def _admin(options: dict[str, Any]):
     return KafkaAdminClient(**options, client_id="stream-dp-admin")
 
 
-def ensure_topics(options: dict[str, Any], topics: dict[str, int]) -> None:
-    """Create the topics that do not exist yet (name -> partitions); existing ones are left as they are."""
+def ensure_topics(options: dict[str, Any], topics: dict[str, int]) -> dict[str, int]:
+    """Create the topics that do not exist yet (name -> partitions); existing ones are left as they are.
+
+    Returns the partition count each topic actually has.
+    """
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
@@ -33,8 +36,10 @@ def ensure_topics(options: dict[str, Any], topics: dict[str, int]) -> None:
             except TopicAlreadyExistsError:
                 pass  # another worker created it first
             log.info("created topics %s", [t.name for t in missing])
+        described = admin.describe_topics(list(topics))
     finally:
         admin.close()
+    return {t["name"]: len(t["partitions"]) for t in described}
 
 
 def read_commit_metadata(options: dict[str, Any], group_id: str, partitions: list[TopicPartition]) -> dict[TopicPartition, str]:

@@ -69,8 +69,8 @@ class ReleaseLedger(Protocol):
     def claim(self, query: str, window_start_ms: int, records: list[dict]) -> StoredRelease: ...
     def mark_published(self, query: str, window_start_ms: int) -> None: ...
     def get(self, query: str, window_start_ms: int) -> StoredRelease | None: ...
-    def released_through(self, query: str) -> int | None: ...
-    def raise_released_through(self, query: str, window_end_ms: int) -> None: ...
+    def released_through(self, query: str, home: int) -> int | None: ...
+    def raise_released_through(self, query: str, home: int, window_end_ms: int) -> None: ...
 
 
 class RedisReleaseLedger:
@@ -108,16 +108,17 @@ class RedisReleaseLedger:
             return None
         return StoredRelease(_unpack(payload), state == PUBLISHED, False)
 
-    def released_through(self, query: str) -> int | None:
+    def released_through(self, query: str, home: int) -> int | None:
+        """End of the latest window released from partials partition ``home`` (windows are homed there)."""
         try:
-            value = self._redis.get(f"{self._prefix}:{{{query}}}:released-through")
+            value = self._redis.get(f"{self._prefix}:{{{query}}}:released-through:{home}")
         except redis.RedisError as exc:
             raise LedgerUnavailable(f"release ledger read failed ({type(exc).__name__})") from exc
         return None if value is None else int(value)
 
-    def raise_released_through(self, query: str, window_end_ms: int) -> None:
+    def raise_released_through(self, query: str, home: int, window_end_ms: int) -> None:
         try:
-            self._raise(keys=[f"{self._prefix}:{{{query}}}:released-through"], args=[window_end_ms, self._ttl_s])
+            self._raise(keys=[f"{self._prefix}:{{{query}}}:released-through:{home}"], args=[window_end_ms, self._ttl_s])
         except redis.RedisError as exc:
             raise LedgerUnavailable(f"release ledger update failed ({type(exc).__name__})") from exc
 
@@ -127,7 +128,7 @@ class MemoryReleaseLedger:
 
     def __init__(self) -> None:
         self._entries: dict[tuple[str, int], tuple[bytes, bool]] = {}
-        self._through: dict[str, int] = {}
+        self._through: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
     def claim(self, query: str, window_start_ms: int, records: list[dict]) -> StoredRelease:
@@ -150,9 +151,9 @@ class MemoryReleaseLedger:
             entry = self._entries.get((query, window_start_ms))
         return None if entry is None else StoredRelease(_unpack(entry[0]), entry[1], False)
 
-    def released_through(self, query: str) -> int | None:
-        return self._through.get(query)
+    def released_through(self, query: str, home: int) -> int | None:
+        return self._through.get((query, home))
 
-    def raise_released_through(self, query: str, window_end_ms: int) -> None:
+    def raise_released_through(self, query: str, home: int, window_end_ms: int) -> None:
         with self._lock:
-            self._through[query] = max(self._through.get(query, window_end_ms), window_end_ms)
+            self._through[(query, home)] = max(self._through.get((query, home), window_end_ms), window_end_ms)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 
 from stream_dp.metrics.worker import WorkerMetrics
@@ -126,39 +126,68 @@ class ReleaseStage:
         self._unpublished: list[_Unpublished] = []
         self._positions: dict[int, int] = {}
         self._last_commit_s = 0.0
-        self._restored = False
+        self._lock = asyncio.Lock()
 
-    async def _restore(self) -> None:
-        """Load how far each query was released, so empty public windows continue from there."""
-        for query in self.queries.values():
-            through = await asyncio.to_thread(self.ledger.released_through, query.name)
-            if through is not None and (query.combiner.released_through_ms or -1) < through:
-                query.combiner.released_through_ms = through
-        self._restored = True
+    def rebalance_listener(self) -> ConsumerRebalanceListener:
+        stage = self
+
+        class _Listener(ConsumerRebalanceListener):
+            async def on_partitions_revoked(self, revoked):
+                await stage.on_revoked({tp.partition for tp in revoked})
+
+            async def on_partitions_assigned(self, assigned):
+                await stage.on_assigned({tp.partition for tp in assigned})
+
+        return _Listener()
+
+    async def on_assigned(self, homes: set[int]) -> None:
+        """Load how far each query was released from these homes, so empty public windows continue from there."""
+        async with self._lock:
+            for query in self.queries.values():
+                for home in homes:
+                    try:
+                        through = await asyncio.to_thread(self.ledger.released_through, query.name, home)
+                    except LedgerUnavailable as exc:
+                        self.metrics.internal_errors.labels("ledger_unavailable").inc()
+                        log.warning("cannot read release progress of %s/%d (%s); empty windows resume after the next release",
+                                    query.name, home, exc)
+                        continue
+                    if through is not None:
+                        query.combiner.restore_released_through(home, through)
+
+    async def on_revoked(self, homes: set[int]) -> None:
+        """Hand over: commit what is released, forget the rest (the new owner replays it)."""
+        async with self._lock:
+            await self._commit(force=True)
+            for query in self.queries.values():
+                query.combiner.revoke(homes)
+            # Unpublished windows of those homes were never published: the new owner
+            # replays their partials and publishes (the ledger's stored values if any).
+            self._unpublished = [u for u in self._unpublished if u.query.combiner.home(u.window_start_ms) not in homes]
+            for home in homes:
+                self._positions.pop(home, None)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await self.step()
-        await self._commit(force=True)
+        async with self._lock:
+            await self._commit(force=True)
 
     async def step(self) -> None:
-        if not self._restored:
-            try:
-                await self._restore()
-            except LedgerUnavailable as exc:
-                self.metrics.internal_errors.labels("ledger_unavailable").inc()
-                log.warning("cannot read the release ledger (%s); waiting", exc)
-                await asyncio.sleep(self.retry_backoff_s)
-                return
         batches = await self.consumer.getmany(timeout_ms=self.poll_timeout_ms)
+        async with self._lock:
+            await self._step(batches)
+
+    async def _step(self, batches: dict) -> None:
         now_ms = self.clock_ms()
+        owned = {tp.partition for tp in self.consumer.assignment()}
         for tp, records in batches.items():
             for record in records:
                 await self._take_record(tp.partition, record.offset, record.value, now_ms)
             if records:
                 self._positions[tp.partition] = records[-1].offset + 1
         for query in self.queries.values():
-            for start in query.combiner.ready(now_ms):
+            for start in query.combiner.ready(now_ms, owned):
                 window = query.combiner.take(start)
                 self._unpublished.append(
                     _Unpublished(query, start, window.window_end_ms, window=window, sources=window.source_offsets)
@@ -178,7 +207,7 @@ class ReleaseStage:
             self.metrics.internal_errors.labels("unknown_query").inc()
             return
         if not isinstance(message, PartialAggregate):
-            query.combiner.add_progress(message)
+            query.combiner.add_progress(message, partition)
             return
         if query.combiner.add_partial(message, now_ms, (partition, offset)):
             return
@@ -235,7 +264,8 @@ class ReleaseStage:
         if sends:
             await asyncio.gather(*sends)
         await asyncio.to_thread(self.ledger.mark_published, query.name, item.window_start_ms)
-        await asyncio.to_thread(self.ledger.raise_released_through, query.name, item.window_end_ms)
+        home = query.combiner.home(item.window_start_ms)
+        await asyncio.to_thread(self.ledger.raise_released_through, query.name, home, item.window_end_ms)
         if stored.newly_written and window is not None:
             self.metrics.windows_released.labels(query.name).inc()
             self.metrics.groups_released.labels(query.name).inc(len(stored.records))

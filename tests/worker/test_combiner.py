@@ -18,6 +18,7 @@ def _partial(partition, start, groups, counts, sums=None, distinct=None, parts=3
 
 
 def _combiner(public=None, timeout=30_000, has_sum=True):
+    # One partials partition: every window is homed at 0, and progress is read there.
     return WindowCombiner("q", window_size_ms=MIN, window_offset_ms=0, release_timeout_ms=timeout,
                           public_groups=public, has_sum=has_sum)
 
@@ -27,9 +28,9 @@ def test_waits_for_every_partition_or_its_progress():
     c.add_partial(_partial(0, 0, [("a",)], [2], [1.0]), now_ms=0)
     c.add_partial(_partial(1, 0, [("a",), ("b",)], [1, 4], [2.0, 3.0]), now_ms=0)
     assert c.ready(now_ms=1) == []
-    c.add_progress(Progress("q", 2, 3, MIN - 1))
+    c.add_progress(home=0, progress=Progress("q", 2, 3, MIN - 1))
     assert c.ready(now_ms=1) == []
-    c.add_progress(Progress("q", 2, 3, MIN))
+    c.add_progress(home=0, progress=Progress("q", 2, 3, MIN))
     assert c.ready(now_ms=1) == [0]
     window = c.take(0)
     assert dict(zip(window.groups, window.count.tolist())) == {("a",): 3, ("b",): 4}
@@ -59,12 +60,12 @@ def test_public_groups_fill_zeros_drop_unknown_groups_and_release_empty_windows(
     public = [("a",), ("b",)]
     c = _combiner(public=public, timeout=1_000_000)
     c.add_partial(_partial(0, 0, [("b",), ("zzz",)], [4, 9], [1.0, 9.0], parts=1), now_ms=0)
-    c.add_progress(Progress("q", 0, 1, MIN))
+    c.add_progress(home=0, progress=Progress("q", 0, 1, MIN))
     assert c.ready(0) == [0]
     first = c.take(0)
     assert first.groups == public and first.count.tolist() == [0, 4] and first.sum.tolist() == [0.0, 1.0]
     # Three silent windows pass: each is released (empty) once progress passes it.
-    c.add_progress(Progress("q", 0, 1, 4 * MIN))
+    c.add_progress(home=0, progress=Progress("q", 0, 1, 4 * MIN))
     assert c.ready(0) == [MIN, 2 * MIN, 3 * MIN]
     empty = c.take(MIN)
     assert empty.count.tolist() == [0, 0] and empty.closed_at_ms is None
@@ -91,3 +92,40 @@ def test_pending_source_offsets_hold_commits():
 def test_validation():
     with pytest.raises(ValueError, match="window_size_ms"):
         WindowCombiner("q", window_size_ms=0, window_offset_ms=0, release_timeout_ms=1, public_groups=None, has_sum=False)
+
+
+def _homed(partitions=4):
+    return WindowCombiner("q", window_size_ms=MIN, window_offset_ms=0, release_timeout_ms=1_000_000,
+                          public_groups=None, has_sum=False, partials_partitions=partitions)
+
+
+def test_only_progress_read_in_the_windows_home_completes_it():
+    c = _homed()
+    home = c.home(0)
+    other = (home + 1) % 4
+    c.add_partial(_partial(0, 0, [("a",)], [1], parts=2), now_ms=0, source=(home, 5))
+    # Partition 1's progress seen in another partials partition proves nothing about
+    # partials still unread in the home partition.
+    c.add_progress(Progress("q", 1, 2, MIN), home=other)
+    assert c.ready(0) == []
+    c.add_progress(Progress("q", 1, 2, MIN), home=home)
+    assert c.ready(0) == [0]
+
+
+def test_ready_and_revoke_respect_ownership():
+    c = _homed()
+    home = c.home(0)
+    c.add_partial(_partial(0, 0, [("a",)], [1], parts=1), now_ms=0, source=(home, 1))
+    c.add_progress(Progress("q", 0, 1, MIN), home=home)
+    assert c.ready(0, owned={(home + 1) % 4}) == []
+    assert c.ready(0, owned={home}) == [0]
+    c.revoke({home})
+    assert c.pending_windows == 0 and c.ready(0) == []
+
+
+def test_window_home_is_stable_and_spread():
+    from stream_dp.worker.combiner import window_home
+
+    homes = [window_home("q", start * MIN, 4) for start in range(400)]
+    assert homes == [window_home("q", start * MIN, 4) for start in range(400)]
+    assert min(homes.count(h) for h in range(4)) > 60  # roughly uniform

@@ -29,10 +29,12 @@ def test_first_claim_wins_and_later_claims_get_the_stored_values(ledger):
 
 
 def test_released_through_only_moves_forward(ledger):
-    assert ledger.released_through("q") is None
-    ledger.raise_released_through("q", 120_000)
-    ledger.raise_released_through("q", 60_000)
-    assert ledger.released_through("q") == 120_000
+    assert ledger.released_through("q", 0) is None
+    ledger.raise_released_through("q", 0, 120_000)
+    ledger.raise_released_through("q", 0, 60_000)
+    ledger.raise_released_through("q", 1, 60_000)
+    assert ledger.released_through("q", 0) == 120_000
+    assert ledger.released_through("q", 1) == 60_000
 
 
 def test_redis_down_raises_ledger_unavailable():
