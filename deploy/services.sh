@@ -28,9 +28,10 @@ start_redis() {
   command -v redis-server >/dev/null || { log "redis-server is missing: run deploy/install.sh (apt-get install redis-server)"; exit 1; }
   if redis_ping; then log "redis already answers on 127.0.0.1:$redis_port"; return 0; fi
   mkdir -p "$run_dir/redis"
-  # Append-only file on: the budget ledger must survive a Redis restart.
+  # The budget store and release ledger must survive a Redis restart and never be
+  # evicted: append-only file fsynced on every write, no eviction.
   redis-server --port "$redis_port" --bind 127.0.0.1 --protected-mode yes \
-    --dir "$run_dir/redis" --appendonly yes --appendfsync everysec --save "" \
+    --dir "$run_dir/redis" --appendonly yes --appendfsync always --maxmemory-policy noeviction --save "" \
     --daemonize yes --pidfile "$run_dir/redis/redis.pid" --logfile "$run_dir/redis/redis.log"
   for _ in $(seq 1 50); do redis_ping && break; sleep 0.1; done
   redis_ping || { log "redis did not answer; see $run_dir/redis/redis.log"; exit 1; }
