@@ -16,6 +16,7 @@ re-published partial is identical.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -403,5 +404,4 @@ def _closed_through(metadata: str | None, query: str) -> int | None:
 
 
 def _alert_json(alert: Any) -> bytes:
-    fields = alert.__dict__ if hasattr(alert, "__dict__") else dict(alert)
-    return orjson.dumps({"type": "budget_alert", **fields})
+    return orjson.dumps({"type": "budget_alert", **dataclasses.asdict(alert)})

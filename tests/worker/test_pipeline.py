@@ -182,6 +182,13 @@ def test_two_workers_release_every_window_once_with_budget_exclusion(
         assert reasons[b"invalid_json"] == 1 and reasons[b"missing_field"] == 1 and reasons[b"late"] == 1, reasons
         assert any(r.value == b"{not json" for r in dead)
 
+        # Every unit reached 80% and then 100% of its hourly limit: one alert record each.
+        alerts = _consume_all(kafka_bootstrap, f"{prefix}alerts", until=lambda rs: len(rs) >= 2 * UNITS, timeout_s=20)
+        crossings = collections.Counter(
+            (a["unit"], a["threshold"]) for a in map(lambda m: orjson.loads(m.value), alerts) if a["type"] == "budget_alert"
+        )
+        assert set(crossings) == {(f"u{u}", t) for u in range(UNITS) for t in (0.8, 1.0)}
+
         time.sleep(2)  # let the late event's counter reach /metrics
         texts = [_scrape(port) for port in ports]
         accepted = sum(_metric_sum(t, "stream_dp_events_total", query=name, outcome="accepted") for t in texts)
