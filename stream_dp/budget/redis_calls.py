@@ -1,0 +1,136 @@
+"""Talking to Redis for the budget store: scripts by SHA, retries, fail-closed errors, server checks."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.exceptions import BusyLoadingError, NoScriptError, RedisError
+
+from stream_dp.budget.store import BudgetUnavailable
+from stream_dp.metrics.budget import BudgetMetrics
+
+_RETRYABLE = (redis.ConnectionError, redis.TimeoutError, BusyLoadingError)
+
+
+def error_kind(error: BaseException) -> str:
+    """Metric label of a Redis error."""
+    if isinstance(error, redis.TimeoutError):
+        return "timeout"
+    if isinstance(error, BusyLoadingError):
+        return "loading"
+    if isinstance(error, redis.ConnectionError):
+        return "connection"
+    return "script"
+
+
+class Script:
+    """A Lua script shipped with the package, run by SHA (EVALSHA)."""
+
+    def __init__(self, name: str) -> None:
+        self.source = resources.files("stream_dp.budget").joinpath(f"{name}.lua").read_text(encoding="utf-8")
+        self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
+
+
+class RedisCaller:
+    """Runs Redis calls with retries and turns every failure into ``BudgetUnavailable``.
+
+    Connection errors, timeouts and a loading server are retried ``retries``
+    times, waiting ``backoff_s * 2**attempt``; other errors (a script error,
+    WRONGTYPE, OOM) are not. A script missing from the server's cache (after a
+    restart or SCRIPT FLUSH) is loaded and run again.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        retries: int,
+        backoff_s: float,
+        metrics: BudgetMetrics | None,
+        sleep: Callable[[float], None],
+    ) -> None:
+        if retries < 0 or backoff_s < 0:
+            raise ValueError(f"retries and backoff_s must be >= 0, got retries={retries!r}, backoff_s={backoff_s!r}")
+        self.client = client
+        self._retries = retries
+        self._backoff_s = backoff_s
+        self._metrics = metrics
+        self._sleep = sleep
+
+    def run_script(self, script: Script, keys: list[Any], args: list[Any]) -> Any:
+        """EVALSHA once (no retries; wrap in :meth:`call`)."""
+        try:
+            return self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.client.script_load(script.source)
+            return self.client.evalsha(script.sha, len(keys), *keys, *args)
+
+    def call(self, namespace: str, operation: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` with retries; any failure becomes ``BudgetUnavailable`` (fail closed)."""
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except _RETRYABLE as error:
+                self._count_error(namespace, operation, error)
+                if attempt >= self._retries:
+                    raise BudgetUnavailable(
+                        f"budget store unreachable during {operation} ({type(error).__name__}: {error}) after "
+                        f"{attempt + 1} attempts; nothing may be released. Check Redis, or raise retries/backoff_s"
+                    ) from error
+                self._sleep(self._backoff_s * (2**attempt))
+                attempt += 1
+            except RedisError as error:
+                self._count_error(namespace, operation, error)
+                raise BudgetUnavailable(
+                    f"budget store failed during {operation} ({type(error).__name__}: {error}); nothing may be "
+                    "released. Check that no other application writes keys under this key prefix"
+                ) from error
+
+    def _count_error(self, namespace: str, operation: str, error: BaseException) -> None:
+        if self._metrics is not None:
+            self._metrics.record_error(namespace, operation, error_kind(error))
+
+    def server_time_ms(self, namespace: str) -> int:
+        seconds, micros = self.call(namespace, "read", self.client.time)
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def durability_warnings(self) -> list[str]:
+        """Server settings under which acknowledged charges could be lost (empty if none)."""
+        warnings: list[str] = []
+        info = self.call("-", "read", lambda: self.client.info())
+        if info.get("maxmemory_policy", "noeviction") != "noeviction":
+            warnings.append(
+                f"maxmemory-policy is {info['maxmemory_policy']}: Redis may evict budget keys, which forgets "
+                "spending; set maxmemory-policy noeviction"
+            )
+        if self._config_value("lazyfree-lazy-expire") not in ("", "yes"):
+            warnings.append(
+                "lazyfree-lazy-expire is off: expiring a generation's shard hashes frees them in the main "
+                "thread; set lazyfree-lazy-expire yes"
+            )
+        if not int(info.get("aof_enabled", 0)):
+            warnings.append("appendonly is off: a Redis restart forgets all spending; set appendonly yes")
+        else:
+            fsync = self._config_value("appendfsync")
+            if fsync not in ("", "always"):
+                warnings.append(
+                    f"appendfsync is {fsync}: a Redis crash can forget charges already acknowledged; "
+                    "set appendfsync always"
+                )
+        return warnings
+
+    def _config_value(self, name: str) -> str:
+        """A server setting, or "" where CONFIG is not allowed (e.g. managed Redis)."""
+        try:
+            values = self.client.config_get(name)
+        except RedisError:
+            return ""
+        for key, value in values.items():
+            if (key.decode() if isinstance(key, bytes) else key) == name:
+                return value.decode() if isinstance(value, bytes) else str(value)
+        return ""

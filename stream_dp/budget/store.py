@@ -1,0 +1,182 @@
+"""The budget-store interface: what a worker calls, what it gets back, what can go wrong."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from stream_dp.budget.policy import BudgetPolicy
+
+
+class BudgetError(Exception):
+    """Base of every budget-store failure. On any of them the caller must not release."""
+
+
+class BudgetUnavailable(BudgetError):
+    """The store could not be reached or failed while charging; nothing may be released.
+
+    A retry with the same charge id is safe: a charge that did reach the store
+    is replayed, not charged twice.
+    """
+
+
+class StoreLayoutMismatch(BudgetError):
+    """Budgets in the store were written by workers with another layout.
+
+    Every worker of a namespace must use the same ``StoreOptions``, shard count
+    and horizons/buckets; otherwise each would see only part of a unit's spending.
+    """
+
+
+class ChargeRejected(BudgetError, ValueError):
+    """The store refused the charge as a whole (no unit was charged)."""
+
+
+class ChargeOutOfRange(ChargeRejected):
+    """The charge's event time is too far behind (or ahead of) the store's clock.
+
+    Old buckets are forgotten after ``max_delay_ms``; admitting a charge older
+    than that could exceed a limit unseen, so it is refused. Raise
+    ``StoreOptions.max_delay_ms`` (keys then live longer) if windows legitimately
+    close that late, e.g. during a backfill.
+    """
+
+
+class ChargeConflict(ChargeRejected):
+    """The charge id was already used with different units, cost or event time.
+
+    Retries must repeat the original call exactly (same units in the same order);
+    a new window needs a new charge id.
+    """
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """Tuning shared by every backend.
+
+    ``max_delay_ms``: how far a charge's event time may lag the store clock
+    (allowed lateness + watermark lag + processing delay). Buckets are kept
+    ``horizon + max_delay_ms`` past their end, so this also sets key lifetime.
+    ``max_lead_ms``: how far a charge's event time may run ahead of the clock
+    (producer clock skew). ``top_capacity`` / ``top_min_fraction``: ``top``
+    tracks at most this many units per period, and only units whose spend
+    fraction reached ``top_min_fraction``.
+    """
+
+    max_delay_ms: int = 3_600_000
+    max_lead_ms: int = 900_000
+    top_capacity: int = 1000
+    top_min_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("max_delay_ms", "max_lead_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer number of ms, got {value!r}")
+        if isinstance(self.top_capacity, bool) or not isinstance(self.top_capacity, int) or self.top_capacity < 1:
+            raise ValueError(f"top_capacity must be a positive integer, got {self.top_capacity!r}")
+        if not 0.0 <= self.top_min_fraction <= 1.0:
+            raise ValueError(f"top_min_fraction must be in [0, 1], got {self.top_min_fraction!r}")
+
+    @property
+    def record_ttl_ms(self) -> int:
+        """Lifetime of a charge record (the idempotency key).
+
+        A retry arriving after the record expired has an event time older than
+        ``now - max_delay_ms`` and is refused as out of range, so no retry can
+        ever be charged twice.
+        """
+        return self.max_delay_ms + self.max_lead_ms + 1000
+
+
+@dataclass(frozen=True)
+class AlertRecord:
+    """A unit reached ``threshold`` of a horizon's limit (or a charge was refused).
+
+    ``exhausted`` is True when the alert comes from a refused charge: the unit
+    could not afford the charge, whatever its current fraction.
+    """
+
+    namespace: str
+    unit: str
+    horizon_ms: int
+    spent: float
+    limit: float
+    threshold: float
+    time_ms: int
+    accounting: str
+    exhausted: bool = False
+
+
+@dataclass(frozen=True)
+class ChargeOutcome:
+    """Result of charging a batch of units for one released window.
+
+    ``excluded[i]`` is True when ``units[i]`` could not afford the charge and was
+    not charged: the caller drops all of that unit's events from the window.
+    ``charged`` counts the units charged. ``replayed`` is True when the charge id
+    had already been charged: the stored decision is returned, nobody is charged.
+    """
+
+    excluded: np.ndarray
+    charged: int
+    alerts: list[AlertRecord] = field(default_factory=list)
+    replayed: bool = False
+    excluded_by_horizon: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls) -> ChargeOutcome:
+        return cls(excluded=np.zeros(0, dtype=bool), charged=0)
+
+
+@dataclass(frozen=True)
+class HorizonSpend:
+    """A unit's spend on one horizon at a point in time.
+
+    ``spent`` is the largest spend of any run of ``buckets + 1`` buckets that
+    contains the time: exactly what stands between the unit and exclusion, so
+    ``limit - spent`` can still be charged at that time. ``epsilon``/``delta``
+    give the spend as (epsilon, delta)-DP: for rho namespaces converted at the
+    namespace's ``report_delta``; for epsilon namespaces delta is None.
+    """
+
+    horizon_ms: int
+    spent: float
+    limit: float
+    fraction: float
+    epsilon: float
+    delta: float | None
+
+
+@runtime_checkable
+class BudgetStore(Protocol):
+    """Per-unit privacy budgets with atomic, idempotent batch check-and-charge."""
+
+    @property
+    def policy(self) -> BudgetPolicy: ...
+
+    def charge(
+        self, namespace: str, charge_id: str, units: Sequence[str], cost: float, event_time_ms: int
+    ) -> ChargeOutcome:
+        """Charge ``cost`` at ``event_time_ms`` to every unit that can afford it.
+
+        Raises ``BudgetError`` (never returns) when nothing could be charged.
+        """
+        ...
+
+    def spend(self, namespace: str, unit: str, now_ms: int) -> list[HorizonSpend]:
+        """The unit's spend on each horizon of the namespace at ``now_ms``."""
+        ...
+
+    def top(self, namespace: str, n: int, now_ms: int) -> list[tuple[str, float]]:
+        """Up to ``n`` units with the highest spend fraction (max over horizons) at ``now_ms``."""
+        ...
+
+    def reset(self, namespace: str, unit: str) -> bool:
+        """Forget the unit's spend (an administrative override); True if it had any."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,105 @@
+"""Policy objects: validation with helpful messages, fixed-point rounding, zCDP conversion."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stream_dp.budget import BudgetPolicy, HorizonLimit, NamespacePolicy
+from stream_dp.budget.policy import format_duration_ms, to_units_down, to_units_up, zcdp_to_epsilon
+
+HOUR_MS = 3_600_000
+
+
+def test_fixed_point_rounds_charges_up_and_limits_down() -> None:
+    assert to_units_up(0.1) == 100_000
+    assert to_units_up(0.3000001) == 300_001
+    assert to_units_up(1e-7) == 1  # below one micro-unit still costs one
+    assert to_units_up(0.30000000000000004) == 300_001  # the float sum 0.1 + 0.2 is above 0.3
+    assert to_units_down(0.9999999) == 999_999
+    assert to_units_down(1.0) == 1_000_000
+
+
+def test_ten_charges_of_a_tenth_fit_a_limit_of_one() -> None:
+    # In floats, 0.1 added ten times is 0.9999999999999999; in micro-units it is exactly the limit.
+    assert 10 * to_units_up(0.1) == to_units_down(1.0)
+
+
+def test_zcdp_conversion_matches_bun_steinke() -> None:
+    rho, delta = 0.5, 1e-6
+    assert zcdp_to_epsilon(rho, delta) == pytest.approx(rho + 2 * math.sqrt(rho * math.log(1 / delta)))
+    with pytest.raises(ValueError, match="delta"):
+        zcdp_to_epsilon(0.5, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"horizon_ms": 0, "limit": 1.0}, "positive integer number of milliseconds"),
+        ({"horizon_ms": 1.5, "limit": 1.0}, "positive integer"),
+        ({"horizon_ms": HOUR_MS, "limit": 1.0, "buckets": 7}, "not divisible by buckets=7"),
+        ({"horizon_ms": HOUR_MS, "limit": 1.0, "buckets": 0}, r"buckets must be an integer in \[1, 255\]"),
+        ({"horizon_ms": HOUR_MS, "limit": 0.0}, "at least 1e-6"),
+        ({"horizon_ms": HOUR_MS, "limit": float("inf")}, "finite number"),
+        ({"horizon_ms": HOUR_MS, "limit": 5000.0}, "too large"),
+    ],
+)
+def test_horizon_limit_rejects_bad_values(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        HorizonLimit(**kwargs)
+
+
+def test_horizon_limit_derived_values() -> None:
+    h = HorizonLimit(HOUR_MS, 1.25, buckets=4)
+    assert (h.bucket_ms, h.limit_units, h.label) == (900_000, 1_250_000, "1h")
+    assert format_duration_ms(90_000) == "90s"
+    assert format_duration_ms(1_500) == "1500ms"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "a:b"}, "no ':'"),
+        ({"accounting": "delta"}, "'epsilon' or 'rho'"),
+        ({"horizons": []}, "at least one HorizonLimit"),
+        ({"horizons": [HorizonLimit(HOUR_MS, 1.0), HorizonLimit(HOUR_MS, 2.0)]}, "share a horizon"),
+        ({"alert_at": (1.0, 0.8)}, "strictly increasing"),
+        ({"alert_at": (0.5, 1.5)}, r"in \(0, 1\]"),
+    ],
+)
+def test_namespace_policy_rejects_bad_values(kwargs: dict, message: str) -> None:
+    args = {"name": "users", "accounting": "epsilon", "horizons": [HorizonLimit(HOUR_MS, 1.0)]} | kwargs
+    with pytest.raises(ValueError, match=message):
+        NamespacePolicy(**args)
+
+
+def test_threshold_and_cost_units() -> None:
+    ns = NamespacePolicy("users", "epsilon", [HorizonLimit(HOUR_MS, 1.0)], alert_at=(0.8, 1.0))
+    assert ns.threshold_units(ns.horizons[0]) == (800_000, 1_000_000)
+    assert ns.cost_units(0.25) == 250_000
+    with pytest.raises(ValueError, match="exceeds the 1h limit"):
+        ns.cost_units(1.5)
+    with pytest.raises(ValueError, match="finite positive epsilon"):
+        ns.cost_units(-0.1)
+    with pytest.raises(ValueError, match="finite positive epsilon"):
+        ns.cost_units(float("nan"))
+
+
+def test_rho_namespace_reports_epsilon_delta() -> None:
+    ns = NamespacePolicy("devices", "rho", [HorizonLimit(HOUR_MS, 0.5)], report_delta=1e-6)
+    epsilon, delta = ns.to_epsilon_delta(0.5)
+    assert delta == 1e-6
+    assert epsilon == pytest.approx(zcdp_to_epsilon(0.5, 1e-6))
+    assert NamespacePolicy("users", "epsilon", [HorizonLimit(HOUR_MS, 1.0)]).to_epsilon_delta(0.5) == (0.5, None)
+
+
+def test_budget_policy_lookup_names_known_namespaces() -> None:
+    policy = BudgetPolicy([NamespacePolicy("users", "epsilon", [HorizonLimit(HOUR_MS, 1.0)])])
+    assert policy.namespace("users").name == "users"
+    with pytest.raises(KeyError, match="known namespaces: users"):
+        policy.namespace("devices")
+    with pytest.raises(ValueError, match="defined twice"):
+        BudgetPolicy([policy.namespace("users"), policy.namespace("users")])
+    with pytest.raises(ValueError, match="at least one namespace"):
+        BudgetPolicy([])
