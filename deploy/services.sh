@@ -31,7 +31,7 @@ start_redis() {
   # The budget store and release ledger must survive a Redis restart and never be
   # evicted: append-only file fsynced on every write, no eviction.
   redis-server --port "$redis_port" --bind 127.0.0.1 --protected-mode yes \
-    --dir "$run_dir/redis" --appendonly yes --appendfsync always --maxmemory-policy noeviction --save "" \
+    --dir "$run_dir/redis" --appendonly yes --appendfsync always --maxmemory-policy noeviction --lazyfree-lazy-expire yes --save "" \
     --daemonize yes --pidfile "$run_dir/redis/redis.pid" --logfile "$run_dir/redis/redis.log"
   for _ in $(seq 1 50); do redis_ping && break; sleep 0.1; done
   redis_ping || { log "redis did not answer; see $run_dir/redis/redis.log"; exit 1; }

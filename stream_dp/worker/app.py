@@ -177,16 +177,25 @@ class Worker:
         self.metrics = WorkerMetrics(registry)
         self.runtimes = build_runtimes(config, secret=contribution_secret(settings), clock_ms=clock_ms)
         self._redis: redis.Redis | None = None
-        if budget is None or ledger is None:
+        if ledger is None:
             self._redis = redis.Redis.from_url(
                 settings.redis_url.get_secret_value(),
                 socket_timeout=settings.redis_timeout_s,
                 socket_connect_timeout=settings.redis_timeout_s,
             )
-        self.budget = budget or RedisBudgetStore(
-            self._redis, policy_from_config(config), retries=settings.redis_retries,
-            metrics=BudgetMetrics(registry=registry),
-        )
+        if budget is None:
+            # The store retries itself (safe: charges are idempotent); redis-py's own retries are off.
+            budget = RedisBudgetStore.from_url(
+                settings.redis_url.get_secret_value(), policy_from_config(config),
+                socket_timeout_s=settings.redis_timeout_s, retries=settings.redis_retries,
+                metrics=BudgetMetrics(registry=registry),
+            )
+            try:
+                for warning in budget.durability_warnings():
+                    log.warning("Redis durability: %s", warning)
+            except Exception as exc:  # the server may not be up yet; charges fail closed until it is
+                log.warning("could not check Redis durability settings: %s", exc)
+        self.budget = budget
         self.ledger = ledger or RedisReleaseLedger(self._redis, ttl_s=settings.ledger_ttl_s)
         self.stop_event = asyncio.Event()
         self._metrics_server: Any = None
@@ -254,6 +263,7 @@ class Worker:
                 server.shutdown()
             if self._redis is not None:
                 self._redis.close()
+            self.budget.close()
 
 
 def run_worker(config: PipelineConfig, settings: Settings) -> int:
