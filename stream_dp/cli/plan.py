@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     for p in plans:
         loss = p["per_window_loss"]
         print(f"query {p['query']} ({p['window']} windows, {p['mechanism']}, namespace {p['namespace']})")
-        print(f"  per window and unit: " + ", ".join(f"{k}={_fmt(v)}" for k, v in loss.items() if v is not None)
+        print("  per window and unit: " + ", ".join(f"{k}={_fmt(v)}" for k, v in loss.items() if v is not None)
               + f"; charged {p['per_window_cost']:.6g} {p['accounting']}")
         print(f"  noise scale: count {_fmt(p['count_scale'])}, sum {_fmt(p['sum_scale'])}"
               + (f"; selection threshold {_fmt(p['selection_threshold'])} units" if p["selection_threshold"] else ""))

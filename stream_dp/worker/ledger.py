@@ -19,7 +19,6 @@ import zlib
 from dataclasses import dataclass
 from typing import Protocol
 
-import orjson
 import redis
 
 WRITTEN = b"written"
@@ -32,7 +31,7 @@ if existing[1] then
 end
 redis.call('HSET', KEYS[1], 'payload', ARGV[1], 'state', 'written')
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
-return {ARGV[1], 'written', 1}
+return {false, 'written', 1}
 """
 
 _RAISE_MARK = """
@@ -50,23 +49,31 @@ class LedgerUnavailable(RuntimeError):
     """The ledger could not be read or written; the caller must not publish."""
 
 
+Record = tuple[bytes, bytes]  # (Kafka key, record JSON)
+
+
 @dataclass(frozen=True)
 class StoredRelease:
-    records: list[dict]
+    records: list[Record]
     published: bool
     newly_written: bool
 
 
-def _pack(records: list[dict]) -> bytes:
-    return zlib.compress(orjson.dumps(records), 3)
+def _pack(records: list[Record]) -> bytes:
+    # JSON text never holds a raw tab or newline (orjson escapes control
+    # characters), so they can separate keys, values and records.
+    return zlib.compress(b"\n".join(key + b"\t" + value for key, value in records), 1)
 
 
-def _unpack(payload: bytes) -> list[dict]:
-    return orjson.loads(zlib.decompress(payload))
+def _unpack(payload: bytes) -> list[Record]:
+    data = zlib.decompress(payload)
+    if not data:
+        return []
+    return [tuple(line.split(b"\t", 1)) for line in data.split(b"\n")]  # type: ignore[misc]
 
 
 class ReleaseLedger(Protocol):
-    def claim(self, query: str, window_start_ms: int, records: list[dict]) -> StoredRelease: ...
+    def claim(self, query: str, window_start_ms: int, records: list[Record]) -> StoredRelease: ...
     def mark_published(self, query: str, window_start_ms: int) -> None: ...
     def get(self, query: str, window_start_ms: int) -> StoredRelease | None: ...
     def released_through(self, query: str, home: int) -> int | None: ...
@@ -86,12 +93,14 @@ class RedisReleaseLedger:
     def _key(self, query: str, window_start_ms: int) -> str:
         return f"{self._prefix}:{{{query}}}:{window_start_ms}"
 
-    def claim(self, query: str, window_start_ms: int, records: list[dict]) -> StoredRelease:
+    def claim(self, query: str, window_start_ms: int, records: list[Record]) -> StoredRelease:
         try:
             payload, state, new = self._claim(keys=[self._key(query, window_start_ms)], args=[_pack(records), self._ttl_s])
         except redis.RedisError as exc:
             raise LedgerUnavailable(f"release ledger write failed ({type(exc).__name__}); not publishing") from exc
-        return StoredRelease(_unpack(payload), state == PUBLISHED, bool(new))
+        if new:
+            return StoredRelease(records, False, True)  # what was just stored; not read back
+        return StoredRelease(_unpack(payload), state == PUBLISHED, False)
 
     def mark_published(self, query: str, window_start_ms: int) -> None:
         try:
@@ -131,7 +140,7 @@ class MemoryReleaseLedger:
         self._through: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
-    def claim(self, query: str, window_start_ms: int, records: list[dict]) -> StoredRelease:
+    def claim(self, query: str, window_start_ms: int, records: list[Record]) -> StoredRelease:
         with self._lock:
             key = (query, window_start_ms)
             if key in self._entries:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import numpy as np
 import orjson
@@ -139,7 +138,3 @@ def release_id(query: str, window_start_ms: int, group: GroupKey) -> str:
     """Stable id of one (query, window, group) release: consumers dedupe on it."""
     digest = hashlib.blake2b(orjson.dumps([query, window_start_ms, list(group)]), digest_size=12).hexdigest()
     return f"{query}:{window_start_ms}:{digest}"
-
-
-def encode_release_record(record: dict[str, Any]) -> bytes:
-    return orjson.dumps(record)

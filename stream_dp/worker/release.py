@@ -14,70 +14,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.worker.combiner import CombinedWindow
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
-from stream_dp.worker.records import (
-    PartialAggregate,
-    WireFormatError,
-    decode_internal,
-    encode_release_record,
-    iso_utc,
-    release_id,
-)
+from stream_dp.worker.output import encode_releases, publish_batched
+from stream_dp.worker.records import PartialAggregate, WireFormatError, decode_internal
 from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
-
-
-def _num(value, index: int) -> float | None:
-    if value is None:
-        return None
-    array = np.asarray(value)
-    item = array.item() if array.ndim == 0 else array[index].item()
-    return None if item is None or (isinstance(item, float) and not np.isfinite(item)) else item
-
-
-def build_release_records(query: QueryRuntime, window: CombinedWindow, noisy, released_at_ms: int) -> list[dict]:
-    """One record per released group; only noisy (or post-processed) values about users."""
-    aggregations = query.config.aggregations
-    keep = np.asarray(noisy.keep, dtype=bool)
-    names = query.config.group_by
-    records = []
-    for i in np.flatnonzero(keep).tolist():
-        group = window.groups[i]
-        records.append({
-            "release_id": release_id(query.name, window.window_start_ms, group),
-            "query": query.name,
-            "window": {
-                "start": iso_utc(window.window_start_ms),
-                "end": iso_utc(window.window_end_ms),
-                "start_ms": window.window_start_ms,
-                "end_ms": window.window_end_ms,
-            },
-            "group": dict(zip(names, group)),
-            "count": int(noisy.count[i]) if aggregations.count is not None else None,
-            "sum": _num(noisy.sum, i) if aggregations.sum is not None else None,
-            "mean": _num(noisy.mean, i) if aggregations.mean is not None else None,
-            "ci95": {
-                "count": _num(noisy.count_ci95, i) if aggregations.count is not None else None,
-                "sum": _num(noisy.sum_ci95, i) if aggregations.sum is not None else None,
-                "mean": _num(noisy.mean_ci95, i) if aggregations.mean is not None else None,
-            },
-            "std": {
-                "count": _num(noisy.count_std, i) if aggregations.count is not None else None,
-                "sum": _num(noisy.sum_std, i) if aggregations.sum is not None else None,
-            },
-            "privacy": query.privacy,
-            "released_at_ms": released_at_ms,
-            "released_at": iso_utc(released_at_ms),
-        })
-    return records
 
 
 @dataclass
@@ -88,7 +35,7 @@ class _Unpublished:
     window_start_ms: int
     window_end_ms: int
     window: CombinedWindow | None = None  # None: republishing stored records
-    records: list[dict] | None = None
+    records: list[tuple[bytes, bytes]] | None = None
     sources: list[tuple[int, int]] = field(default_factory=list)
     attempts: int = 0
     next_attempt_s: float = 0.0
@@ -251,18 +198,13 @@ class ReleaseStage:
             started = time.perf_counter()
             noisy = query.plan.release(window.count, window.sum, window.distinct_units, self.noise)
             self.metrics.noise_seconds.labels(query.name).observe(time.perf_counter() - started)
-            item.records = build_release_records(query, window, noisy, self.clock_ms())
+            item.records = encode_releases(query, window, noisy, self.clock_ms())
         stored = await asyncio.to_thread(self.ledger.claim, query.name, item.window_start_ms, item.records)
         if stored.published:
             return  # another worker or an earlier run published this window
         if not stored.newly_written:
             self.metrics.republished.labels(query.name).inc()
-        sends = []
-        for record in stored.records:
-            key = orjson.dumps(list(record["group"].values()))
-            sends.append(await self.producer.send(query.config.output_topic, key=key, value=encode_release_record(record)))
-        if sends:
-            await asyncio.gather(*sends)
+        await publish_batched(self.producer, query.config.output_topic, stored.records)
         await asyncio.to_thread(self.ledger.mark_published, query.name, item.window_start_ms)
         home = query.combiner.home(item.window_start_ms)
         await asyncio.to_thread(self.ledger.raise_released_through, query.name, home, item.window_end_ms)

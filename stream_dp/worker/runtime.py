@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stream_dp.config import PipelineConfig, QueryConfig
+from stream_dp.config import QueryConfig
 from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.records import GroupKey
 

@@ -19,13 +19,15 @@ def ledger(request, unique_name):
 
 
 def test_first_claim_wins_and_later_claims_get_the_stored_values(ledger):
-    first = ledger.claim("q", 0, [{"count": 5}])
-    assert first.newly_written and not first.published and first.records == [{"count": 5}]
-    second = ledger.claim("q", 0, [{"count": 999}])
-    assert not second.newly_written and second.records == [{"count": 5}]
+    records = [(b'["/a"]', b'{"count":5}'), (b'["/b"]', b'{"count":7,"note":"tab\\tnewline\\n"}')]
+    first = ledger.claim("q", 0, records)
+    assert first.newly_written and not first.published and first.records == records
+    second = ledger.claim("q", 0, [(b'["/a"]', b'{"count":999}')])
+    assert not second.newly_written and second.records == records
     ledger.mark_published("q", 0)
     assert ledger.get("q", 0).published
     assert ledger.get("q", 60_000) is None
+    assert ledger.claim("q", 60_000, []).records == []
 
 
 def test_released_through_only_moves_forward(ledger):
