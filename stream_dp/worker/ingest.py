@@ -99,6 +99,7 @@ class IngestStage:
         self._last_commit_s = 0.0
         self._last_progress_s = 0.0
         self._sent_progress: dict[tuple[str, int], int] = {}
+        self._consumed: dict[TopicPartition, int] = {}
 
     # -- wiring --------------------------------------------------------------------------
 
@@ -156,6 +157,13 @@ class IngestStage:
                     h for h in self._held
                     if not (h.query.config.input_topic == topic and h.partial.partition in lost)
                 ]
+            self._set_pending_gauge()
+            for tp in revoked:
+                self._consumed.pop(tp, None)
+                try:
+                    self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
+                except KeyError:
+                    pass  # never reported
             log.info("revoked %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in revoked))
 
     # -- the loop ------------------------------------------------------------------------
@@ -230,6 +238,7 @@ class IngestStage:
 
     async def _emit_held(self) -> None:
         if not self._held:
+            self._set_pending_gauge()
             return
         now_s = time.monotonic()
         still_held: list[_HeldPartial] = []
@@ -290,8 +299,7 @@ class IngestStage:
                 self.metrics.alerts_published.labels(query.namespace).inc()
             self.metrics.windows_closed.labels(query.name).inc()
         self._held = still_held
-        for query in self.queries:
-            self.metrics.pending_charges.labels(query.name).set(sum(1 for h in self._held if h.query is query))
+        self._set_pending_gauge()
         if sends:
             # Partials must be in the topic before progress says their window is closed.
             await asyncio.gather(*sends)
@@ -372,13 +380,20 @@ class IngestStage:
         self._last_commit_s = now_s
 
     def _update_lag(self, batches: dict) -> None:
-        for tp in batches:
-            highwater = self.consumer.highwater(tp)
-            if highwater is None:
-                continue
-            records = batches[tp]
+        """Lag of every assigned partition, also of those that returned nothing (a stuck one shows)."""
+        for tp, records in batches.items():
             if records:
-                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, highwater - records[-1].offset - 1))
+                self._consumed[tp] = records[-1].offset + 1
+        for tp in self.consumer.assignment():
+            highwater = self.consumer.highwater(tp)
+            position = self._consumed.get(tp)
+            if highwater is None or position is None:
+                continue
+            self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, highwater - position))
+
+    def _set_pending_gauge(self) -> None:
+        for query in self.queries:
+            self.metrics.pending_charges.labels(query.name).set(sum(1 for h in self._held if h.query is query))
 
 
 def _raw_batch(items: list[tuple[TopicPartition, list]]) -> RawBatch:

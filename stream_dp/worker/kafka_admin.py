@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from typing import Any
 
@@ -18,7 +19,7 @@ def _admin(options: dict[str, Any]):
     return KafkaAdminClient(**options, client_id="stream-dp-admin")
 
 
-def ensure_topics(options: dict[str, Any], topics: dict[str, int]) -> dict[str, int]:
+def ensure_topics(options: dict[str, Any], topics: dict[str, int], *, timeout_s: float = 30.0) -> dict[str, int]:
     """Create the topics that do not exist yet (name -> partitions); existing ones are left as they are.
 
     Returns the partition count each topic actually has.
@@ -36,10 +37,18 @@ def ensure_topics(options: dict[str, Any], topics: dict[str, int]) -> dict[str, 
             except TopicAlreadyExistsError:
                 pass  # another worker created it first
             log.info("created topics %s", [t.name for t in missing])
-        described = admin.describe_topics(list(topics))
+        # Right after creation the metadata may not list a topic's partitions yet.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            counts = {t["name"]: len(t["partitions"] or ()) for t in admin.describe_topics(list(topics))}
+            if all(counts.get(name, 0) > 0 for name in topics):
+                return counts
+            if time.monotonic() > deadline:
+                missing = sorted(name for name in topics if counts.get(name, 0) == 0)
+                raise RuntimeError(f"topics {missing} report no partitions after {timeout_s:.0f}s; check the broker")
+            time.sleep(0.2)
     finally:
         admin.close()
-    return {t["name"]: len(t["partitions"]) for t in described}
 
 
 def read_commit_metadata(options: dict[str, Any], group_id: str, partitions: list[TopicPartition]) -> dict[TopicPartition, str]:
