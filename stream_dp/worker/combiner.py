@@ -106,12 +106,19 @@ class WindowCombiner:
 
     # -- input ---------------------------------------------------------------------------
 
-    def add_partial(self, partial: PartialAggregate, now_ms: int, source: tuple[int, int] | None = None) -> bool:
-        """Add a partial; False when its window was already released (a late or replayed partial)."""
+    def add_partial(
+        self, partial: PartialAggregate, now_ms: int, source: tuple[int, int] | None = None, *, unreleased: bool = False
+    ) -> bool:
+        """Add a partial; False when its window may have been released already (a late or replayed partial).
+
+        ``released_through_ms`` only says that *some* window up to it was
+        released; the caller asks the ledger and passes ``unreleased=True``
+        when this window was in fact never released (e.g. a later one went first).
+        """
         self.input_partitions = max(self.input_partitions, partial.input_partitions)
         pending = self._pending.get(partial.window_start_ms)
         if pending is None:
-            if self.is_released(partial.window_start_ms, partial.window_end_ms):
+            if not unreleased and self.is_released(partial.window_start_ms, partial.window_end_ms):
                 return False
             pending = self._pending[partial.window_start_ms] = _Pending(partial.window_end_ms, now_ms)
         # A replay of the same partition's partial carries the same values; keep the first.

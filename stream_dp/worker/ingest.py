@@ -48,8 +48,6 @@ class _HeldPartial:
     query: QueryRuntime
     partial: Any  # stream_dp.windows.WindowPartial
     closed_at_ms: int
-    attempts: int = 0
-    next_attempt_s: float = 0.0
 
 
 class IngestStage:
@@ -100,6 +98,8 @@ class IngestStage:
         self._last_progress_s = 0.0
         self._sent_progress: dict[tuple[str, int], int] = {}
         self._consumed: dict[TopicPartition, int] = {}
+        self._charge_attempts = 0
+        self._next_charge_s = 0.0
 
     # -- wiring --------------------------------------------------------------------------
 
@@ -241,12 +241,14 @@ class IngestStage:
             self._set_pending_gauge()
             return
         now_s = time.monotonic()
+        if now_s < self._next_charge_s:
+            return
         still_held: list[_HeldPartial] = []
         sends = []
-        for held in sorted(self._held, key=lambda h: (h.partial.window_start_ms, h.partial.partition)):
-            if held.next_attempt_s > now_s:
-                still_held.append(held)
-                continue
+        # Oldest window first, and an outage stops the round: a unit's windows are
+        # always charged in window order, as they would be without the outage.
+        ordered = sorted(self._held, key=lambda h: (h.partial.window_start_ms, h.partial.partition))
+        for position, held in enumerate(ordered):
             query, partial = held.query, held.partial
             charge_id = f"{query.name}/{partial.window_start_ms}/{partial.partition}"
             units = list(partial.units)
@@ -255,12 +257,14 @@ class IngestStage:
                     self.budget.charge, query.namespace, charge_id, units, query.cost, partial.window_end_ms
                 )
             except BudgetUnavailable as exc:
-                held.attempts += 1
-                held.next_attempt_s = now_s + min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (held.attempts - 1))
+                self._charge_attempts += 1
+                backoff = min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (self._charge_attempts - 1))
+                self._next_charge_s = now_s + backoff
                 self.metrics.budget_failures.labels(query.name, "unavailable").inc()
-                log.warning("budget store unavailable for %s (attempt %d): %s; holding the window", charge_id, held.attempts, exc)
-                still_held.append(held)
-                continue
+                log.warning("budget store unavailable for %s (attempt %d): %s; holding %d windows",
+                            charge_id, self._charge_attempts, exc, len(ordered) - position)
+                still_held.extend(ordered[position:])
+                break
             except ChargeConflict:
                 # Same charge id with other units: a partial replay of a window that
                 # was charged and emitted before a restart. Its partial is already out.
@@ -271,6 +275,7 @@ class IngestStage:
                 self.metrics.budget_failures.labels(query.name, "rejected").inc()
                 log.error("budget store refused %s: %s; the window is dropped unreleased", charge_id, exc)
                 continue
+            self._charge_attempts = 0
             excluded = np.asarray(outcome.excluded, dtype=bool)
             totals = partial.aggregate(excluded if excluded.any() else None)
             n_excluded = int(excluded.sum())
@@ -357,7 +362,9 @@ class IngestStage:
             for partition, offset in per_partition.items():
                 tp = TopicPartition(topic, partition)
                 if tp in assigned:
-                    closed = {q.name: q.engine.closed_through_ms.get(partition) for q in queries}
+                    # A held window is not closed for a restarted worker either: its
+                    # events must be rebuilt, not skipped as replayed.
+                    closed = {q.name: self._progress_through(q, partition) for q in queries}
                     metadata = orjson.dumps({"closed_through_ms": {k: v for k, v in closed.items() if v is not None}})
                     offsets[tp] = (offset, metadata.decode())
         return offsets

@@ -158,21 +158,23 @@ class ReleaseStage:
             return
         if query.combiner.add_partial(message, now_ms, (partition, offset)):
             return
-        # Its window was released already (or timed out): a replay or a late partial.
-        stored = await self._ledger_get(query.name, message.window_start_ms)
-        if stored is not None and not stored.published:
+        # A window at or before what this home released: ask the ledger what became of it.
+        try:
+            stored = await asyncio.to_thread(self.ledger.get, query.name, message.window_start_ms)
+        except LedgerUnavailable:
+            # Take it as pending: releasing it needs the ledger's claim, which
+            # returns the stored records if the window was in fact released.
+            self.metrics.internal_errors.labels("ledger_unavailable").inc()
+            stored = None
+        if stored is None:
+            # Never released (a later window of this home went first): combine it normally.
+            query.combiner.add_partial(message, now_ms, (partition, offset), unreleased=True)
+        elif not stored.published:
             self._unpublished.append(
                 _Unpublished(query, message.window_start_ms, message.window_end_ms, records=stored.records)
             )
-        elif stored is None:
+        else:
             self.metrics.late_partials.labels(query.name).inc()
-
-    async def _ledger_get(self, query: str, window_start_ms: int):
-        try:
-            return await asyncio.to_thread(self.ledger.get, query, window_start_ms)
-        except LedgerUnavailable:
-            self.metrics.internal_errors.labels("ledger_unavailable").inc()
-            return None
 
     async def _publish_pending(self) -> None:
         now_s = time.monotonic()
