@@ -33,6 +33,7 @@ from stream_dp.windows.specs import BoundingSpec, EventSchema, WindowSpec
 from stream_dp.windows.watermarks import PartitionProgress, combined_watermark_ms
 
 _NEVER = np.iinfo(np.int64).min  # "nothing closed" in per-partition closed-through arrays
+_ALWAYS = np.iinfo(np.int64).max  # "every offset was processed before" when the replay point is unknown
 
 
 class WindowEngine:
@@ -66,17 +67,32 @@ class WindowEngine:
 
     # -- partitions ---------------------------------------------------------------
 
-    def assign(self, partitions: Iterable[int], closed_through_ms: Mapping[int, int] | None = None) -> None:
-        """Start owning ``partitions``; ``closed_through_ms`` restores what an earlier owner closed."""
+    def assign(
+        self,
+        partitions: Iterable[int],
+        closed_through_ms: Mapping[int, int] | None = None,
+        replay_until_offset: Mapping[int, int] | None = None,
+    ) -> None:
+        """Start owning ``partitions``; ``closed_through_ms`` restores what an earlier owner closed.
+
+        ``replay_until_offset``: per partition, the first offset the earlier owner
+        had not processed. Events of restored-closed windows below it are
+        replays (skipped); at or after it they are late. Unknown: all replays.
+        """
         partitions = [int(p) for p in partitions]
         already = sorted(set(partitions) & self._progress.keys())
         if already:
             raise ValueError(f"partition(s) {already} are already assigned; revoke them before assigning again")
         restored = dict(closed_through_ms or {})
+        replay_until = dict(replay_until_offset or {})
         now = self._clock_ms()
         for p in partitions:
             through = restored.get(p)
-            self._progress[p] = PartitionProgress(None if through is None else int(through), now)
+            until = replay_until.get(p)
+            self._progress[p] = PartitionProgress(
+                None if through is None else int(through), now,
+                replay_until_offset=None if until is None else int(until),
+            )
 
     def revoke(self, partitions: Iterable[int]) -> None:
         """Stop owning ``partitions`` and drop their part of the open windows.
@@ -123,6 +139,11 @@ class WindowEngine:
             elif progress.next_offset is not None:
                 out[p] = progress.next_offset
         return out
+
+    @property
+    def next_offsets(self) -> dict[int, int]:
+        """Per owned partition, the offset after the last one processed (omitted before any)."""
+        return {p: pr.next_offset for p, pr in self._progress.items() if pr.next_offset is not None}
 
     @property
     def open_windows(self) -> list[tuple[int, int]]:
@@ -180,7 +201,10 @@ class WindowEngine:
         ends = starts + self.spec.size_ms
         closed_through, restored_through = self._closed_through_by_slot(progress)
         closed = ends <= closed_through[event_slots]
-        replayed = ends <= restored_through[event_slots]
+        replay_until = np.array(
+            [_ALWAYS if p.replay_until_offset is None else p.replay_until_offset for p in progress], dtype=np.int64
+        )
+        replayed = (ends <= restored_through[event_slots]) & (batch.offsets[index] < replay_until[event_slots])
         late = closed & ~replayed
         self._note_event_times(progress, event_slots, decoded.ts_ms, now)
         if late.any():

@@ -44,6 +44,9 @@ class PartitionProgress:
     max_event_ms: int | None = None
     next_offset: int | None = None
     closed_through_ms: int | None = None
+    #: Offsets below this were processed by an earlier owner: their events in
+    #: restored-closed windows are replays. At or above it they are new, and late.
+    replay_until_offset: int | None = None
 
     def __post_init__(self) -> None:
         if self.closed_through_ms is None:

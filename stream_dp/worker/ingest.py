@@ -131,14 +131,18 @@ class IngestStage:
                 if not partitions:
                     continue
                 for query in queries:
-                    restored = {}
+                    restored: dict[int, int] = {}
+                    replay_until: dict[int, int] = {}
                     for tp in assigned:
                         if tp.topic != topic:
                             continue
-                        closed = _closed_through(metadata.get(tp), query.name)
+                        closed, next_offset = _restored_progress(metadata.get(tp), query.name)
                         if closed is not None:
                             restored[tp.partition] = closed
-                    query.engine.assign(partitions, closed_through_ms=restored or None)
+                        if next_offset is not None:
+                            replay_until[tp.partition] = next_offset
+                    query.engine.assign(partitions, closed_through_ms=restored or None,
+                                        replay_until_offset=replay_until or None)
             log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
@@ -365,7 +369,13 @@ class IngestStage:
                     # A held window is not closed for a restarted worker either: its
                     # events must be rebuilt, not skipped as replayed.
                     closed = {q.name: self._progress_through(q, partition) for q in queries}
-                    metadata = orjson.dumps({"closed_through_ms": {k: v for k, v in closed.items() if v is not None}})
+                    processed = [q.engine.next_offsets.get(partition) for q in queries]
+                    metadata = orjson.dumps({
+                        "closed_through_ms": {k: v for k, v in closed.items() if v is not None},
+                        # Offsets from here on were never processed: their events in
+                        # closed windows are late, not replays, for the next owner.
+                        "next_offset": min((o for o in processed if o is not None), default=None),
+                    })
                     offsets[tp] = (offset, metadata.decode())
         return offsets
 
@@ -414,15 +424,18 @@ def _raw_batch(items: list[tuple[TopicPartition, list]]) -> RawBatch:
     return RawBatch(values=values, partitions=np.concatenate(partitions), offsets=np.concatenate(offsets))
 
 
-def _closed_through(metadata: str | None, query: str) -> int | None:
+def _restored_progress(metadata: str | None, query: str) -> tuple[int | None, int | None]:
+    """(closed_through_ms of ``query``, next unprocessed offset) from a partition's commit metadata."""
     if not metadata:
-        return None
+        return None, None
     try:
-        value = orjson.loads(metadata).get("closed_through_ms", {}).get(query)
+        data = orjson.loads(metadata)
+        closed = data.get("closed_through_ms", {}).get(query)
+        next_offset = data.get("next_offset")
     except (orjson.JSONDecodeError, AttributeError):
         log.warning("ignoring unreadable commit metadata %r", metadata[:100])
-        return None
-    return int(value) if isinstance(value, int) else None
+        return None, None
+    return (closed if isinstance(closed, int) else None), (next_offset if isinstance(next_offset, int) else None)
 
 
 def _alert_json(alert: Any) -> bytes:

@@ -152,6 +152,16 @@ def test_restore_skips_replayed_events_without_calling_them_late():
     assert engine.committable_offsets() == {0: 1}
 
 
+def test_restore_tells_replays_from_new_late_events_by_offset():
+    engine, _ = make_engine(partitions=[])
+    # The earlier owner processed offsets 0..1; offset 2 is new to everybody.
+    engine.assign([0], closed_through_ms={0: W0 + MIN}, replay_until_offset={0: 2})
+    r = engine.process(batch_of([event("a", W0 + 5), event("b", W0 + 6), event("c", W0 + 7)]))
+    assert (r.replayed, r.late, r.accepted) == (2, 1, 0)
+    assert [(x.offset, x.reason.value) for x in r.rejections] == [(2, "late")]
+    assert engine.next_offsets == {0: 3}
+
+
 def test_restore_is_per_partition():
     engine, _ = make_engine(partitions=[])
     engine.assign([0, 1], closed_through_ms={0: W0 + MIN})
