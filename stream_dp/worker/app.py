@@ -228,7 +228,7 @@ class Worker:
         )
         noise_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="noise")
         ingest = IngestStage(
-            self.runtimes, ingest_consumer, producer, self.budget, self.metrics,
+            self.runtimes, ingest_consumer, producer, self.budget, self.ledger, self.metrics,
             partials_topic=settings.partials_topic, partials_partitions=partials_partitions,
             alerts_topic=settings.alerts_topic,
             dead_letter_topic=settings.dead_letter_topic,

@@ -33,6 +33,7 @@ from stream_dp.budget import BudgetStore, BudgetUnavailable, ChargeConflict, Cha
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import RawBatch, RejectReason
 from stream_dp.worker.combiner import window_home
+from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.records import PartialAggregate, Progress, encode_partial, encode_progress, partial_key
 from stream_dp.worker.runtime import QueryRuntime
 
@@ -57,6 +58,7 @@ class IngestStage:
         consumer: AIOKafkaConsumer,
         producer: AIOKafkaProducer,
         budget: BudgetStore,
+        journal: ReleaseLedger,
         metrics: WorkerMetrics,
         *,
         partials_topic: str,
@@ -79,6 +81,7 @@ class IngestStage:
         self.consumer = consumer
         self.producer = producer
         self.budget = budget
+        self.journal = journal
         self.metrics = metrics
         self.partials_topic = partials_topic
         self.partials_partitions = partials_partitions
@@ -257,10 +260,11 @@ class IngestStage:
             charge_id = f"{query.name}/{partial.window_start_ms}/{partial.partition}"
             units = list(partial.units)
             try:
+                charged_units = await asyncio.to_thread(self.journal.remember_units, charge_id, units)
                 outcome = await asyncio.to_thread(
-                    self.budget.charge, query.namespace, charge_id, units, query.cost, partial.window_end_ms
+                    self.budget.charge, query.namespace, charge_id, charged_units, query.cost, partial.window_end_ms
                 )
-            except BudgetUnavailable as exc:
+            except (BudgetUnavailable, LedgerUnavailable) as exc:
                 self._charge_attempts += 1
                 backoff = min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (self._charge_attempts - 1))
                 self._next_charge_s = now_s + backoff
@@ -269,11 +273,11 @@ class IngestStage:
                             charge_id, self._charge_attempts, exc, len(ordered) - position)
                 still_held.extend(ordered[position:])
                 break
-            except ChargeConflict:
-                # Same charge id with other units: a partial replay of a window that
-                # was charged and emitted before a restart. Its partial is already out.
+            except ChargeConflict as exc:
+                # The journal makes retries repeat the first unit list, so this means
+                # another writer used the same charge id: release nothing.
                 self.metrics.budget_failures.labels(query.name, "conflict").inc()
-                log.info("window %s was already charged with other units; treating it as a replay, not re-emitting", charge_id)
+                log.error("charge %s conflicts with an earlier one (%s); the window is dropped unreleased", charge_id, exc)
                 continue
             except ChargeRejected as exc:
                 self.metrics.budget_failures.labels(query.name, "rejected").inc()
@@ -281,6 +285,14 @@ class IngestStage:
                 continue
             self._charge_attempts = 0
             excluded = np.asarray(outcome.excluded, dtype=bool)
+            if charged_units != units:
+                # Rebuilt from another batch than the one charged: keep only units that
+                # were charged (and not excluded) the first time.
+                self.metrics.internal_errors.labels("replay_rebuilt_differently").inc()
+                admitted = {u for u, out in zip(charged_units, excluded.tolist()) if not out}
+                excluded = np.fromiter((u not in admitted for u in units), dtype=bool, count=len(units))
+                log.warning("window %s was rebuilt with other units than first charged; releasing only the charged ones",
+                            charge_id)
             totals = partial.aggregate(excluded if excluded.any() else None)
             n_excluded = int(excluded.sum())
             self.metrics.units_charged.labels(query.name, "charged").inc(len(units) - n_excluded)

@@ -78,15 +78,21 @@ class ReleaseLedger(Protocol):
     def get(self, query: str, window_start_ms: int) -> StoredRelease | None: ...
     def released_through(self, query: str, home: int) -> int | None: ...
     def raise_released_through(self, query: str, home: int, window_end_ms: int) -> None: ...
+    def remember_units(self, charge_id: str, units: list[str]) -> list[str]: ...
 
 
 class RedisReleaseLedger:
-    def __init__(self, client: redis.Redis, *, prefix: str = "stream-dp:ledger", ttl_s: int = 7 * 86_400) -> None:
+    def __init__(
+        self, client: redis.Redis, *, prefix: str = "stream-dp:ledger", ttl_s: int = 7 * 86_400, journal_ttl_s: int = 7_200
+    ) -> None:
         if ttl_s < 3_600:
             raise ValueError(f"ledger ttl_s={ttl_s} is under an hour; keep entries longer than the input topics' retention")
         self._redis = client
         self._prefix = prefix
         self._ttl_s = ttl_s
+        # Unit lists are only needed while a replay can still charge the window:
+        # the budget store refuses charges more than an hour behind its clock.
+        self._journal_ttl_s = journal_ttl_s
         self._claim = client.register_script(_CLAIM)
         self._raise = client.register_script(_RAISE_MARK)
 
@@ -125,11 +131,38 @@ class RedisReleaseLedger:
             raise LedgerUnavailable(f"release ledger read failed ({type(exc).__name__})") from exc
         return None if value is None else int(value)
 
+    def remember_units(self, charge_id: str, units: list[str]) -> list[str]:
+        """Store the units of a window charge unless some are stored; return the stored ones.
+
+        A replay after a crash can rebuild a window from a different batch (an
+        event that was late the first time may now land inside). The first
+        unit list is the one that was charged, so the replay charges and
+        releases by that list, never by a new one.
+        """
+        key = f"{self._prefix}:units:{{{charge_id}}}"
+        try:
+            if self._redis.set(key, _pack_units(units), nx=True, ex=self._journal_ttl_s):
+                return units
+            stored = self._redis.get(key)
+        except redis.RedisError as exc:
+            raise LedgerUnavailable(f"charge journal unavailable ({type(exc).__name__}); not charging") from exc
+        return units if stored is None else _unpack_units(stored)
+
     def raise_released_through(self, query: str, home: int, window_end_ms: int) -> None:
         try:
             self._raise(keys=[f"{self._prefix}:{{{query}}}:released-through:{home}"], args=[window_end_ms, self._ttl_s])
         except redis.RedisError as exc:
             raise LedgerUnavailable(f"release ledger update failed ({type(exc).__name__})") from exc
+
+
+def _pack_units(units: list[str]) -> bytes:
+    # Unit ids never hold NUL (the decoder rejects them), so it separates them.
+    return zlib.compress("\0".join(units).encode(), 1)
+
+
+def _unpack_units(payload: bytes) -> list[str]:
+    text = zlib.decompress(payload).decode()
+    return text.split("\0") if text else []
 
 
 class MemoryReleaseLedger:
@@ -138,6 +171,7 @@ class MemoryReleaseLedger:
     def __init__(self) -> None:
         self._entries: dict[tuple[str, int], tuple[bytes, bool]] = {}
         self._through: dict[tuple[str, int], int] = {}
+        self._units: dict[str, list[str]] = {}
         self._lock = threading.Lock()
 
     def claim(self, query: str, window_start_ms: int, records: list[Record]) -> StoredRelease:
@@ -159,6 +193,10 @@ class MemoryReleaseLedger:
         with self._lock:
             entry = self._entries.get((query, window_start_ms))
         return None if entry is None else StoredRelease(_unpack(entry[0]), entry[1], False)
+
+    def remember_units(self, charge_id: str, units: list[str]) -> list[str]:
+        with self._lock:
+            return list(self._units.setdefault(charge_id, list(units)))
 
     def released_through(self, query: str, home: int) -> int | None:
         return self._through.get((query, home))

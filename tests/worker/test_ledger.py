@@ -47,3 +47,10 @@ def test_redis_down_raises_ledger_unavailable():
             ledger.claim("q", 0, [])
     finally:
         client.close()
+
+
+def test_charge_journal_keeps_the_first_unit_list(ledger):
+    assert ledger.remember_units("q/0/1", ["u1", "u2"]) == ["u1", "u2"]
+    assert ledger.remember_units("q/0/1", ["u1", "u3", "u4"]) == ["u1", "u2"]
+    assert ledger.remember_units("q/0/2", []) == []
+    assert ledger.remember_units("q/0/2", ["u9"]) == []
