@@ -98,6 +98,9 @@ class WindowCombiner:
         self.partials_partitions = partials_partitions
         self.input_partitions = 0
         self.released_through_ms: dict[int, int] = {}  # per home partition
+        # Start of the query's first released window (from the ledger): empty
+        # windows of homes that never released anything are filled from there.
+        self.query_start_ms: int | None = None
         self.progress: dict[int, dict[int, int]] = {}  # home partition -> input partition -> closed through
         self._pending: dict[int, _Pending] = {}
 
@@ -185,9 +188,11 @@ class WindowCombiner:
             and (self._complete(start, pending) or now_ms - pending.first_seen_ms >= self.release_timeout_ms)
         ]
         if self.public_groups is not None:
-            for home, released in self.released_through_ms.items():
-                if owned is not None and home not in owned:
-                    continue
+            homes = owned if owned is not None else set(range(self.partials_partitions))
+            for home in sorted(homes):
+                released = self.released_through_ms.get(home, self.query_start_ms)
+                if released is None:
+                    continue  # the query has not released anything anywhere yet
                 through = self._min_progress(home)
                 if through is None:
                     continue

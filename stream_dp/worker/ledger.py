@@ -79,6 +79,8 @@ class ReleaseLedger(Protocol):
     def released_through(self, query: str, home: int) -> int | None: ...
     def raise_released_through(self, query: str, home: int, window_end_ms: int) -> None: ...
     def remember_units(self, charge_id: str, units: list[str]) -> list[str]: ...
+    def mark_query_start(self, query: str, window_start_ms: int) -> None: ...
+    def query_start(self, query: str) -> int | None: ...
 
 
 class RedisReleaseLedger:
@@ -148,6 +150,20 @@ class RedisReleaseLedger:
             raise LedgerUnavailable(f"charge journal unavailable ({type(exc).__name__}); not charging") from exc
         return units if stored is None else _unpack_units(stored)
 
+    def mark_query_start(self, query: str, window_start_ms: int) -> None:
+        """Remember the first window the query released (kept by the first writer)."""
+        try:
+            self._redis.set(f"{self._prefix}:{{{query}}}:start", window_start_ms, nx=True, ex=self._ttl_s)
+        except redis.RedisError as exc:
+            raise LedgerUnavailable(f"release ledger update failed ({type(exc).__name__})") from exc
+
+    def query_start(self, query: str) -> int | None:
+        try:
+            value = self._redis.get(f"{self._prefix}:{{{query}}}:start")
+        except redis.RedisError as exc:
+            raise LedgerUnavailable(f"release ledger read failed ({type(exc).__name__})") from exc
+        return None if value is None else int(value)
+
     def raise_released_through(self, query: str, home: int, window_end_ms: int) -> None:
         try:
             self._raise(keys=[f"{self._prefix}:{{{query}}}:released-through:{home}"], args=[window_end_ms, self._ttl_s])
@@ -172,6 +188,7 @@ class MemoryReleaseLedger:
         self._entries: dict[tuple[str, int], tuple[bytes, bool]] = {}
         self._through: dict[tuple[str, int], int] = {}
         self._units: dict[str, list[str]] = {}
+        self._starts: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def claim(self, query: str, window_start_ms: int, records: list[Record]) -> StoredRelease:
@@ -197,6 +214,13 @@ class MemoryReleaseLedger:
     def remember_units(self, charge_id: str, units: list[str]) -> list[str]:
         with self._lock:
             return list(self._units.setdefault(charge_id, list(units)))
+
+    def mark_query_start(self, query: str, window_start_ms: int) -> None:
+        with self._lock:
+            self._starts.setdefault(query, window_start_ms)
+
+    def query_start(self, query: str) -> int | None:
+        return self._starts.get(query)
 
     def released_through(self, query: str, home: int) -> int | None:
         return self._through.get((query, home))

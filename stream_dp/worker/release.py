@@ -74,6 +74,7 @@ class ReleaseStage:
         self._positions: dict[int, int] = {}
         self._last_commit_s = 0.0
         self._lock = asyncio.Lock()
+        self._next_start_lookup_s = 0.0
 
     def rebalance_listener(self) -> ConsumerRebalanceListener:
         stage = self
@@ -128,6 +129,7 @@ class ReleaseStage:
     async def _step(self, batches: dict) -> None:
         now_ms = self.clock_ms()
         owned = {tp.partition for tp in self.consumer.assignment()}
+        await self._learn_query_starts()
         for tp, records in batches.items():
             for record in records:
                 await self._take_record(tp.partition, record.offset, record.value, now_ms)
@@ -141,6 +143,19 @@ class ReleaseStage:
                 )
         await self._publish_pending()
         await self._commit()
+
+    async def _learn_query_starts(self) -> None:
+        """Until known, ask the ledger (every few seconds) where each query's releases began."""
+        now_s = time.monotonic()
+        if now_s < self._next_start_lookup_s:
+            return
+        self._next_start_lookup_s = now_s + 2.0
+        for query in self.queries.values():
+            if query.combiner.query_start_ms is None and query.public_groups is not None:
+                try:
+                    query.combiner.query_start_ms = await asyncio.to_thread(self.ledger.query_start, query.name)
+                except LedgerUnavailable:
+                    self.metrics.internal_errors.labels("ledger_unavailable").inc()
 
     async def _take_record(self, partition: int, offset: int, value: bytes, now_ms: int) -> None:
         try:
@@ -210,6 +225,9 @@ class ReleaseStage:
         await asyncio.to_thread(self.ledger.mark_published, query.name, item.window_start_ms)
         home = query.combiner.home(item.window_start_ms)
         await asyncio.to_thread(self.ledger.raise_released_through, query.name, home, item.window_end_ms)
+        if query.combiner.query_start_ms is None:
+            await asyncio.to_thread(self.ledger.mark_query_start, query.name, item.window_start_ms)
+            query.combiner.query_start_ms = await asyncio.to_thread(self.ledger.query_start, query.name)
         if stored.newly_written and window is not None:
             self.metrics.windows_released.labels(query.name).inc()
             self.metrics.groups_released.labels(query.name).inc(len(stored.records))

@@ -129,3 +129,16 @@ def test_window_home_is_stable_and_spread():
     homes = [window_home("q", start * MIN, 4) for start in range(400)]
     assert homes == [window_home("q", start * MIN, 4) for start in range(400)]
     assert min(homes.count(h) for h in range(4)) > 60  # roughly uniform
+
+
+def test_homes_that_never_released_fill_empty_windows_from_the_query_start():
+    c = WindowCombiner("q", window_size_ms=MIN, window_offset_ms=0, release_timeout_ms=1_000_000,
+                       public_groups=[("a",)], has_sum=False, partials_partitions=2)
+    home_of = {start: c.home(start * MIN) for start in range(20)}
+    quiet_home = 1 - home_of[0]
+    for home in (0, 1):
+        c.add_progress(Progress("q", 0, 1, 20 * MIN), home=home)
+    assert c.ready(0, owned={quiet_home}) == []  # nothing released anywhere yet: no start known
+    c.query_start_ms = 0
+    expected = [s * MIN for s in range(20) if home_of[s] == quiet_home]
+    assert c.ready(0, owned={quiet_home}) == expected
