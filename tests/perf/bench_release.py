@@ -1,0 +1,182 @@
+"""Release latency: from the watermark passing a window's end to the window's last record on the output topic.
+
+    .venv/bin/python tests/perf/bench_release.py [--groups 1000,10000,100000] [--repeat 3]
+
+For each number of groups G, one worker (public groups /g0 .. /g{G-1}, one-
+minute windows, allowed lateness 1 s, idle timeout 1 h so that only events
+close windows) runs on a fresh 4-partition topic. For each of ``--repeat``
+consecutive windows:
+
+1. the window's events are produced (``max(2 G, --events-per-window)`` events,
+   half as many units, uniform over the groups) and the harness waits until the
+   worker has counted all of them (``stream_dp_events_total``);
+2. one event per partition with time ``window end + allowed lateness`` is
+   produced: it moves every partition's watermark to the window's end. The
+   clock starts just before this send;
+3. the clock stops when the output topic holds G records of the window (a
+   consumer in this process, fetch wait 10 ms).
+
+The latency therefore includes the closing events' trip through Kafka, the
+budget charge of the window's units in Redis, the partials round trip, noise,
+ledger and publishing. The worker's own ``stream_dp_release_latency_seconds``
+(window closed in the ingest stage to last record sent) is printed beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import perfkit  # noqa: E402
+import watch  # noqa: E402
+
+LATENESS_MS = 1_000
+PARTITIONS = 4
+
+
+def _send_closers(services: perfkit.Services, topic: str, ts_ms: int) -> float:
+    """One event at ``ts_ms`` on every partition; returns the monotonic time just before sending."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": services.bootstrap, "acks": "all", "linger.ms": 0, "log_level": 3})
+    producer.list_topics(topic, timeout=10)  # connect first: the clock should not count the handshake
+    started = time.monotonic()
+    for partition in range(PARTITIONS):
+        value = b'{"user_id":"closer-%d","ts":%d,"page":"/g0","value":1.0}' % (partition, ts_ms)
+        producer.produce(topic, value=value, key=b"closer-%d" % partition, partition=partition)
+    if producer.flush(30):
+        raise RuntimeError(f"closing events to {topic} were not acknowledged")
+    return started
+
+
+def _worker_latency(port: int, name: str) -> tuple[float, float]:
+    text = watch.scrape(port)
+    return (watch.metric_sum(text, "stream_dp_release_latency_seconds_sum", query=name),
+            watch.metric_sum(text, "stream_dp_release_latency_seconds_count", query=name))
+
+
+def run_groups(services: perfkit.Services, groups: int, *, windows: int, events_per_window: int,
+               workdir: Path, profile_to: Path | None = None) -> dict[str, Any]:
+    """``windows`` releases of ``groups`` groups; with ``profile_to``, py-spy samples one more release,
+    which is left out of the latencies."""
+    name = perfkit.unique_name(f"rl{groups}")
+    topic = f"{name}-in"
+    config = perfkit.write_config(
+        workdir / f"{name}.yaml",
+        perfkit.worker_config(name, topic, groups=groups, allowed_lateness=f"{LATENESS_MS}ms", idle_timeout="1h"),
+    )
+    n_events = max(2 * groups, events_per_window)
+    measured = windows
+    total = windows + (1 if profile_to is not None else 0)
+    first_window_ms = (int(time.time() * 1000) // perfkit.WINDOW_MS - total - 3) * perfkit.WINDOW_MS
+    worker = poller = reader = None
+    latencies: list[float] = []
+    inside: list[float] = []
+    try:
+        perfkit.create_topic(services.bootstrap, topic, PARTITIONS)
+        worker = perfkit.WorkerProcess(config, services=services, group_id=f"{name}-g", internal_prefix=f"{name}.",
+                                       metrics_port=perfkit.free_port(), log_path=workdir / f"{name}.log")
+        poller = watch.Poller([worker.port]).start()
+        reader = watch.OutputReader(services.bootstrap, f"{name}-out", expected_per_window=groups)
+        produced = 0
+        for k in range(total):
+            start_ms = first_window_ms + k * perfkit.WINDOW_MS
+            events = perfkit.synthetic_events(n_events, units=max(1, n_events // 2), groups=groups, windows=1,
+                                              partitions=PARTITIONS, seed=100 + k, first_window_ms=start_ms)
+            perfkit.produce(services.bootstrap, topic, events)
+            produced += len(events)
+            if not poller.wait_for(produced, timeout_s=300):
+                raise RuntimeError(f"worker did not consume window {k}'s events; log:\n{worker.log_tail()}")
+            before = _worker_latency(worker.port, name)
+            profiler = None
+            if profile_to is not None and k == measured:
+                profiler = watch.start_profiler(worker.pid, profile_to)
+                time.sleep(0.5)  # py-spy attaches
+            started = _send_closers(services, topic, start_ms + perfkit.WINDOW_MS + LATENESS_MS)
+            produced += PARTITIONS
+            released = reader.wait_windows([start_ms], timeout_s=300)
+            if profiler is not None:
+                watch.stop_profiler(profiler)
+            if not released:
+                raise RuntimeError(f"window {k} of {groups} groups was not released within 300 s; log:\n{worker.log_tail()}")
+            if k == measured:
+                break  # the profiled release: its latency is not one of the measured ones
+            latencies.append(reader.completed_at[start_ms] - started)
+            watch.check_release_record(reader.samples[start_ms])
+            deadline = time.monotonic() + 10
+            after = _worker_latency(worker.port, name)
+            while after[1] <= before[1] and time.monotonic() < deadline:  # histogram updates after the last send
+                time.sleep(0.05)
+                after = _worker_latency(worker.port, name)
+            inside.append((after[0] - before[0]) / max(1.0, after[1] - before[1]))
+            print(f"  release {groups:>7,} groups, window {k + 1}: {latencies[-1]:6.3f} s "
+                  f"(worker's own measure {inside[-1]:.3f} s)", flush=True)
+        return {"groups": groups, "events_per_window": n_events, "latency_s": perfkit.summarize(latencies),
+                "worker_latency_s": perfkit.summarize(inside)}
+    finally:
+        if reader is not None:
+            reader.close()
+        if poller is not None:
+            poller.stop()
+        if worker is not None:
+            worker.stop()
+        perfkit.delete_topics(services.bootstrap, f"{name}-")
+        perfkit.delete_topics(services.bootstrap, f"{name}.")
+        perfkit.delete_groups(services.bootstrap, [f"{name}-g", f"{name}-g-release", f"{name}-out-reader"])
+        perfkit.cleanup_redis(services.redis_url, name, name)
+
+
+def measure(services: perfkit.Services, group_counts: list[int], *, repeat: int, events_per_window: int,
+            workdir: Path, profile: bool = False) -> dict[str, Any]:
+    """Latency per group count; with ``profile``, the largest count's last release is sampled with py-spy."""
+    out: dict[str, Any] = {}
+    for g in group_counts:
+        profile_to = workdir / f"release-profile-{g}.txt" if profile and g == max(group_counts) else None
+        out[str(g)] = run_groups(services, g, windows=repeat, events_per_window=events_per_window, workdir=workdir,
+                                 profile_to=profile_to)
+        if profile_to is not None:
+            out[str(g)]["profile"] = watch.profile_summary(profile_to) | {
+                "file": str(profile_to), "breakdown": watch.profile_breakdown(profile_to, watch.RELEASE_CATEGORIES)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", default="1000,10000,100000", help="comma-separated groups per window")
+    parser.add_argument("--repeat", type=int, default=3, help="windows measured per group count")
+    parser.add_argument("--events-per-window", type=int, default=20_000)
+    parser.add_argument("--profile", action="store_true", help="sample the largest group count's last release with py-spy")
+    args = parser.parse_args()
+    services = perfkit.Services.from_env()
+    services.check()
+    workdir = Path(tempfile.mkdtemp(prefix="bench-release-"))
+    result = measure(services, [int(g) for g in args.groups.split(",")], repeat=args.repeat,
+                     events_per_window=args.events_per_window, workdir=workdir, profile=args.profile)
+    print(f"{'groups':>8} {'events':>8} {'latency s (median)':>19} {'spread':>8} {'worker-side s':>14}")
+    for r in result.values():
+        print(f"{r['groups']:>8,} {r['events_per_window']:>8,} {r['latency_s']['median']:>19.3f} "
+              f"{r['latency_s']['spread'] * 100:>7.1f}% {r['worker_latency_s']['median']:>14.3f}")
+    for r in result.values():
+        if "profile" in r:
+            print_profile(r["profile"], f"py-spy, release of {r['groups']:,} groups")
+    print(f"worker logs in {workdir}")
+
+
+def print_profile(summary: dict[str, Any], title: str, top: int = 12) -> None:
+    print(f"{title} ({summary['samples']} busy samples)")
+    print("  by stage:")
+    for name, share, seconds in summary["breakdown"]:
+        print(f"    {share * 100:5.1f}%  {seconds:6.2f} s  {name}")
+    for kind in ("self", "inclusive"):
+        print(f"  {kind}:")
+        for name, share in summary[kind][:top]:
+            print(f"    {share * 100:5.1f}%  {name}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""The faults a run can inject, and the seeded catalogue of the full suite.
+
+Every fault draws its timing (and its victim) from the run's seeded
+generator, so a seed reproduces the same schedule; the exact step at which a
+worker dies is pinned by the Redis fault proxy (``redis_proxy``) where it
+matters: a budget charge, the release-ledger claim, marking a release
+published.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from tests.reliability.harness import RunContext
+from tests.reliability.redis_proxy import Trigger, is_budget_charge, is_ledger_claim, is_mark_published
+from tests.reliability.workers import metric_total
+
+_STEPS = {
+    "charge": (is_budget_charge, "budget charge"),
+    "claim": (is_ledger_claim, "release-ledger claim"),
+    "mark": (is_mark_published, "mark-published"),
+}
+
+
+@dataclass
+class KillDuringIngest:
+    """``kill -9`` of a worker at a random time while events stream in; restarted after a pause."""
+
+    name: str = "kill -9 during ingestion"
+
+    def inject(self, ctx: RunContext) -> None:
+        time.sleep(ctx.uniform(2.0, ctx.stream.duration_s - 4.0))
+        worker = ctx.pick_worker()
+        ctx.kill(worker, "while ingesting")
+        time.sleep(ctx.uniform(0.5, 3.0))
+        ctx.restart(worker)
+
+
+@dataclass
+class KillAtStep:
+    """``kill -9`` of the worker that reaches the n-th ``step`` (a Redis command), frozen there by the proxy.
+
+    ``forward``: the command reached Redis (the step happened, its reply was lost);
+    otherwise it never did.
+    """
+
+    step: str
+    forward: bool
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        what = _STEPS[self.step][1]
+        if not self.name:
+            self.name = f"kill -9 {'after' if self.forward else 'before'} {what}"
+
+    def inject(self, ctx: RunContext) -> None:
+        time.sleep(ctx.uniform(1.0, ctx.stream.duration_s / 2))
+        freeze_and_kill(ctx, self.step, self.forward, occurrence=int(ctx.rng.integers(1, 4)))
+
+
+def freeze_and_kill(ctx: RunContext, step: str, forward: bool, occurrence: int, timeout_s: float = 60.0) -> None:
+    matches, what = _STEPS[step]
+    trigger = Trigger(matches, occurrence=occurrence, forward=forward)
+    for proxy in ctx.proxies:
+        proxy.arm(trigger)
+    if not trigger.fired.wait(timeout_s):
+        for proxy in ctx.proxies:
+            proxy.arm(None)
+        ctx.note(f"no worker reached {what} #{occurrence} within {timeout_s:.0f}s; nothing killed")
+        return
+    for proxy in ctx.proxies:
+        proxy.arm(None)
+    index = next(i for i, p in enumerate(ctx.proxies) if p.port == trigger.fired_by)
+    worker = ctx.workers[index]
+    key = trigger.command[3] if step != "mark" else trigger.command[1]
+    ctx.kill(worker, f"frozen {'after' if forward else 'before'} {what} #{occurrence} ({key.decode(errors='replace')})")
+    ctx.facts["frozen_kills"] = ctx.facts.get("frozen_kills", 0.0) + 1
+    ctx.proxies[index].drop_frozen()
+    time.sleep(ctx.uniform(0.5, 3.0))
+    ctx.restart(worker)
+
+
+@dataclass
+class RedisOutage:
+    """Redis stopped (``kill -9`` or a clean shutdown) for some seconds, then started on its data."""
+
+    crash: bool = True
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            self.name = f"redis {'kill -9' if self.crash else 'shutdown'} and restart"
+
+    def inject(self, ctx: RunContext) -> None:
+        time.sleep(ctx.uniform(2.0, ctx.stream.duration_s - 6.0))
+        outage(ctx, ctx.uniform(3.0, 8.0), crash=self.crash)
+
+
+def outage(ctx: RunContext, seconds: float, *, crash: bool, during=None) -> None:
+    """Stop Redis for ``seconds``; ``during(ctx)`` runs while it is down. Notes how many windows were held."""
+    ctx.redis.stop(crash=crash)
+    ctx.note(f"redis {'killed' if crash else 'shut down'} for {seconds:.1f}s")
+    ends = time.monotonic() + seconds
+    held = 0.0
+    failures = 0.0
+    if during is not None:
+        during(ctx)
+    while time.monotonic() < ends:
+        texts = ctx.scrape_all()
+        held = max(held, sum(metric_total(t, "stream_dp_pending_charges") for t in texts))
+        failures = max(failures, sum(metric_total(t, "stream_dp_budget_failures_total", kind="unavailable")
+                                     for t in texts))
+        time.sleep(0.5)
+    ctx.redis.start()
+    ctx.facts["held"] = max(ctx.facts.get("held", 0.0), held)
+    ctx.facts["failed_closed"] = max(ctx.facts.get("failed_closed", 0.0), failures)
+    ctx.note(f"redis back; up to {held:.0f} window partials were held, {failures:.0f} charge attempts failed closed")
+
+
+@dataclass
+class KillWhileHeld:
+    """Redis down, windows held uncharged, and then a worker killed (restarted before Redis returns)
+    or, with ``leave``, stopped gracefully (its partitions move to the other worker)."""
+
+    leave: bool = False
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            what = "worker removed (rebalance)" if self.leave else "kill -9 of a worker"
+            self.name = f"redis down + {what} while windows are held"
+
+    def inject(self, ctx: RunContext) -> None:
+        time.sleep(ctx.uniform(2.0, ctx.stream.duration_s / 2))
+
+        def kill_one(ctx: RunContext) -> None:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if sum(metric_total(t, "stream_dp_pending_charges") for t in ctx.scrape_all()) > 0:
+                    break
+                time.sleep(0.3)
+            time.sleep(1.5)  # past the ingest stage's commit interval
+            worker = ctx.pick_worker()
+            if self.leave:
+                ctx.leave(worker)
+                return
+            ctx.kill(worker, "while windows were held")
+            time.sleep(ctx.uniform(0.5, 2.0))
+            ctx.restart(worker)
+
+        outage(ctx, ctx.uniform(8.0, 11.0), crash=True, during=kill_one)
+
+
+@dataclass
+class BrokerOutage:
+    """The Kafka broker stopped (SIGTERM, or ``kill -9``) for some seconds, then restarted."""
+
+    crash: bool = False
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            self.name = f"kafka broker {'kill -9' if self.crash else 'stop'} and restart"
+
+    def inject(self, ctx: RunContext) -> None:
+        if ctx.kafka is None:
+            raise RuntimeError("a broker fault needs the run on a private broker (FaultRun(kafka=...))")
+        time.sleep(ctx.uniform(2.0, ctx.stream.duration_s - 6.0))
+        ctx.kafka.stop(crash=self.crash)
+        seconds = ctx.uniform(4.0, 10.0)
+        ctx.note(f"broker {'killed' if self.crash else 'stopped'} for {seconds:.1f}s")
+        time.sleep(seconds)
+        ctx.kafka.start()
+        ctx.note("broker back")
+
+
+@dataclass
+class AddWorker:
+    name: str = "worker added mid-window (rebalance)"
+
+    def inject(self, ctx: RunContext) -> None:
+        time.sleep(ctx.uniform(2.0, ctx.stream.duration_s - 6.0))
+        worker = ctx.new_worker()
+        ctx.note(f"added {worker.name}")
+
+
+@dataclass
+class RemoveWorker:
+    """A worker leaves gracefully mid-window; ``rejoin``: it comes back a few seconds later."""
+
+    rejoin: bool = False
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            self.name = "worker removed mid-window" + (" and re-added" if self.rejoin else "") + " (rebalance)"
+
+    def inject(self, ctx: RunContext) -> None:
+        time.sleep(ctx.uniform(2.0, ctx.stream.duration_s - 6.0))
+        worker = ctx.pick_worker()
+        ctx.leave(worker)
+        if self.rejoin:
+            time.sleep(ctx.uniform(2.0, 5.0))
+            ctx.restart(worker)
+
+
+@dataclass
+class KillAll:
+    name: str = "kill -9 of every worker at once"
+
+    def inject(self, ctx: RunContext) -> None:
+        time.sleep(ctx.uniform(2.0, ctx.stream.duration_s - 4.0))
+        victims = [w for w in ctx.workers if w.alive]
+        for worker in victims:
+            ctx.kill(worker, "(all workers)")
+        time.sleep(ctx.uniform(1.0, 3.0))
+        for worker in victims:
+            ctx.restart(worker)
+
+
+@dataclass
+class Together:
+    """Several faults at once, each on its own thread."""
+
+    parts: tuple
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            self.name = " + ".join(p.name for p in self.parts)
+
+    def inject(self, ctx: RunContext) -> None:
+        errors: list[BaseException] = []
+
+        def run(part) -> None:
+            try:
+                part.inject(ctx)
+            except BaseException as exc:  # re-raised below on the fault thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in self.parts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
+
+def needs_private_broker(fault) -> bool:
+    parts = fault.parts if isinstance(fault, Together) else (fault,)
+    return any(isinstance(p, BrokerOutage) for p in parts)
+
+
+def catalogue() -> list[tuple[object, int]]:
+    """The full suite: (fault, seed) pairs, 24 runs."""
+    return [
+        (KillDuringIngest(), 101),
+        (KillDuringIngest(), 102),
+        (KillDuringIngest(), 103),
+        (KillAtStep("charge", forward=False), 201),
+        (KillAtStep("charge", forward=True), 202),
+        (KillAtStep("charge", forward=True), 203),
+        (KillAtStep("claim", forward=False, name="kill -9 in combine (noise drawn, ledger not written)"), 301),
+        (KillAtStep("claim", forward=True, name="kill -9 between ledger write and publish"), 302),
+        (KillAtStep("claim", forward=True, name="kill -9 between ledger write and publish"), 303),
+        (KillAtStep("mark", forward=False, name="kill -9 between publish and mark-published"), 304),
+        (RedisOutage(crash=True), 401),
+        (RedisOutage(crash=True), 402),
+        (RedisOutage(crash=False), 403),
+        (BrokerOutage(crash=False), 501),
+        (BrokerOutage(crash=False), 502),
+        (BrokerOutage(crash=True), 503),
+        (AddWorker(), 601),
+        (RemoveWorker(), 602),
+        (RemoveWorker(rejoin=True), 603),
+        (KillAll(), 701),
+        (Together((RedisOutage(crash=True), KillAtStep("claim", forward=True))), 801),
+        (Together((AddWorker(), KillDuringIngest())), 802),
+        (KillWhileHeld(), 901),
+        (KillWhileHeld(leave=True), 902),
+    ]

@@ -1,0 +1,352 @@
+"""One fault run: services, workers, the live stream, a fault injected at a seeded point, the checks.
+
+A run owns a private Redis (behind one fault proxy per worker slot), fresh
+topics and its worker processes; the Kafka broker is given (a private one
+when the fault stops it). A supervisor thread plays the part of a process
+manager: a worker that exits on its own is restarted (and the exit noted),
+as Kubernetes or systemd would.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import orjson
+
+from stream_dp.cli.budget import policy_from_config
+from stream_dp.config import load_config
+from tests.reliability.checks import (
+    CheckReport,
+    Observed,
+    check_accounting,
+    check_budgets,
+    check_ledger,
+    check_metrics_text,
+    check_outputs,
+    check_partials,
+    check_release_records,
+    late_by_query,
+)
+from tests.reliability.redis_proxy import FaultProxy
+from tests.reliability.reference import compute_reference
+from tests.reliability.services import PrivateKafka, PrivateRedis
+from tests.reliability.topics import create_topic, delete_topics, read_topic, wait_until
+from tests.reliability.workers import WorkerProcess
+from tests.reliability.workload import PAGES, LiveProducer, StreamSpec, encode_event, schedule, write_config
+
+SECRET = "reliability-secret-0123456789abcdef"
+_ASSIGNED = re.compile(r"assigned \[(.*)\]")
+
+
+class Fault(Protocol):
+    name: str
+
+    def inject(self, ctx: RunContext) -> None: ...
+
+
+@dataclass
+class RunContext:
+    """What a fault may act on while the stream runs."""
+
+    rng: np.random.Generator
+    stream: StreamSpec
+    redis: PrivateRedis
+    kafka: PrivateKafka | None
+    producer: LiveProducer
+    workers: list[WorkerProcess]
+    proxies: list[FaultProxy]
+    new_worker: Callable[[], WorkerProcess]
+    supervised: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+    facts: dict[str, float] = field(default_factory=dict)  # what a fault observed, for tests to assert on
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    started_s: float = field(default_factory=time.monotonic)
+
+    def note(self, text: str) -> None:
+        self.notes.append(f"t={time.monotonic() - self.started_s:.1f}s {text}")
+
+    def proxy_of(self, worker: WorkerProcess) -> FaultProxy:
+        return self.proxies[self.workers.index(worker)]
+
+    def pick_worker(self) -> WorkerProcess:
+        alive = [w for w in self.workers if w.alive] or self.workers
+        return alive[int(self.rng.integers(0, len(alive)))]
+
+    def uniform(self, low: float, high: float) -> float:
+        return float(self.rng.uniform(low, high))
+
+    def kill(self, worker: WorkerProcess, why: str) -> None:
+        """``kill -9`` (the supervisor does not restart it: the fault does, with ``restart``)."""
+        with self.lock:
+            self.supervised.discard(worker.name)
+            worker.kill()
+        self.note(f"kill -9 {worker.name} {why}")
+
+    def restart(self, worker: WorkerProcess) -> None:
+        with self.lock:
+            worker.start()
+            self.supervised.add(worker.name)
+        self.note(f"restarted {worker.name}")
+
+    def leave(self, worker: WorkerProcess) -> None:
+        """A graceful leave (SIGTERM): the worker commits and hands its partitions over."""
+        with self.lock:
+            self.supervised.discard(worker.name)
+        code = worker.stop()
+        self.note(f"stopped {worker.name} with SIGTERM (exit {code})")
+
+    def scrape_all(self) -> list[str]:
+        return [text for w in self.workers if w.alive and (text := w.scrape()) is not None]
+
+
+@dataclass
+class RunResult:
+    fault: str
+    seed: int
+    notes: list[str]
+    facts: dict[str, float]
+    report: CheckReport
+    duration_s: float
+    unexpected_exits: list[str]
+    work_dir: Path
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and not self.report.violations
+
+
+class FaultRun:
+    def __init__(self, fault: Fault, seed: int, work_dir: Path, *, bootstrap: str, kafka: PrivateKafka | None = None,
+                 workers: int = 2, partials_partitions: int = 2, stream: StreamSpec | None = None,
+                 completion_timeout_s: float = 150.0) -> None:
+        self.fault = fault
+        self.seed = seed
+        self.work_dir = work_dir
+        self.bootstrap = bootstrap
+        self.kafka = kafka
+        self.worker_count = workers
+        self.partials_partitions = partials_partitions
+        self.stream = stream or StreamSpec(seed=seed)
+        self.completion_timeout_s = completion_timeout_s
+        self.name = f"rel-{seed}-{uuid.uuid4().hex[:6]}"
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        started = time.monotonic()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        redis_server = PrivateRedis(self.work_dir / "redis")
+        redis_server.start()
+        topics = [f"{self.name}-in"]
+        self.ctx: RunContext | None = None
+        try:
+            return self._run(redis_server, topics, started)
+        except Exception:
+            ctx = self.ctx
+            return RunResult(self.fault.name, self.seed, ctx.notes if ctx else [], ctx.facts if ctx else {},
+                             CheckReport(), time.monotonic() - started, [], self.work_dir, error=traceback.format_exc())
+        finally:
+            ctx = self.ctx
+            if ctx is not None:
+                ctx.supervised.clear()
+                for worker in ctx.workers:
+                    worker.kill()
+                for proxy in ctx.proxies:
+                    proxy.close()
+            redis_server.stop()
+            delete_topics(self.bootstrap, topics)
+
+    def _run(self, redis_server: PrivateRedis, topics: list[str], started: float) -> RunResult:
+        spec = self.stream
+        input_topic = topics[0]
+        create_topic(self.bootstrap, input_topic, spec.partitions)
+        config_path = self.work_dir / "queries.yaml"
+        outputs = write_config(config_path, self.name.replace("-", "_"), input_topic, spec)
+        prefix = f"{self.name}."
+        topics += list(outputs.values()) + [f"{prefix}partials", f"{prefix}alerts", f"{prefix}dead-letter"]
+        env = _worker_env(self.bootstrap, f"{self.name}-g", prefix, self.partials_partitions)
+        events = schedule(spec)
+        producer = LiveProducer(self.bootstrap, input_topic, events)
+        workers: list[WorkerProcess] = []
+        proxies: list[FaultProxy] = []
+
+        def new_worker() -> WorkerProcess:
+            proxy = FaultProxy(redis_server.port)
+            worker = WorkerProcess(f"worker{len(workers)}", config_path, dict(env, REDIS_URL=proxy.url()), self.work_dir)
+            proxies.append(proxy)
+            workers.append(worker)
+            worker.start()
+            ctx.supervised.add(worker.name)
+            return worker
+
+        ctx = self.ctx = RunContext(np.random.default_rng(self.seed), spec, redis_server, self.kafka, producer, workers,
+                                    proxies, new_worker)
+        for _ in range(self.worker_count):
+            new_worker()
+        if not wait_assigned(workers, input_topic, spec.partitions, timeout_s=60):
+            raise RuntimeError(f"workers did not get the input partitions assigned; logs in {self.work_dir}")
+        stop_supervisor = threading.Event()
+        unexpected: list[str] = []
+        supervisor = threading.Thread(target=_supervise, args=(ctx, stop_supervisor, unexpected), daemon=True)
+        supervisor.start()
+        ctx.started_s = time.monotonic()
+        producer.start()
+        fault_error: list[str] = []
+
+        def inject() -> None:
+            try:
+                self.fault.inject(ctx)
+            except Exception:
+                fault_error.append(traceback.format_exc())
+
+        injector = threading.Thread(target=inject, name="fault", daemon=True)
+        injector.start()
+        injector.join(spec.duration_s + 240)
+        producer.join(240)
+        if fault_error:
+            raise RuntimeError(f"fault {self.fault.name} failed to inject:\n{fault_error[0]}")
+        if not producer.done.is_set():
+            raise RuntimeError("the producer did not finish within 4 minutes")
+        if producer.error or producer.failed:
+            ctx.note(f"producer: {producer.failed} sends failed; {producer.error or 'no error'} (the truth is "
+                     "read back from the topic, so this does not skew the checks)")
+        late_values = {encode_event(e, producer.start_ms) for e in events if e.at_s > spec.duration_s}
+        expected = _expected_windows(events, producer.start_ms, spec)
+        complete = wait_until(lambda: not _unreleased(self.bootstrap, outputs, expected), self.completion_timeout_s, 2.0)
+        if not complete:
+            missing = _unreleased(self.bootstrap, outputs, expected)
+            ctx.note(f"not every window was released within {self.completion_timeout_s:.0f}s: missing {missing} "
+                     f"(stream windows {min(expected)}..{max(expected)})")
+            for worker in workers:
+                (self.work_dir / f"{worker.name}.metrics.txt").write_text(worker.scrape() or "(no answer)\n")
+        time.sleep(2.0)  # let republished duplicates and dead letters of the last steps land
+        metrics_pages = ctx.scrape_all()
+        stop_supervisor.set()
+        supervisor.join(5)
+        ctx.supervised.clear()
+        for worker in workers:
+            code = worker.stop()
+            if code not in (None, 0):
+                unexpected.append(f"{worker.name} exited with {code} on SIGTERM")
+        report = self._check(ctx, config_path, input_topic, outputs, prefix, late_values, metrics_pages)
+        if not complete:
+            report.fail("release stalled", f"windows of the stream were still unreleased {self.completion_timeout_s:.0f}s "
+                                           "after it ended (metrics saved beside the logs)")
+        for worker in workers:
+            if "Traceback" in worker.log_text():
+                report.fail("traceback", f"{worker.name} logged a traceback (see {worker.log_path})")
+        (self.work_dir / "report.txt").write_text("\n".join([*ctx.notes, *report.violations, repr(report.stats)]) + "\n")
+        return RunResult(self.fault.name, self.seed, ctx.notes, ctx.facts, report, time.monotonic() - started,
+                         unexpected, self.work_dir)
+
+    def _check(self, ctx: RunContext, config_path: Path, input_topic: str, outputs: dict[str, str], prefix: str,
+               late_values: set[bytes], metrics_pages: list[str]) -> CheckReport:
+        config = load_config(config_path)
+        observed = Observed(
+            input_topic=input_topic,
+            input_records=read_topic(self.bootstrap, input_topic),
+            partials=read_topic(self.bootstrap, f"{prefix}partials"),
+            outputs={q: read_topic(self.bootstrap, topic) for q, topic in outputs.items()},
+            dead_letters=read_topic(self.bootstrap, f"{prefix}dead-letter"),
+            deliberately_late=late_values,
+            public_groups={q.name: q.public_group_keys() or [] for q in config.queries},
+            window_ms=self.stream.window_ms,
+        )
+        late = late_by_query(observed)
+        sent_late = {(r.partition, r.offset) for r in observed.input_records if r.value in late_values}
+        for query in config.queries:
+            late[query.name] = late.get(query.name, set()) | sent_late
+        reference = compute_reference(config, SECRET.encode(), observed.input_records, self.stream.partitions, late)
+        report = CheckReport()
+        check_outputs(observed, reference, report)
+        check_partials(observed, reference, self.stream.partitions, report)
+        check_accounting(observed, reference, report)
+        unit_ids = {u for p in reference.partials.values() for u in p.units}
+        check_release_records((r.value for rs in observed.outputs.values() for r in rs), unit_ids, report)
+        check_metrics_text(metrics_pages, unit_ids, [SECRET], report)
+        for worker in ctx.workers:
+            if SECRET in worker.log_text():
+                report.fail("secret in log", f"the contribution secret appears in {worker.log_path}")
+        client = ctx.redis.client()
+        try:
+            check_budgets(client, policy_from_config(config), reference, report)
+            check_ledger(client, reference, report)
+        finally:
+            client.close()
+        return report
+
+
+def _worker_env(bootstrap: str, group: str, prefix: str, partials_partitions: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "STREAM_DP_", "REDIS_"))}
+    env.update(KAFKA_BOOTSTRAP_SERVERS=bootstrap, STREAM_DP_GROUP_ID=group, STREAM_DP_INTERNAL_TOPIC_PREFIX=prefix,
+               STREAM_DP_CONTRIBUTION_SECRET=SECRET, STREAM_DP_PARTIALS_PARTITIONS=str(partials_partitions),
+               STREAM_DP_OUTPUT_PARTITIONS="1", STREAM_DP_REDIS_TIMEOUT_S="2")
+    return env
+
+
+def assigned_partitions(worker: WorkerProcess, topic: str) -> set[int] | None:
+    """Input partitions of ``topic`` in the worker's latest assignment log line (None before any)."""
+    latest = None
+    for match in _ASSIGNED.finditer(worker.log_text().split("=== start")[-1]):
+        latest = match.group(1)
+    if latest is None:
+        return None
+    return {int(p) for p in re.findall(re.escape(topic) + r"\[(\d+)\]", latest)}
+
+
+def wait_assigned(workers: list[WorkerProcess], topic: str, partitions: int, timeout_s: float) -> bool:
+    def covered() -> bool:
+        seen: set[int] = set()
+        for worker in workers:
+            if worker.alive:
+                seen |= assigned_partitions(worker, topic) or set()
+        return seen == set(range(partitions))
+
+    return wait_until(covered, timeout_s, 0.3)
+
+
+def _supervise(ctx: RunContext, stop: threading.Event, unexpected: list[str]) -> None:
+    while not stop.wait(0.5):
+        with ctx.lock:
+            for worker in list(ctx.workers):
+                if worker.name not in ctx.supervised:
+                    continue
+                code = worker.reap()
+                if code is None:
+                    continue
+                unexpected.append(f"{worker.name} exited on its own with code {code}")
+                ctx.note(f"{worker.name} exited on its own with code {code}; restarting it")
+                time.sleep(1.0)
+                worker.start()
+
+
+def _expected_windows(events: list[Any], start_ms: int, spec: StreamSpec) -> set[int]:
+    return {
+        (start_ms + e.ts_offset_ms) // spec.window_ms * spec.window_ms
+        for e in events if e.at_s <= spec.duration_s
+    }
+
+
+def _unreleased(bootstrap: str, outputs: dict[str, str], windows: set[int]) -> dict[str, list[int]]:
+    """Per query, the windows of ``windows`` not yet released for every page."""
+    missing: dict[str, list[int]] = {}
+    for query, topic in outputs.items():
+        seen = set()
+        for record in read_topic(bootstrap, topic):
+            value = orjson.loads(record.value)
+            seen.add((value["window"]["start_ms"], value["group"]["page"]))
+        absent = sorted(w for w in windows if not all((w, p) in seen for p in PAGES))
+        if absent:
+            missing[query] = absent
+    return missing

@@ -1,0 +1,236 @@
+"""Private Redis and Kafka instances that a fault run may stop, kill and restart.
+
+The shared services other tests use are never touched: each instance here
+has its own ports, data directory and process. Redis runs as the README asks
+for production (append-only file, ``appendfsync always``, no eviction), so a
+``kill -9`` of Redis loses nothing it acknowledged. The Kafka broker is the
+same single-node KRaft broker ``deploy/kafka/broker.sh`` runs, optionally with
+a second, SASL/PLAIN listener for clients.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+REPO = Path(__file__).resolve().parents[2]
+KAFKA_VERSION = "4.1.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+class PrivateRedis:
+    """A ``redis-server`` child process on its own port and directory.
+
+    ``acl`` is the text of an ACL file (``user ... on >password ~keys +@commands``);
+    ``admin`` names the user and password the harness itself connects with then.
+    """
+
+    def __init__(self, directory: Path, *, acl: str | None = None, admin: tuple[str, str] | None = None) -> None:
+        if acl is not None and admin is None:
+            raise ValueError("an ACL file turns the default user off: pass admin=(user, password) for the harness")
+        self.directory = directory
+        self.port = free_port()
+        self.admin = admin
+        self._acl = acl
+        self._process: subprocess.Popen | None = None
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def url(self, user: str | None = None, password: str | None = None) -> str:
+        if user is None and self.admin is not None:
+            user, password = self.admin
+        credentials = f"{user}:{password}@" if user else ""
+        return f"redis://{credentials}127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url(), socket_timeout=5)
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        if self.running:
+            return
+        args = [
+            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
+            "--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction",
+            "--save", "", "--daemonize", "no", "--logfile", str(self.directory / "redis.log"),
+        ]
+        if self._acl is not None:
+            acl_file = self.directory / "users.acl"
+            acl_file.write_text(self._acl)
+            args += ["--aclfile", str(acl_file)]
+        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if self.client().ping():
+                    return
+            except (redis.ConnectionError, redis.BusyLoadingError, redis.TimeoutError):
+                time.sleep(0.05)
+        raise RuntimeError(f"private redis-server did not answer on port {self.port}; see {self.directory}/redis.log")
+
+    def stop(self, *, crash: bool = True) -> None:
+        """``crash``: SIGKILL, as a host failure would (the AOF keeps every acknowledged write)."""
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            self._process.send_signal(signal.SIGKILL if crash else signal.SIGTERM)
+            self._process.wait(timeout=20)
+        self._process = None
+
+
+class PrivateKafka:
+    """A single-node KRaft broker from the jars ``deploy/kafka/broker.sh fetch`` resolves.
+
+    ``sasl_users`` adds a ``SASL_PLAINTEXT`` listener (mechanism PLAIN) with
+    these users; the ``PLAINTEXT`` listener stays for the harness.
+    """
+
+    def __init__(self, run_dir: Path, *, sasl_users: dict[str, str] | None = None, heap: str = "384m") -> None:
+        self.run_dir = run_dir
+        self.port = free_port()
+        self.controller_port = free_port()
+        self.sasl_port = free_port() if sasl_users else None
+        self.sasl_users = dict(sasl_users or {})
+        self.heap = heap
+        self._process: subprocess.Popen | None = None
+        self._formatted = False
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        if self.sasl_port is None:
+            raise ValueError("this broker has no SASL listener; create it with sasl_users")
+        return f"127.0.0.1:{self.sasl_port}"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @staticmethod
+    def jars() -> Path:
+        cache = Path(os.environ.get("STREAM_DP_CACHE", Path.home() / ".cache" / "stream-dp"))
+        lib = cache / f"kafka-{KAFKA_VERSION}" / "lib"
+        if not (lib / ".complete").exists():
+            subprocess.run(["bash", str(REPO / "deploy" / "kafka" / "broker.sh"), "fetch"], check=True)
+        return lib
+
+    def _java(self) -> list[str]:
+        return [
+            "java", f"-Xmx{self.heap}", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={REPO / 'deploy' / 'kafka' / 'log4j2.properties'}",
+            "-cp", f"{self.jars()}/*",
+        ]
+
+    def _properties(self) -> str:
+        listeners = [f"PLAINTEXT://127.0.0.1:{self.port}", f"CONTROLLER://127.0.0.1:{self.controller_port}"]
+        advertised = [f"PLAINTEXT://127.0.0.1:{self.port}"]
+        protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+        extra: list[str] = []
+        if self.sasl_port is not None:
+            listeners.append(f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}")
+            advertised.append(f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}")
+            protocols.append("SASL_PLAINTEXT:SASL_PLAINTEXT")
+            users = " ".join(f'user_{name}="{password}"' for name, password in self.sasl_users.items())
+            extra += [
+                "sasl.enabled.mechanisms=PLAIN",
+                "listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config="
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
+            ]
+        lines = [
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+            f"listeners={','.join(listeners)}",
+            f"advertised.listeners={','.join(advertised)}",
+            "controller.listener.names=CONTROLLER",
+            f"listener.security.protocol.map={','.join(protocols)}",
+            "inter.broker.listener.name=PLAINTEXT",
+            f"log.dirs={self.run_dir / 'data'}",
+            "num.partitions=1",
+            "default.replication.factor=1",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=2",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=true",
+            "delete.topic.enable=true",
+            *extra,
+        ]
+        return "\n".join(lines) + "\n"
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        if self.running:
+            return
+        properties = self.run_dir / "server.properties"
+        properties.write_text(self._properties())
+        if not self._formatted:
+            cluster_id = subprocess.run(
+                [*self._java(), "kafka.tools.StorageTool", "random-uuid"], capture_output=True, text=True, check=True
+            ).stdout.strip().splitlines()[-1]
+            subprocess.run(
+                [*self._java(), "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties)],
+                capture_output=True, text=True, check=True,
+            )
+            self._formatted = True
+        log = open(self.run_dir / "kafka.log", "ab")
+        try:
+            self._process = subprocess.Popen([*self._java(), "kafka.Kafka", str(properties)], stdout=log, stderr=log)
+        finally:
+            log.close()
+        self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        ready = subprocess.run(
+            [str(REPO / ".venv" / "bin" / "python"), str(REPO / "deploy" / "kafka" / "wait_ready.py"),
+             self.bootstrap, str(timeout_s)],
+            capture_output=True, text=True,
+        )
+        if ready.returncode != 0 or not self.running:
+            self.stop(crash=True)
+            raise RuntimeError(f"private Kafka broker did not become ready; see {self.run_dir / 'kafka.log'}")
+        if self.sasl_port is not None:
+            deadline = time.monotonic() + timeout_s
+            while not _port_open(self.sasl_port) and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+    def stop(self, *, crash: bool = False, timeout_s: float = 30.0) -> None:
+        """Controlled shutdown (SIGTERM), or ``crash``: SIGKILL."""
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            self._process.send_signal(signal.SIGKILL if crash else signal.SIGTERM)
+            try:
+                self._process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None

@@ -1,0 +1,160 @@
+"""Faults replayed step by step with one worker: each test pins one failure mode at an exact step.
+
+Each test drives a real worker process (real Kafka, a private Redis behind
+the fault proxy) through a fault at an exact step and then checks one
+invariant from the topics: a late event first seen after a restart is
+dead-lettered; a window held during a Redis outage survives a stop or a
+crash; a crash between charge and publish with a different replay batch
+keeps the window; windows held by an outage are charged in window order and
+none is lost when released out of order; empty windows are released on
+every home partition.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.reliability.redis_proxy import Trigger, is_budget_charge
+from tests.reliability.scenario import Scenario
+from tests.reliability.topics import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.services]
+
+
+@pytest.fixture
+def scenario(tmp_path, kafka_bootstrap):
+    made: list[Scenario] = []
+
+    def make(**kwargs) -> Scenario:
+        made.append(Scenario(tmp_path, kafka_bootstrap, **kwargs))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def _units(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}-{i:03d}" for i in range(n)]
+
+
+def test_a_late_event_first_seen_after_a_restart_is_dead_lettered(scenario):
+    s = scenario()
+    s.produce([s.event(u, 0) for u in _units("a", 20)] + [s.closer(1)])
+    s.start_worker()
+    assert s.wait_released(0, 60), "window 0 was not released"
+    assert s.worker.stop() == 0  # a clean stop commits offsets with closed_through past window 1
+    (late_offset,) = s.produce([s.event("late-unit", 0, page="search")])
+    s.start_worker()
+
+    def dead_lettered() -> bool:
+        return any(d.headers.get("source") == f"{s.input_topic}/0/{late_offset}".encode() for d in s.dead_letters())
+
+    assert wait_until(dead_lettered, 20, 1.0), (
+        f"the late event at offset {late_offset} never reached the dead-letter topic; worker metrics say "
+        f"replayed={s.metric('stream_dp_events_total', outcome='replayed')}, "
+        f"late={s.metric('stream_dp_events_total', outcome='late')}"
+    )
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "kill -9"])
+def test_a_window_held_during_a_redis_outage_survives_a_restart(scenario, stop):
+    s = scenario()
+    units = _units("h", 30)
+    s.redis.stop()
+    s.start_worker()
+    s.produce([s.event(u, 0) for u in units] + [s.closer(0)])
+    assert wait_until(lambda: s.metric("stream_dp_pending_charges") >= 1, 30, 0.3), "window 0 was never held"
+    time.sleep(2.5)  # at least one offset commit (every second) while the window is held
+    if stop == "sigterm":
+        s.worker.stop()
+    else:
+        s.worker.kill()
+    s.redis.start()
+    s.start_worker()
+    assert s.wait_released(0, 40), "window 0 was never released after the restart"
+    counts = [p.count.sum() for p in s.partials()[s.window_start(0)]]
+    assert counts and all(c == len(units) for c in counts), counts
+
+
+def test_a_crash_after_the_charge_with_a_different_replay_batch_keeps_the_window(scenario):
+    s = scenario()
+    units = _units("c", 25)
+    trigger = s.proxy.arm(Trigger(is_budget_charge, occurrence=1, forward=True))
+    s.start_worker()
+    s.produce([s.event(u, 0) for u in units] + [s.closer(0)])
+    assert trigger.fired.wait(30), "the worker never charged window 0"
+    s.worker.kill()  # the charge is in Redis, the partial was never published
+    s.proxy.drop_frozen()
+    s.produce([s.event("late-unit", 0, page="search")])  # late: window 0 had closed before it was sent
+    s.start_worker()
+    conflict = "already charged with other units"
+    assert s.wait_released(0, 40), (
+        f"window 0 was never released; the worker log {'reports' if conflict in s.worker.log_text() else 'lacks'} "
+        f"'{conflict}'"
+    )
+    partials = s.partials()[s.window_start(0)]
+    assert partials and partials[0].count.sum() == len(units), [p.count.tolist() for p in partials]
+
+
+@pytest.fixture(scope="module")
+def reordered(tmp_path_factory, kafka_bootstrap):
+    """Window 0 fails to charge until its retries back off to 8 s; window 1 closes; Redis returns.
+
+    The budget covers one window, every unit is in both. Returns the partials and releases of windows 0 and 1.
+    """
+    s = Scenario(tmp_path_factory.mktemp("reordered"), kafka_bootstrap, budget_windows=1)
+    try:
+        units = _units("r", 20)
+        s.redis.stop()
+        s.start_worker()
+        s.produce([s.event(u, 0) for u in units] + [s.closer(0)])
+
+        def failures() -> float:
+            return s.metric("stream_dp_budget_failures_total", kind="unavailable")
+
+        # Retries of window 0 wait 0.5, 1, 2, 4, then 8 s: after five failures the next is 8 s away.
+        assert wait_until(lambda: failures() >= 5, 40, 0.2), "window 0 was not retried five times"
+        s.produce([s.event(u, 1) for u in units] + [s.closer(1)])
+        assert wait_until(lambda: failures() >= 6, 20, 0.05), "window 1 was never tried"
+        s.redis.start()  # window 1 is retried in 0.5 s, window 0 only seconds later
+        released = wait_until(lambda: {s.window_start(0), s.window_start(1)} <= s.releases().keys(), 40, 1.0)
+        yield s, released, s.partials()
+    finally:
+        s.close()
+
+
+def test_windows_held_by_an_outage_are_charged_in_window_order(reordered):
+    s, _, partials = reordered
+    first = partials[s.window_start(0)]
+    second = partials[s.window_start(1)]
+    assert first and second, "both windows' partials must be published"
+    assert (first[0].units_excluded, second[0].units_excluded) == (0, 20), (
+        f"window 0 excluded {first[0].units_excluded} units, window 1 excluded {second[0].units_excluded}"
+    )
+
+
+def test_a_window_released_out_of_order_is_not_lost(reordered):
+    s, released, _ = reordered
+    assert released, f"window 0 was never released (windows released: {sorted(s.releases())})"
+
+
+def test_empty_windows_are_released_on_every_home(scenario):
+    from stream_dp.worker.combiner import window_home
+
+    s = scenario(partials_partitions=2)
+    homes = {k: window_home(s.query, s.window_start(k), 2) for k in range(12)}
+    data_home = homes[0]
+    with_data = [k for k in range(8) if homes[k] == data_home]
+    empty = [k for k in range(max(with_data)) if homes[k] != data_home]
+    assert empty, f"windows 0..7 all home on partition {data_home}; pick other window indices"
+    s.produce([s.event(f"e-{k}-{i}", k) for k in with_data for i in range(5)] + [s.closer(max(with_data) + 1)])
+    s.start_worker()
+    assert s.wait_released(max(with_data), 60), "the last window with data was never released"
+    released = wait_until(lambda: all(s.window_start(k) in s.releases() for k in empty), 20, 1.0)
+    assert released, (
+        f"windows with data {with_data} (home {data_home}) were released, empty windows {empty} (other home) "
+        f"were not: {sorted(k for k in empty if s.window_start(k) not in s.releases())} missing"
+    )

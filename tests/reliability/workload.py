@@ -1,0 +1,181 @@
+"""The synthetic stream of a fault run: a seeded schedule of live events, its query file, its producer.
+
+Events carry the wall-clock time they are scheduled for (less a little
+jitter, well inside the allowed lateness), so windows close as they would on
+a live stream. Some units are heavy (more pages and events than the bounds
+allow) and some values fall outside the clip range, so bounding and clipping
+are exercised; a few events are sent after everything else with times in the
+first window, so they are late for certain.
+
+Two queries read the stream: ``*_free`` draws on a budget no unit can use up
+(so a unit's spend counts exactly the windows it was charged for) and
+``*_capped`` on a budget of three windows (so exclusion happens).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+import yaml
+
+PAGES = ("home", "search", "cart")
+EPSILON = 2.0
+CAPPED_WINDOWS = 3
+MAX_GROUPS = 2
+MAX_EVENTS = 3
+CLIP = (0.0, 10.0)
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """What to send: ``rate_per_s`` events a second for ``duration_s`` over ``units`` units."""
+
+    seed: int
+    units: int = 150
+    partitions: int = 3
+    window_ms: int = 2_000
+    lateness_ms: int = 1_000
+    idle_ms: int = 2_000
+    duration_s: float = 14.0
+    rate_per_s: float = 250.0
+    late_events: int = 4
+    jitter_ms: int = 300
+
+    def __post_init__(self) -> None:
+        if self.jitter_ms >= self.lateness_ms:
+            raise ValueError("jitter_ms must stay below lateness_ms, or on-time events could be late")
+
+
+@dataclass(frozen=True)
+class ScheduledEvent:
+    at_s: float  # seconds after the stream starts
+    partition: int
+    unit: str
+    page: str
+    value: float
+    ts_offset_ms: int  # event time = stream start + this
+
+
+def unit_partition(unit: str, partitions: int) -> int:
+    return zlib.crc32(unit.encode()) % partitions
+
+
+def schedule(spec: StreamSpec) -> list[ScheduledEvent]:
+    """The seeded event list, in sending order (numpy's generator: synthetic data only)."""
+    rng = np.random.default_rng(spec.seed)
+    units = [f"user-{spec.seed:x}-{i:04x}" for i in range(spec.units)]
+    weights = 1.0 / np.arange(1, spec.units + 1) ** 0.8  # a few heavy units exceed the bounds
+    weights /= weights.sum()
+    n = int(spec.rate_per_s * spec.duration_s)
+    at = np.sort(rng.uniform(0.0, spec.duration_s, n))
+    who = rng.choice(spec.units, size=n, p=weights)
+    pages = rng.integers(0, len(PAGES), n)
+    values = rng.integers(-2, 14, n).astype(float)  # some below and above the clip range
+    jitter = rng.integers(0, spec.jitter_ms, n)
+    events = [
+        ScheduledEvent(float(a), unit_partition(units[u], spec.partitions), units[u], PAGES[p], float(v),
+                       int(a * 1000) - int(j))
+        for a, u, p, v, j in zip(at.tolist(), who.tolist(), pages.tolist(), values.tolist(), jitter.tolist())
+    ]
+    for k in range(spec.late_events):
+        unit = units[int(rng.integers(0, spec.units))]
+        events.append(ScheduledEvent(spec.duration_s + 0.5, unit_partition(unit, spec.partitions), unit,
+                                     PAGES[k % len(PAGES)], 1.0, 10 + k))
+    return events
+
+
+def encode_event(event: ScheduledEvent, start_ms: int) -> bytes:
+    return orjson.dumps({"user_id": event.unit, "ts": start_ms + event.ts_offset_ms, "page": event.page,
+                         "value": event.value})
+
+
+def write_config(path: Path, name: str, input_topic: str, spec: StreamSpec) -> dict[str, str]:
+    """The query file; returns query name -> output topic."""
+    window = {"size": f"{spec.window_ms}ms", "allowed_lateness": f"{spec.lateness_ms}ms",
+              "idle_timeout": f"{spec.idle_ms}ms"}
+    namespaces = {
+        f"{name}-free": {"budgets": [{"horizon": "1h", "epsilon": 1000.0}], "alert_at": [1.0]},
+        f"{name}-capped": {"budgets": [{"horizon": "1h", "epsilon": EPSILON * CAPPED_WINDOWS}], "alert_at": [1.0]},
+    }
+    outputs = {f"{name}_free": f"{name}-out-free", f"{name}_capped": f"{name}-out-capped"}
+    queries = []
+    for query, output in outputs.items():
+        queries.append({
+            "name": query,
+            "input_topic": input_topic,
+            "output_topic": output,
+            "privacy_unit": {"namespace": f"{name}-{query.rsplit('_', 1)[1]}", "field": "user_id"},
+            "timestamp_field": "ts",
+            "window": window,
+            "group_by": ["page"],
+            "groups": {"public": list(PAGES)},
+            "bounds": {"max_groups_per_unit": MAX_GROUPS, "max_events_per_group": MAX_EVENTS},
+            "aggregations": {"count": {}, "sum": {"field": "value", "clip": list(CLIP)}, "mean": {"field": "value"}},
+            "epsilon": EPSILON,
+            "release_timeout": "120s",
+        })
+    path.write_text(yaml.safe_dump({"namespaces": namespaces, "queries": queries}, sort_keys=False))
+    return outputs
+
+
+@dataclass
+class LiveProducer:
+    """Sends a schedule in real time from a thread; counts what the broker acknowledged."""
+
+    bootstrap: str
+    topic: str
+    events: list[ScheduledEvent]
+    client_options: dict = field(default_factory=dict)
+    start_ms: int = 0
+    acknowledged: int = 0
+    failed: int = 0
+    error: str | None = None  # why the producer gave up, if it did
+    done: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="live-producer", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _on_ack(self, _metadata) -> None:
+        self.acknowledged += 1
+
+    def _on_error(self, _exc) -> None:
+        self.failed += 1
+
+    def _run(self) -> None:
+        try:
+            self._send_all()
+        except Exception as exc:  # reported by the harness; a thread must not die with an unhandled error
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.done.set()
+
+    def _send_all(self) -> None:
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5, enable_idempotence=True,
+                                 delivery_timeout_ms=120_000, max_block_ms=120_000, **self.client_options)
+        try:
+            started = time.monotonic()
+            self.start_ms = int(time.time() * 1000)
+            for event in self.events:
+                delay = started + event.at_s - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                future = producer.send(self.topic, key=event.unit.encode(), value=encode_event(event, self.start_ms),
+                                       partition=event.partition)
+                future.add_callback(self._on_ack).add_errback(self._on_error)
+            producer.flush(timeout=150)
+        finally:
+            producer.close(timeout=10)
