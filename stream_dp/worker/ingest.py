@@ -260,10 +260,18 @@ class IngestStage:
             charge_id = f"{query.name}/{partial.window_start_ms}/{partial.partition}"
             units = list(partial.units)
             try:
-                charged_units = await asyncio.to_thread(self.journal.remember_units, charge_id, units)
+                try:
+                    charged_units = await asyncio.to_thread(self.journal.remember_units, charge_id, units)
+                    journaled = True
+                except LedgerUnavailable:
+                    # Redis is probably down: the charge below fails closed (and is
+                    # counted as a store error); if it goes through, journal right after.
+                    charged_units, journaled = units, False
                 outcome = await asyncio.to_thread(
                     self.budget.charge, query.namespace, charge_id, charged_units, query.cost, partial.window_end_ms
                 )
+                if not journaled:
+                    await asyncio.to_thread(self.journal.remember_units, charge_id, units)
             except (BudgetUnavailable, LedgerUnavailable) as exc:
                 self._charge_attempts += 1
                 backoff = min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (self._charge_attempts - 1))
