@@ -279,13 +279,14 @@ def free_port() -> int:
 
 
 def cleanup_redis(redis_url: str, namespace: str, query: str) -> int:
-    """Delete the budget states, charge records and release ledger of one benchmark run."""
+    """Delete the budget states, charge records and release ledger entries of one benchmark run
+    (query and namespace names are unique per run, so the patterns match nothing else)."""
     import redis
 
     client = redis.Redis.from_url(redis_url)
     deleted = 0
     try:
-        for pattern in (f"dp:?:{namespace}:*", f"dp:m:{namespace}", f"stream-dp:ledger:{{{query}}}*"):
+        for pattern in (f"dp:?:{namespace}:*", f"dp:m:{namespace}", f"stream-dp:*{query}*"):
             batch = list(client.scan_iter(match=pattern, count=5_000))
             for i in range(0, len(batch), 5_000):
                 deleted += client.delete(*batch[i : i + 5_000])
