@@ -137,7 +137,9 @@ def windows() -> list[Panel]:
         Panel("Replays and late data", "Zero when healthy. Republished: a stored release published again after "
               "a retry or replay (same values, no new noise). Late partials: dropped after their window was "
               "released. Missing partitions: released after the release timeout without them. Charge replays: "
-              "a charge id already charged (after a restart).",
+              "a charge id already charged (after a restart). Withheld: windows released noise-only because "
+              "their partitions were checked against different partition counts. Partition count changes: "
+              "an input topic gained partitions.",
               (Target(f"sum by (query) (increase(stream_dp_windows_republished_total{{{Q}}}{RATE}))",
                       "{{query}} republished"),
                Target(f"sum by (query) (increase(stream_dp_late_partials_total{{{Q}}}{RATE}))",
@@ -145,7 +147,11 @@ def windows() -> list[Panel]:
                Target(f"sum by (query) (increase(stream_dp_release_partitions_missing_total{{{Q}}}{RATE}))",
                       "{{query}} missing partitions"),
                Target(f"sum by (namespace) (increase(stream_dp_budget_charge_replays_total{{{NS}}}{RATE}))",
-                      "{{namespace}} charge replays")),
+                      "{{namespace}} charge replays"),
+               Target(f"sum by (query, reason) (increase(stream_dp_windows_withheld_total{{{Q}}}{RATE}))",
+                      "{{query}} withheld ({{reason}})"),
+               Target(f"sum by (topic) (increase(stream_dp_partition_count_changes_total{RATE}))",
+                      "{{topic}} partition count changes")),
               no_value="0"),
     ]
 

@@ -1,7 +1,12 @@
 """``stream-dp produce``: publish events keyed by privacy unit, from a file or synthetic.
 
-Keying by the privacy unit puts all of a unit's events in one partition, which
-the worker relies on to bound each unit's contribution in one place.
+Keying by the privacy unit id (its UTF-8 bytes) with the query's partitioner
+and no explicit partition puts all of a unit's events in one partition, where
+the worker bounds the unit's contribution; the worker dead-letters events
+keyed or placed otherwise. Each record's Kafka timestamp is, by default, the
+event's own time (``--record-time event``): a backfill then closes windows as
+its times advance. ``--record-time now`` leaves the timestamp to the client
+(the send time), as a live producer relaying untrusted event times should.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import argparse
 import sys
 import time
 import warnings
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +23,7 @@ import numpy as np
 import orjson
 
 from stream_dp.config import ConfigError, Settings, load_config
+from stream_dp.windows.timestamps import to_epoch_ms
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,14 +44,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="synthetic: random seed of the generated data")
     parser.add_argument("--config", type=Path, help="query file: take field names and public groups from --query")
     parser.add_argument("--query", help="query in --config whose fields the synthetic events use")
+    parser.add_argument("--record-time", choices=("event", "now"), default="event",
+                        help="Kafka record timestamp: the event's time (default; for backfills and trusted times) "
+                             "or the send time")
+    parser.add_argument("--partitioner", choices=("murmur2", "crc32"),
+                        help="how keys map to partitions (default: the --query's partitioner, else murmur2)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
 
 
 class _Fields:
     def __init__(self, unit: str = "user_id", ts: str = "ts", group: str = "page", value: str | None = "value",
-                 public: list | None = None) -> None:
+                 public: list | None = None, timestamp_format: str = "auto", partitioner: str = "murmur2") -> None:
         self.unit, self.ts, self.group, self.value, self.public = unit, ts, group, value, public
+        self.timestamp_format, self.partitioner = timestamp_format, partitioner
 
 
 def _fields(args: argparse.Namespace) -> _Fields:
@@ -59,12 +72,14 @@ def _fields(args: argparse.Namespace) -> _Fields:
         group=query.group_by[0],
         value=query.aggregations.value_field,
         public=[k[0] for k in public] if public else None,
+        timestamp_format=query.timestamp_format,
+        partitioner=query.partitioner,
     )
 
 
 def synthetic_events(n: int, units: int, groups: int, fields: _Fields, *, seed: int, start_ms: int,
-                     step_ms: float) -> Iterator[tuple[bytes, bytes]]:
-    """(key, value) pairs of synthetic events; skewed activity, like real users."""
+                     step_ms: float) -> Iterator[tuple[bytes, bytes, int]]:
+    """(key, value, event time ms) of synthetic events; skewed activity, like real users."""
     rng = np.random.default_rng(seed)  # synthetic data only; never noise
     chunk = 100_000
     for base in range(0, n, chunk):
@@ -79,20 +94,43 @@ def synthetic_events(n: int, units: int, groups: int, fields: _Fields, *, seed: 
             event = {fields.unit: unit, fields.ts: t, fields.group: group}
             if fields.value:
                 event[fields.value] = v
-            yield unit.encode(), orjson.dumps(event)
+            yield unit.encode(), orjson.dumps(event), t
 
 
-def file_events(path: Path, unit_field: str) -> Iterator[tuple[bytes | None, bytes]]:
+def file_events(path: Path, fields: _Fields) -> Iterator[tuple[bytes | None, bytes, int | None]]:
+    """(key, value, event time ms or None) of each line; bad lines are sent as they are, for the worker to reject."""
     with path.open("rb") as handle:
         for line in handle:
             line = line.strip()
             if not line:
                 continue
             try:
-                unit = orjson.loads(line).get(unit_field)
+                event = orjson.loads(line)
+                unit, ts = event.get(fields.unit), event.get(fields.ts)
             except (orjson.JSONDecodeError, AttributeError):
-                unit = None  # sent as is: the worker rejects it with a reason
-            yield (None if unit is None else str(unit).encode()), line
+                unit = ts = None
+            key = None if unit is None or isinstance(unit, (dict, list)) else str(unit).encode()
+            yield key, line, _event_ms(ts, fields.timestamp_format)
+
+
+def _event_ms(ts: object, timestamp_format: str) -> int | None:
+    if ts is None or isinstance(ts, bool) or not isinstance(ts, (int, float, str)):
+        return None
+    ms, problems = to_epoch_ms([ts], timestamp_format)  # type: ignore[arg-type]
+    return None if problems else int(ms[0])
+
+
+def _partitioner(name: str):
+    """A kafka-python partitioner callable; kafka-python's default is already murmur2."""
+    if name == "murmur2":
+        return None
+
+    def crc32_partitioner(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+        if key is None:
+            return (available or all_partitions)[0]
+        return all_partitions[zlib.crc32(key) % len(all_partitions)]
+
+    return crc32_partitioner
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,24 +151,29 @@ def run(args: argparse.Namespace) -> int:
         events = synthetic_events(args.synthetic, args.units, args.groups, fields, seed=args.seed, start_ms=start, step_ms=step)
         total = args.synthetic
     else:
-        events = file_events(args.file, fields.unit)
+        events = file_events(args.file, fields)
         total = None
-    return _send(args.topic, events, total, args.rate, quiet=args.quiet)
+    return _send(args.topic, events, total, args.rate, quiet=args.quiet, record_time=args.record_time,
+                 partitioner=args.partitioner or fields.partitioner)
 
 
-def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool) -> int:
+def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool, record_time: str = "event",
+          partitioner: str = "murmur2") -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # kafka-python 3.x import-time warnings
         from kafka import KafkaProducer
 
+    options = {} if _partitioner(partitioner) is None else {"partitioner": _partitioner(partitioner)}
     producer = KafkaProducer(**Settings().kafka_client_options(), acks="all", linger_ms=20,
-                             batch_size=512 * 1024, compression_type=None)
+                             batch_size=512 * 1024, compression_type=None, **options)
+    stamp_event_time = record_time == "event"
     sent = 0
     started = time.monotonic()
     last_report = 0.0
     try:
-        for key, value in events:
-            producer.send(topic, key=key, value=value)
+        for key, value, event_ms in events:
+            # No explicit partition: the partitioner places the key, as the worker checks.
+            producer.send(topic, key=key, value=value, timestamp_ms=event_ms if stamp_event_time else None)
             sent += 1
             if rate > 0:
                 ahead = sent / rate - (time.monotonic() - started)

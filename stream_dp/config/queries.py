@@ -184,6 +184,9 @@ class QueryConfig(_Strict):
     epsilon: float = Field(gt=0, le=10, allow_inf_nan=False)
     delta: float = Field(0.0, ge=0, lt=1e-3, allow_inf_nan=False)
     max_future_skew_ms: DurationMs = Field(300_000, alias="max_future_skew")
+    # How producers choose the partition of a key: Kafka's Java client, kafka-python and librdkafka's
+    # murmur2_random use murmur2; librdkafka's default (consistent_random) uses CRC32.
+    partitioner: Literal["murmur2", "crc32"] = "murmur2"
     max_message_bytes: int = Field(65_536, ge=64, le=10_485_760)
     release_timeout_ms: DurationMs = Field(60_000, alias="release_timeout")
 

@@ -70,6 +70,19 @@ class WorkerMetrics:
             ["query"],
             registry=registry,
         )
+        self.partition_count_changes = Counter(
+            "stream_dp_partition_count_changes_total",
+            "Changes of an input topic's partition count seen by this worker; windows open across one are withheld.",
+            ["topic"],
+            registry=registry,
+        )
+        self.windows_withheld = Counter(
+            "stream_dp_windows_withheld_total",
+            "Windows released without data (noise only) because their partials were placed under different "
+            "partition counts, so a unit could sit on two partitions.",
+            ["query", "reason"],
+            registry=registry,
+        )
         self.partitions_missing = Counter(
             "stream_dp_release_partitions_missing_total",
             "Input partitions absent from a window released after the release timeout.",

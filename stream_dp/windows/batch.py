@@ -11,24 +11,45 @@ from stream_dp.windows.partial import WindowPartial
 from stream_dp.windows.rejections import Rejection, RejectReason
 
 
+#: A record without a timestamp (message format v0) is stamped with the worker's clock when read.
+NO_TIMESTAMP = -1
+
+
 @dataclass(frozen=True)
 class RawBatch:
-    """Message values with their partition and offset, index-aligned."""
+    """Kafka records as columns, index-aligned: values, partitions, offsets, record timestamps, keys.
+
+    ``timestamps`` are the records' Kafka timestamps in epoch ms (the
+    producer's ``CreateTime`` or the broker's ``LogAppendTime``;
+    ``NO_TIMESTAMP`` where a record has none). They, not the events' own
+    times, drive the window clock. ``keys`` are the message keys; ``None``
+    when the caller does not check co-partitioning.
+    """
 
     values: Sequence[bytes | None]
     partitions: np.ndarray
     offsets: np.ndarray
+    timestamps: np.ndarray
+    keys: Sequence[bytes | None] | None = None
 
     def __post_init__(self) -> None:
         partitions = np.asarray(self.partitions, dtype=np.int32)
         offsets = np.asarray(self.offsets, dtype=np.int64)
-        if partitions.ndim != 1 or offsets.ndim != 1 or not len(self.values) == len(partitions) == len(offsets):
+        timestamps = np.asarray(self.timestamps, dtype=np.int64)
+        n = len(self.values)
+        if (
+            partitions.ndim != 1 or offsets.ndim != 1 or timestamps.ndim != 1
+            or not n == len(partitions) == len(offsets) == len(timestamps)
+            or (self.keys is not None and len(self.keys) != n)
+        ):
             raise ValueError(
-                f"values, partitions and offsets must be equally long 1-D sequences, got lengths "
-                f"{len(self.values)}, {partitions.shape}, {offsets.shape}"
+                f"values, partitions, offsets, timestamps (and keys) must be equally long 1-D sequences, got lengths "
+                f"{n}, {partitions.shape}, {offsets.shape}, {timestamps.shape}"
+                + ("" if self.keys is None else f", {len(self.keys)}")
             )
         object.__setattr__(self, "partitions", partitions)
         object.__setattr__(self, "offsets", offsets)
+        object.__setattr__(self, "timestamps", timestamps)
 
     def __len__(self) -> int:
         return len(self.values)

@@ -61,6 +61,17 @@ class DecodedEvents:
     def __len__(self) -> int:
         return len(self.index)
 
+    def take(self, keep: np.ndarray) -> DecodedEvents:
+        """The events where the boolean mask ``keep`` is set."""
+        rows = np.flatnonzero(keep)
+        return DecodedEvents(
+            index=self.index[rows],
+            units=self.units[rows],
+            group_keys=None if self.group_keys is None else list(map(self.group_keys.__getitem__, rows.tolist())),
+            ts_ms=self.ts_ms[rows],
+            values=None if self.values is None else self.values[rows],
+        )
+
 
 def _describe(value: Any) -> str:
     if value is None:
@@ -181,8 +192,13 @@ class EventDecoder:
         self._decode_one = msgspec.json.Decoder(event_type).decode
         self._group_getter = attrgetter(*group_attrs) if group_attrs else None
 
-    def decode(self, values: Sequence[bytes | None], now_ms: int) -> tuple[DecodedEvents, list[Problem]]:
-        """Decode one batch; every message ends up either in the events or in the problems."""
+    def decode(self, values: Sequence[bytes | None], clock_ms: np.ndarray | int) -> tuple[DecodedEvents, list[Problem]]:
+        """Decode one batch; every message ends up either in the events or in the problems.
+
+        ``clock_ms``: per message (or one for all), the time an event may not be
+        more than ``max_future_skew_ms`` ahead of -- its record timestamp,
+        capped at the wall clock.
+        """
         schema = self.schema
         problems: list[Problem] = []
         candidates, positions = self._screen(values, problems)
@@ -218,15 +234,17 @@ class EventDecoder:
                 continue
             bad[i] = True
             problems.append((int(index[i]), RejectReason.BAD_TIMESTAMP, detail))
-        future = ts_ms > now_ms + schema.max_future_skew_ms
+        reference = clock_ms[index] if isinstance(clock_ms, np.ndarray) else np.full(len(index), clock_ms, np.int64)
+        future = ts_ms > reference + schema.max_future_skew_ms
         if future.any():
             for i in np.flatnonzero(future & ~bad).tolist():
                 problems.append(
                     (
                         int(index[i]),
                         RejectReason.FUTURE_TIMESTAMP,
-                        f"event time {int(ts_ms[i])} ms is more than {schema.max_future_skew_ms} ms "
-                        f"ahead of the wall clock ({now_ms} ms)",
+                        f"event time {int(ts_ms[i])} ms is more than {schema.max_future_skew_ms} ms ahead of "
+                        f"its record timestamp ({int(reference[i])} ms, capped at the wall clock); "
+                        "producers must stamp records with the time they send them or with the event time",
                     )
                 )
             bad |= future

@@ -23,11 +23,12 @@ import numpy as np
 
 from stream_dp.windows.batch import BatchResult, RawBatch
 from stream_dp.windows.bounding import ContributionRows
-from stream_dp.windows.decoding import DecodedEvents, EventDecoder
+from stream_dp.windows.decoding import DecodedEvents, EventDecoder, Problem
 from stream_dp.windows.hashing import ContributionHasher
 from stream_dp.windows.interning import GroupTable
 from stream_dp.windows.open_window import OffsetStats, OpenWindow
 from stream_dp.windows.partial import WindowPartial
+from stream_dp.windows.partitioning import Partitioner, check_partitioner, expected_partitions
 from stream_dp.windows.rejections import Rejection, RejectReason
 from stream_dp.windows.specs import BoundingSpec, EventSchema, WindowSpec
 from stream_dp.windows.watermarks import PartitionProgress, combined_watermark_ms
@@ -52,9 +53,12 @@ class WindowEngine:
         *,
         clock_ms: Callable[[], int],
         compact_min_rows: int = 262_144,
+        partitioner: Partitioner | None = None,
     ) -> None:
         if compact_min_rows < 1:
             raise ValueError(f"compact_min_rows must be positive, got {compact_min_rows}")
+        if partitioner is not None:
+            check_partitioner(partitioner)
         self.schema, self.spec, self.bounding = schema, spec, bounding
         self._clock_ms = clock_ms
         self._compact_min_rows = compact_min_rows
@@ -64,6 +68,10 @@ class WindowEngine:
         self._windows: dict[int, OpenWindow] = {}
         self._progress: dict[int, PartitionProgress] = {}
         self._watermark_ms: int | None = None  # the latest computed; informational
+        # Co-partitioning: with a partitioner, every event must be keyed by its unit and sit on the
+        # partition that partitioner gives its key, so that each unit is bounded in one place.
+        self._partitioner = partitioner
+        self._partition_count: int | None = None
 
     # -- partitions ---------------------------------------------------------------
 
@@ -72,12 +80,17 @@ class WindowEngine:
         partitions: Iterable[int],
         closed_through_ms: Mapping[int, int] | None = None,
         replay_until_offset: Mapping[int, int] | None = None,
+        record_clock_ms: Mapping[int, int] | None = None,
     ) -> None:
         """Start owning ``partitions``; ``closed_through_ms`` restores what an earlier owner closed.
 
         ``replay_until_offset``: per partition, the first offset the earlier owner
         had not processed. Events of restored-closed windows below it are
         replays (skipped); at or after it they are late. Unknown: all replays.
+        ``record_clock_ms``: per partition, the newest record timestamp the
+        earlier owner had read, including records before the committed offset
+        that a replay does not read again, so the replay closes windows when
+        the first run did.
         """
         partitions = [int(p) for p in partitions]
         already = sorted(set(partitions) & self._progress.keys())
@@ -85,12 +98,15 @@ class WindowEngine:
             raise ValueError(f"partition(s) {already} are already assigned; revoke them before assigning again")
         restored = dict(closed_through_ms or {})
         replay_until = dict(replay_until_offset or {})
+        clocks = dict(record_clock_ms or {})
         now = self._clock_ms()
         for p in partitions:
             through = restored.get(p)
             until = replay_until.get(p)
+            clock = clocks.get(p)
             self._progress[p] = PartitionProgress(
                 None if through is None else int(through), now,
+                max_record_ms=None if clock is None else int(clock),
                 replay_until_offset=None if until is None else int(until),
             )
 
@@ -115,6 +131,28 @@ class WindowEngine:
     def partitions(self) -> list[int]:
         return sorted(self._progress)
 
+    @property
+    def partition_count(self) -> int | None:
+        return self._partition_count
+
+    def set_partition_count(self, count: int) -> bool:
+        """The input topic's current partition count, which placement is checked against.
+
+        Returns True when it changed: every window open now then holds events
+        checked against two counts, so a unit may sit on two partitions of it;
+        its partials say so, and the release stage withholds such windows.
+        """
+        if count < 1:
+            raise ValueError(f"partition count must be at least 1, got {count}")
+        if count == self._partition_count:
+            return False
+        changed = self._partition_count is not None
+        if changed:
+            for window in self._windows.values():
+                window.partition_count_changed = True
+        self._partition_count = count
+        return changed
+
     # -- progress ---------------------------------------------------------------------
 
     @property
@@ -127,6 +165,11 @@ class WindowEngine:
         """Per owned partition: its part of every window ending at or before this is closed
         (omitted while none is). Never goes back."""
         return {p: pr.closed_through_ms for p, pr in self._progress.items() if pr.closed_through_ms is not None}
+
+    @property
+    def record_clock_ms(self) -> dict[int, int]:
+        """Per owned partition, the newest record timestamp read (capped at the wall clock; omitted before any)."""
+        return {p: pr.max_record_ms for p, pr in self._progress.items() if pr.max_record_ms is not None}
 
     def committable_offsets(self) -> dict[int, int]:
         """Per owned partition, the offset to commit: the first one an open window still needs,
@@ -186,7 +229,10 @@ class WindowEngine:
         slot_partitions = np.array(sorted(self._progress), dtype=np.int32)
         slots = self._slots_of(batch.partitions, slot_partitions)
         now = self._clock_ms()
-        decoded, problems = self._decoder.decode(batch.values, now)
+        record_ms = self._record_clock(batch.timestamps, now)
+        decoded, problems = self._decoder.decode(batch.values, record_ms)
+        if self._partitioner is not None:
+            decoded = self._check_placement(batch, decoded, problems)
         rejected: dict[RejectReason, int] = {}
         rejections: list[Rejection] = []
         for index, reason, detail in problems:
@@ -206,7 +252,7 @@ class WindowEngine:
         )
         replayed = (ends <= restored_through[event_slots]) & (batch.offsets[index] < replay_until[event_slots])
         late = closed & ~replayed
-        self._note_event_times(progress, event_slots, decoded.ts_ms, now)
+        self._note_records(progress, slots, record_ms, now)
         if late.any():
             late_rows = np.flatnonzero(late)
             rejected[RejectReason.LATE] = len(late_rows)
@@ -233,6 +279,36 @@ class WindowEngine:
             missing = sorted(set(partitions[~found].tolist()))
             raise ValueError(f"partition(s) {missing} are not assigned to this engine; call assign({missing}) first")
         return slots
+
+    def _check_placement(self, batch: RawBatch, decoded: DecodedEvents, problems: list[Problem]) -> DecodedEvents:
+        """Drop (into ``problems``) valid events not keyed by their unit or not on their key's partition."""
+        if batch.keys is None:
+            raise ValueError("this engine checks co-partitioning: pass the records' keys in RawBatch.keys")
+        count = self._partition_count
+        if count is None:
+            raise ValueError("call set_partition_count() with the input topic's partition count before process()")
+        if not len(decoded):
+            return decoded
+        keys = [batch.keys[i] for i in decoded.index.tolist()]
+        wrong_key = _differs(keys, decoded.units)
+        expected = expected_partitions(decoded.units, count, self._partitioner)  # type: ignore[arg-type]
+        actual = batch.partitions[decoded.index]
+        wrong_partition = ~wrong_key & (expected != actual)
+        if not (wrong_key.any() or wrong_partition.any()):
+            return decoded
+        field = self.schema.unit_field
+        for i in np.flatnonzero(wrong_key).tolist():
+            shown = "no key" if keys[i] is None else f"key {bytes(keys[i])[:64]!r}"
+            problems.append((int(decoded.index[i]), RejectReason.WRONG_KEY, (
+                f"the record has {shown}, not the privacy-unit id {decoded.units[i][:64]!r}; "
+                f"key every event by its {field!r} (UTF-8) so that all of a unit's events share a partition"
+            )))
+        for i in np.flatnonzero(wrong_partition).tolist():
+            problems.append((int(decoded.index[i]), RejectReason.WRONG_PARTITION, (
+                f"the record is on partition {int(actual[i])}, but the {self._partitioner} partitioner puts its key "
+                f"on partition {int(expected[i])} of {count}; produce with that partitioner and no explicit partition"
+            )))
+        return decoded.take(~(wrong_key | wrong_partition))
 
     @staticmethod
     def _rejection(batch: RawBatch, index: int, reason: RejectReason, detail: str) -> Rejection:
@@ -263,16 +339,22 @@ class WindowEngine:
             p.next_offset = seen if p.next_offset is None else max(p.next_offset, seen)
 
     @staticmethod
-    def _note_event_times(progress: list[PartitionProgress], slots: np.ndarray, ts_ms: np.ndarray, now: int) -> None:
+    def _record_clock(timestamps: np.ndarray, now: int) -> np.ndarray:
+        """Each record's timestamp capped at the wall clock; a record without one counts as read now."""
+        return np.where(timestamps < 0, now, np.minimum(timestamps, now))
+
+    @staticmethod
+    def _note_records(progress: list[PartitionProgress], slots: np.ndarray, record_ms: np.ndarray, now: int) -> None:
+        """Every record, valid or not, advances its partition's clock and keeps it active."""
         if not len(slots):
             return
         newest = np.full(len(progress), _NEVER, dtype=np.int64)
-        np.maximum.at(newest, slots, ts_ms)
+        np.maximum.at(newest, slots, record_ms)
         for slot in np.flatnonzero(newest != _NEVER).tolist():
             p = progress[slot]
             p.last_active_wall_ms = now
             seen = int(newest[slot])
-            p.max_event_ms = seen if p.max_event_ms is None else max(p.max_event_ms, seen)
+            p.max_record_ms = seen if p.max_record_ms is None else max(p.max_record_ms, seen)
 
     def _ingest(
         self, decoded: DecodedEvents, accepted: np.ndarray, batch: RawBatch, starts: np.ndarray, slots: np.ndarray
@@ -333,7 +415,9 @@ class WindowEngine:
     def _add(self, start: int, rows: ContributionRows, unit_ids: np.ndarray, stats: list[OffsetStats]) -> None:
         window = self._windows.get(start)
         if window is None:
-            window = self._windows[start] = OpenWindow(start, start + self.spec.size_ms)
+            window = self._windows[start] = OpenWindow(
+                start, start + self.spec.size_ms, partition_count=self._partition_count or 0
+            )
         window.add(rows, unit_ids, stats)
         if window.due_for_compaction(self._compact_min_rows):
             window.compact(self.bounding, self._groups)
@@ -371,3 +455,16 @@ class WindowEngine:
         remap = self._groups.retain(live.astype(np.int64))
         for rows in parts:
             rows.group = remap[rows.group].astype(np.uint32)
+
+
+def _differs(keys: list[bytes | None], units: np.ndarray) -> np.ndarray:
+    """Per event, whether its message key is not exactly its unit id's bytes (``units``: an ``S`` array)."""
+    try:
+        as_array = np.array(keys, dtype="S")
+    except TypeError:  # a null key, or a key that is not bytes
+        as_array = np.array([k if isinstance(k, bytes) else b"" for k in keys], dtype="S")
+    differs = as_array != units
+    if b"\x00" in b"".join(k for k in keys if isinstance(k, bytes)):
+        # A fixed-width array drops trailing NULs; unit ids never contain one, so such a key never matches.
+        differs |= np.fromiter((isinstance(k, bytes) and b"\x00" in k for k in keys), dtype=bool, count=len(keys))
+    return differs

@@ -32,6 +32,8 @@ class OpenWindow:
     pending_ids: list[np.ndarray] = field(default_factory=list)  # unit id of each pending row (S arrays)
     pending_rows: int = 0
     offsets: dict[int, list[int]] = field(default_factory=dict)  # partition -> [first, last, accepted]
+    partition_count: int = 0  # the input topic's partition count when the window opened (0: placement unchecked)
+    partition_count_changed: bool = False  # it changed while the window was open
 
     @property
     def rows(self) -> int:
@@ -104,6 +106,8 @@ class OpenWindow:
                     offsets=(first, last, accepted),
                     names=self.names,
                     groups=groups,
+                    partition_count=self.partition_count,
+                    partition_count_changed=self.partition_count_changed,
                 )
             )
         if len(partitions) == len(self.offsets):

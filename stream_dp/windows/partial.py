@@ -64,6 +64,10 @@ class WindowPartial:
     pair_group: np.ndarray  # int32
     pair_count: np.ndarray  # int64
     pair_sum: np.ndarray  # float64
+    #: The input topic's partition count its events' placement was checked against (0: not checked);
+    #: ``partition_count_changed``: the count changed while the window was open, so the check is void.
+    partition_count: int = 0
+    partition_count_changed: bool = False
 
     def __eq__(self, other: object) -> bool:
         """Field-by-field equality, arrays compared bit for bit (dtype included)."""
@@ -137,6 +141,8 @@ def build_partial(
     offsets: tuple[int, int, int],
     names: UnitNames,
     groups: GroupTable,
+    partition_count: int = 0,
+    partition_count_changed: bool = False,
 ) -> WindowPartial:
     """The partial of one partition's pruned rows of one window.
 
@@ -171,4 +177,6 @@ def build_partial(
         pair_count=np.diff(np.append(starts, n)).astype(np.int64),
         # each pair's values are added in event-hash order, so every replay rounds the same way
         pair_sum=np.add.reduceat(rows.value, starts) if n else np.zeros(0),
+        partition_count=partition_count,
+        partition_count_changed=partition_count_changed,
     )

@@ -1,20 +1,31 @@
 """Per-partition progress and the watermark that closes windows.
 
+Which window an event belongs to is decided by its own event time; *when*
+windows close is decided by a clock no privacy unit controls: the Kafka
+record timestamps of the partition (the producer's ``CreateTime``, or the
+broker's ``LogAppendTime`` when the topic is configured so), never ahead of
+the worker's wall clock, and the wall clock for idle partitions. An event
+dated in the future therefore moves nobody's windows: it lands in its own
+(future) window, or is rejected when its event time is further than
+``max_future_skew_ms`` ahead of its record timestamp. A backlog read after an
+outage closes its windows as its record timestamps advance, so its on-time
+events are on time.
+
 The rule:
 
-* a partition's watermark is the newest event time it has delivered minus
-  ``allowed_lateness_ms`` -- raised to its restored ``closed_through_ms`` when
-  it was assigned with one; a partition that has delivered nothing and has
-  nothing restored has no watermark;
-* a partition is *idle* once it has delivered no valid event for
+* a partition's watermark is ``min(newest record timestamp it delivered,
+  wall clock) - allowed_lateness_ms`` -- raised to its restored
+  ``closed_through_ms`` when it was assigned with one; a partition that has
+  delivered nothing and has nothing restored has no watermark;
+* a partition is *idle* once it has delivered no record for
   ``idle_timeout_ms`` of wall-clock time (counted from its assignment if it
   never delivered one);
 * the engine's watermark is the minimum over the partitions that are not
   idle -- and if any of them has no watermark yet, nothing advances;
 * if every owned partition is idle, the watermark follows the wall clock:
-  ``now - allowed_lateness_ms``, as if events kept arriving with current
-  times; windows then close ``allowed_lateness_ms`` after their end, as they
-  would on a live stream;
+  ``now - allowed_lateness_ms``, as if records kept arriving with current
+  timestamps; windows then close ``allowed_lateness_ms`` after their end, as
+  they would on a live stream;
 * each owned partition keeps a ``closed_through_ms`` that never goes back:
   the latest window boundary at or below any engine watermark seen while it
   was owned (or its restored value); the partition's part of a window
@@ -23,8 +34,8 @@ The rule:
   keeps that partition's windows open until it catches up rather than
   calling its replayed events late.
 
-Event times are capped at ``max_future_skew_ms`` ahead of the wall clock by
-the decoder, so one bad producer cannot push the watermark far ahead.
+Every record counts for progress and activity, valid or not: its timestamp
+was set by the producer's client or the broker, not read from its contents.
 """
 
 from __future__ import annotations
@@ -41,7 +52,7 @@ class PartitionProgress:
 
     restored_through_ms: int | None
     last_active_wall_ms: int
-    max_event_ms: int | None = None
+    max_record_ms: int | None = None  # newest record timestamp delivered
     next_offset: int | None = None
     closed_through_ms: int | None = None
     #: Offsets below this were processed by an earlier owner: their events in
@@ -57,13 +68,14 @@ class PartitionProgress:
         if self.closed_through_ms is None or boundary_ms > self.closed_through_ms:
             self.closed_through_ms = boundary_ms
 
-    def watermark_ms(self, allowed_lateness_ms: int) -> int | None:
-        from_events = None if self.max_event_ms is None else self.max_event_ms - allowed_lateness_ms
-        if from_events is None:
+    def watermark_ms(self, allowed_lateness_ms: int, now_ms: int) -> int | None:
+        if self.max_record_ms is None:
             return self.restored_through_ms
+        # A producer clock ahead of ours does not close windows early.
+        from_records = min(self.max_record_ms, now_ms) - allowed_lateness_ms
         if self.restored_through_ms is None:
-            return from_events
-        return max(from_events, self.restored_through_ms)
+            return from_records
+        return max(from_records, self.restored_through_ms)
 
     def is_idle(self, now_ms: int, idle_timeout_ms: int) -> bool:
         return now_ms - self.last_active_wall_ms >= idle_timeout_ms
@@ -79,7 +91,7 @@ def combined_watermark_ms(partitions: Iterable[PartitionProgress], now_ms: int, 
         return now_ms - spec.allowed_lateness_ms
     lowest: int | None = None
     for progress in active:
-        mark = progress.watermark_ms(spec.allowed_lateness_ms)
+        mark = progress.watermark_ms(spec.allowed_lateness_ms, now_ms)
         if mark is None:
             return None
         lowest = mark if lowest is None else min(lowest, mark)

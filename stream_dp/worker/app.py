@@ -104,6 +104,7 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
                 secret=secret,
             ),
             clock_ms=clock_ms,
+            partitioner=query.partitioner,
         )
         plan = build_plan(query)
         described = plan.describe()

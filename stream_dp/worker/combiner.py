@@ -41,6 +41,27 @@ def window_home(query: str, window_start_ms: int, partials_partitions: int) -> i
     return int.from_bytes(digest, "big") % partials_partitions
 
 
+def placement_conflict(partials: list[PartialAggregate]) -> str | None:
+    """Why these partials of one window cannot be added up soundly, or None.
+
+    Each input partition bounds the units whose events it holds. That bounds a
+    unit once only if all its events sit on one partition, which the ingest
+    stage checks against the topic's partition count. When the count changed
+    while the window was open, or partitions checked against different counts,
+    a unit may have events on two partitions, each bounded on its own: the
+    window's data is then left out (its release is noise only; the units stay
+    charged). A partial from a worker that did not check placement (count 0)
+    is only trusted alone.
+    """
+    if any(p.placement_changed for p in partials):
+        return "partition_count_changed"
+    if len(partials) > 1 and any(p.placement_partitions == 0 for p in partials):
+        return "placement_unchecked"
+    if len({p.placement_partitions for p in partials}) > 1:
+        return "partition_counts_differ"
+    return None
+
+
 @dataclass
 class _Pending:
     window_end_ms: int
@@ -66,6 +87,8 @@ class CombinedWindow:
     units_excluded: int
     closed_at_ms: int | None  # earliest close time among partials (None for an empty window)
     source_offsets: list[tuple[int, int]] = field(default_factory=list)
+    #: Why the partials' data was left out (the window is released as if empty), or None.
+    withheld: str | None = None
 
 
 class WindowCombiner:
@@ -222,7 +245,8 @@ class WindowCombiner:
         home = self.home(window_start_ms)
         window_end_ms = window_start_ms + self.window_size_ms if pending is None else pending.window_end_ms
         partials = [] if pending is None else [pending.partials[p] for p in sorted(pending.partials)]
-        groups, count, sums, distinct = self._merge(partials)
+        withheld = placement_conflict(partials)
+        groups, count, sums, distinct = self._merge([] if withheld else partials)
         reported = {p.partition for p in partials}
         missing = [
             p for p in range(self.input_partitions)
@@ -243,6 +267,7 @@ class WindowCombiner:
             units_excluded=sum(p.units_excluded for p in partials),
             closed_at_ms=min((p.closed_at_ms for p in partials), default=None),
             source_offsets=[] if pending is None else list(pending.source_offsets),
+            withheld=withheld,
         )
 
     def _merge(self, partials: list[PartialAggregate]) -> tuple[list[GroupKey], np.ndarray, np.ndarray | None, np.ndarray]:

@@ -32,6 +32,7 @@ from aiokafka.structs import TopicPartition
 from stream_dp.budget import BudgetStore, BudgetUnavailable, ChargeConflict, ChargeRejected
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import RawBatch, RejectReason
+from stream_dp.windows.batch import NO_TIMESTAMP
 from stream_dp.worker.combiner import window_home
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.records import PartialAggregate, Progress, encode_partial, encode_progress, partial_key
@@ -136,16 +137,19 @@ class IngestStage:
                 for query in queries:
                     restored: dict[int, int] = {}
                     replay_until: dict[int, int] = {}
+                    clocks: dict[int, int] = {}
                     for tp in assigned:
                         if tp.topic != topic:
                             continue
-                        closed, next_offset = _restored_progress(metadata.get(tp), query.name)
+                        closed, next_offset, clock = _restored_progress(metadata.get(tp), query.name)
                         if closed is not None:
                             restored[tp.partition] = closed
                         if next_offset is not None:
                             replay_until[tp.partition] = next_offset
+                        if clock is not None:
+                            clocks[tp.partition] = clock
                     query.engine.assign(partitions, closed_through_ms=restored or None,
-                                        replay_until_offset=replay_until or None)
+                                        replay_until_offset=replay_until or None, record_clock_ms=clocks or None)
             log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
@@ -191,6 +195,11 @@ class IngestStage:
                 if records:
                     by_topic[tp.topic].append((tp, records))
             for topic, items in by_topic.items():
+                if not self._note_partition_count(topic):
+                    # Placement cannot be checked without the topic's partition count: read these again later.
+                    for tp, records in items:
+                        self.consumer.seek(tp, records[0].offset)
+                    continue
                 batch = _raw_batch(items)
                 for query in self.by_topic.get(topic, ()):
                     result = query.engine.process(batch)
@@ -318,6 +327,8 @@ class IngestStage:
                 units_charged=len(units) - n_excluded,
                 units_excluded=n_excluded,
                 closed_at_ms=held.closed_at_ms,
+                placement_partitions=partial.partition_count,
+                placement_changed=partial.partition_count_changed,
             )
             sends.append(await self.producer.send(
                 self.partials_topic, key=partial_key(query.name, partial.window_start_ms), value=encode_partial(message),
@@ -332,6 +343,23 @@ class IngestStage:
         if sends:
             # Partials must be in the topic before progress says their window is closed.
             await asyncio.gather(*sends)
+
+    def _note_partition_count(self, topic: str) -> bool:
+        """Tell the topic's engines its current partition count; False while it is unknown."""
+        count = self._partition_count(topic)
+        if count == 0:
+            self.metrics.internal_errors.labels("partition_count_unknown").inc()
+            log.warning("partition count of %s is not known yet; its records will be read again", topic)
+            return False
+        changed = [query.engine.set_partition_count(count) for query in self.by_topic.get(topic, ())]
+        if any(changed):
+            self.metrics.partition_count_changes.labels(topic).inc()
+            log.warning(
+                "input topic %s now has %d partitions: its keys move to other partitions, so windows open across "
+                "the change are released without data (noise only) rather than let a unit count on two partitions",
+                topic, count,
+            )
+        return True
 
     def _partition_count(self, topic: str) -> int:
         partitions = self.consumer.partitions_for_topic(topic)
@@ -390,11 +418,14 @@ class IngestStage:
                     # events must be rebuilt, not skipped as replayed.
                     closed = {q.name: self._progress_through(q, partition) for q in queries}
                     processed = [q.engine.next_offsets.get(partition) for q in queries]
+                    clocks = [q.engine.record_clock_ms.get(partition) for q in queries]
                     metadata = orjson.dumps({
                         "closed_through_ms": {k: v for k, v in closed.items() if v is not None},
                         # Offsets from here on were never processed: their events in
                         # closed windows are late, not replays, for the next owner.
                         "next_offset": min((o for o in processed if o is not None), default=None),
+                        # The partition's window clock, which records before the offset also moved.
+                        "record_clock_ms": max((c for c in clocks if c is not None), default=None),
                     })
                     offsets[tp] = (offset, metadata.decode())
         return offsets
@@ -435,27 +466,36 @@ class IngestStage:
 
 def _raw_batch(items: list[tuple[TopicPartition, list]]) -> RawBatch:
     values: list[bytes | None] = []
+    keys: list[bytes | None] = []
     partitions = []
     offsets = []
+    timestamps = []
     for tp, records in items:
         values.extend(r.value for r in records)
+        keys.extend(r.key for r in records)
         partitions.append(np.full(len(records), tp.partition, dtype=np.int32))
         offsets.append(np.fromiter((r.offset for r in records), dtype=np.int64, count=len(records)))
-    return RawBatch(values=values, partitions=np.concatenate(partitions), offsets=np.concatenate(offsets))
+        # A record of the old message format has no timestamp (None or -1): NO_TIMESTAMP either way.
+        timestamps.append(np.fromiter((r.timestamp or NO_TIMESTAMP for r in records), dtype=np.int64, count=len(records)))
+    return RawBatch(
+        values=values, partitions=np.concatenate(partitions), offsets=np.concatenate(offsets),
+        timestamps=np.concatenate(timestamps), keys=keys,
+    )
 
 
-def _restored_progress(metadata: str | None, query: str) -> tuple[int | None, int | None]:
-    """(closed_through_ms of ``query``, next unprocessed offset) from a partition's commit metadata."""
+def _restored_progress(metadata: str | None, query: str) -> tuple[int | None, int | None, int | None]:
+    """(closed_through_ms of ``query``, next unprocessed offset, record clock) from a partition's commit metadata."""
     if not metadata:
-        return None, None
+        return None, None, None
     try:
         data = orjson.loads(metadata)
         closed = data.get("closed_through_ms", {}).get(query)
         next_offset = data.get("next_offset")
+        clock = data.get("record_clock_ms")
     except (orjson.JSONDecodeError, AttributeError):
         log.warning("ignoring unreadable commit metadata %r", metadata[:100])
-        return None, None
-    return (closed if isinstance(closed, int) else None), (next_offset if isinstance(next_offset, int) else None)
+        return None, None, None
+    return tuple(v if isinstance(v, int) and not isinstance(v, bool) else None for v in (closed, next_offset, clock))  # type: ignore[return-value]
 
 
 def _alert_json(alert: Any) -> bytes:

@@ -44,6 +44,10 @@ class PartialAggregate:
     units_charged: int
     units_excluded: int
     closed_at_ms: int  # wall clock when the window closed in the ingest stage
+    #: The partition count its events' placement was checked against (0: unchecked), and whether
+    #: that count changed while the window was open (then a unit may sit on two partitions).
+    placement_partitions: int = 0
+    placement_changed: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,8 @@ def encode_partial(partial: PartialAggregate) -> bytes:
             "units_charged": partial.units_charged,
             "units_excluded": partial.units_excluded,
             "closed_at_ms": partial.closed_at_ms,
+            "placement_partitions": partial.placement_partitions,
+            "placement_changed": partial.placement_changed,
         },
         option=orjson.OPT_SERIALIZE_NUMPY,
     )
@@ -123,6 +129,9 @@ def decode_internal(value: bytes) -> PartialAggregate | Progress:
             units_charged=int(data["units_charged"]),
             units_excluded=int(data["units_excluded"]),
             closed_at_ms=int(data["closed_at_ms"]),
+            # absent in partials of workers that did not check placement
+            placement_partitions=int(data.get("placement_partitions", 0)),
+            placement_changed=bool(data.get("placement_changed", False)),
         )
     except WireFormatError:
         raise

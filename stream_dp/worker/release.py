@@ -234,6 +234,9 @@ class ReleaseStage:
             self.metrics.epsilon_spent.labels(query.name, query.namespace).inc(query.privacy["epsilon"])
             if window.partitions_missing:
                 self.metrics.partitions_missing.labels(query.name).inc(len(window.partitions_missing))
+            if window.withheld:
+                self.metrics.windows_withheld.labels(query.name, window.withheld).inc()
+                log.warning("window %s of %s released without data: %s", window.window_start_ms, query.name, window.withheld)
             if window.closed_at_ms is not None:
                 self.metrics.release_latency.labels(query.name).observe(max(0.0, (self.clock_ms() - window.closed_at_ms) / 1000))
 

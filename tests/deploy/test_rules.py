@@ -24,7 +24,9 @@ from .promql import (
 SEVERITIES = {"info", "warning", "critical"}
 # Labels a rule may keep that could never identify a person: the worker's metrics
 # carry no unit ids, and grouping only by these keeps it so in alerts.
-ALLOWED_ALERT_LABELS = {"query", "namespace", "horizon", "threshold", "topic", "kind", "operation", "instance", "job"}
+ALLOWED_ALERT_LABELS = {
+    "query", "namespace", "horizon", "threshold", "topic", "kind", "operation", "reason", "instance", "job",
+}
 
 
 def _promtool(promtool: str, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:

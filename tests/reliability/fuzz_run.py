@@ -19,7 +19,7 @@ from tests.reliability.checks import CheckReport, Observed, check_partials, dead
 from tests.reliability.fuzz_messages import collect, garbage, oversized
 from tests.reliability.reference import compute_reference
 from tests.reliability.scenario import PAGES, SECRET, Scenario
-from tests.reliability.topics import read_topic
+from tests.reliability.topics import kafka_partition, read_topic
 
 PARTITIONS = 2
 WINDOWS = 4
@@ -64,7 +64,8 @@ def run_worker_fuzz(bootstrap: str, work_dir: Path, *, messages: int, seed: int)
         for k in range(WINDOWS):
             for u in range(UNITS):
                 for page in PAGES[: 1 + u % 2]:
-                    clean[u % PARTITIONS].append(s.event(f"c{u}", k, page=page, value=float(u % 11), at_ms=u * 20))
+                    clean[kafka_partition(f"c{u}", PARTITIONS)].append(
+                        s.event(f"c{u}", k, page=page, value=float(u % 11), at_ms=u * 20))
         streams: dict[int, list[tuple[bytes, frozenset | None]]] = {}
         for p in range(PARTITIONS):
             mine = [hostile[i] for i in range(p, len(hostile), PARTITIONS)]
@@ -77,7 +78,8 @@ def run_worker_fuzz(bootstrap: str, work_dir: Path, *, messages: int, seed: int)
                     j += 1
                 merged.append((value, CLEAN))
             merged += mine[j:]
-            merged.append((s.closer(WINDOWS), CLOSER))  # its own window stays open: not part of the check
+            # its own window stays open: not part of the check
+            merged.append((s.closer(WINDOWS, unit=_unit_on(p)), CLOSER))
             streams[p] = merged
         s.start_worker()
         for p, merged in streams.items():
@@ -95,6 +97,11 @@ def run_worker_fuzz(bootstrap: str, work_dir: Path, *, messages: int, seed: int)
         s.close()
     outcome.seconds = time.monotonic() - started
     return outcome
+
+
+def _unit_on(partition: int) -> str:
+    """A unit id the default partitioner places on ``partition``."""
+    return next(f"closer-{i}" for i in range(1000) if kafka_partition(f"closer-{i}", PARTITIONS) == partition)
 
 
 def _check(s: Scenario, streams: dict[int, list[tuple[bytes, frozenset | None]]], report: CheckReport) -> None:

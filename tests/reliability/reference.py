@@ -93,11 +93,14 @@ def compute_reference(
         kept = [r for r in records if (r.partition, r.offset) not in skip]
         engine = runtime.engine
         engine.assign(range(partitions))
+        engine.set_partition_count(partitions)
         now[0] = int(time.time() * 1000)
         result = engine.process(RawBatch(
             values=[r.value for r in kept],
             partitions=np.array([r.partition for r in kept], dtype=np.int32),
             offsets=np.array([r.offset for r in kept], dtype=np.int64),
+            timestamps=np.array([r.timestamp for r in kept], dtype=np.int64),
+            keys=[r.key for r in kept],
         ))
         for rejection in result.rejections:
             if rejection.reason != RejectReason.LATE:

@@ -76,6 +76,7 @@ class Scenario:
         env.update(worker_env or {})
         self.worker = WorkerProcess("worker", self.config_path, env, work_dir)
         self._producer = None
+        self._last_stamp: int | None = None
 
     # -- time -----------------------------------------------------------------------
 
@@ -92,12 +93,24 @@ class Scenario:
     # -- I/O ------------------------------------------------------------------------
 
     def produce(self, values: list[bytes], partition: int = 0) -> list[int]:
-        """Send and wait for the broker; returns the offsets."""
+        """Send and wait for the broker; returns the offsets.
+
+        Like a backfill producer: each record is keyed by its unit id and stamped
+        with its event time (a message without one gets the stamp before it).
+        """
         from tests.reliability.topics import _kafka
 
         if self._producer is None:
             self._producer = _kafka().KafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
-        futures = [self._producer.send(self.input_topic, value=v, partition=partition) for v in values]
+        futures = []
+        now_ms = int(time.time() * 1000)
+        for value in values:
+            key, stamp = _key_and_time(value)
+            if stamp is not None and self.base_ms <= stamp <= now_ms:
+                # a hostile time (far past or future) does not become the record's: that producer is trusted
+                self._last_stamp = stamp
+            futures.append(self._producer.send(self.input_topic, key=key, value=value, partition=partition,
+                                               timestamp_ms=self._last_stamp))
         self._producer.flush()
         return [f.get(timeout=30).offset for f in futures]
 
@@ -142,3 +155,15 @@ class Scenario:
             self._producer.close(timeout=5)
         delete_topics(self.bootstrap, [self.input_topic, self.output_topic, f"{self.prefix}partials",
                                        f"{self.prefix}alerts", f"{self.prefix}dead-letter"])
+
+
+def _key_and_time(value: bytes | None) -> tuple[bytes | None, int | None]:
+    """The unit id (as the message key) and the event time in ms of an event, where it has them."""
+    try:
+        event = orjson.loads(value)  # type: ignore[arg-type]
+        unit, ts = event.get("user_id"), event.get("ts")
+    except (orjson.JSONDecodeError, AttributeError, TypeError):
+        return None, None
+    key = str(unit).encode() if isinstance(unit, (str, int)) and not isinstance(unit, bool) else None
+    stamp = int(ts) if isinstance(ts, int) and not isinstance(ts, bool) and 0 <= ts < 2**53 else None
+    return key, stamp

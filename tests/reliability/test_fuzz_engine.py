@@ -21,6 +21,7 @@ from tests.windows._support import NOW_MS, make_engine
 
 SIZE_MS = 2_000
 BASE_MS = NOW_MS - 60_000
+SENT_MS = BASE_MS + 6_000  # when every message was sent (its Kafka record timestamp)
 CLEAN = [
     orjson.dumps({"user_id": f"c{u}", "ts": BASE_MS + 700 * u % 6_000, "page": "ab"[u % 2], "value": u % 10})
     for u in range(60)
@@ -36,7 +37,9 @@ def _run(values: list[bytes], cuts: list[int]):
     for lo, hi in zip(bounds, bounds[1:]):
         if lo == hi:
             continue
-        results.append(engine.process(RawBatch(values[lo:hi], np.zeros(hi - lo, np.int32), np.arange(lo, hi))))
+        # Every record sent at one time after the clean events': the clock is the same with or without garbage.
+        stamps = np.full(hi - lo, SENT_MS)
+        results.append(engine.process(RawBatch(values[lo:hi], np.zeros(hi - lo, np.int32), np.arange(lo, hi), stamps)))
     clock.now_ms += 10**9  # every partition idle: every window closes
     partials = [p for r in results for p in r.partials] + engine.tick()
     totals = {}

@@ -16,6 +16,7 @@ class TopicRecord:
     key: bytes | None
     value: bytes | None
     headers: dict[str, bytes]
+    timestamp: int = -1  # the record's Kafka timestamp, ms
 
 
 def _kafka():
@@ -47,10 +48,15 @@ def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 60.0, **options
                 for r in batch:
                     if r.offset < ends[tp]:
                         records.append(TopicRecord(tp.partition, r.offset, r.key, r.value,
-                                                   {k: v for k, v in (r.headers or [])}))
+                                                   {k: v for k, v in (r.headers or [])}, r.timestamp))
         return records
     finally:
         consumer.close()
+
+
+def kafka_partition(unit: str, partitions: int) -> int:
+    """The partition kafka-python's default (murmur2) partitioner gives the key ``unit``."""
+    return (_kafka().partitioner.default.murmur2(unit.encode()) & 0x7FFFFFFF) % partitions
 
 
 def end_offsets(bootstrap: str, topic: str, **options: Any) -> dict[int, int]:

@@ -63,6 +63,7 @@ class ScheduledEvent:
 
 
 def unit_partition(unit: str, partitions: int) -> int:
+    """The partition librdkafka's default (CRC32) partitioner gives ``unit``'s key."""
     return zlib.crc32(unit.encode()) % partitions
 
 
@@ -119,6 +120,8 @@ def write_config(path: Path, name: str, input_topic: str, spec: StreamSpec) -> d
             "aggregations": {"count": {}, "sum": {"field": "value", "clip": list(CLIP)}, "mean": {"field": "value"}},
             "epsilon": EPSILON,
             "release_timeout": "120s",
+            # unit_partition places keys as librdkafka's default partitioner does
+            "partitioner": "crc32",
         })
     path.write_text(yaml.safe_dump({"namespaces": namespaces, "queries": queries}, sort_keys=False))
     return outputs

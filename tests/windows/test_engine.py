@@ -13,13 +13,13 @@ W0 = NOW_MS - 5 * MIN  # start of a window well in the past of the wall clock
 
 def test_raw_batch_checks_lengths():
     with pytest.raises(ValueError, match="equally long"):
-        RawBatch([b"{}"], np.array([0, 1]), np.array([0]))
+        RawBatch([b"{}"], np.array([0, 1]), np.array([0]), np.array([0]))
 
 
 def test_unassigned_partition_is_a_usage_error_that_changes_nothing():
     engine, _ = make_engine(partitions=[0])
     with pytest.raises(ValueError, match=r"assign\(\[3\]\)"):
-        engine.process(RawBatch([event("a", W0)], np.array([3]), np.array([0])))
+        engine.process(RawBatch([event("a", W0)], np.array([3]), np.array([0]), np.array([W0])))
     assert engine.open_windows == [] and engine.committable_offsets() == {}
 
 
@@ -114,7 +114,7 @@ def test_a_lagging_partition_assigned_later_keeps_its_windows():
     r = engine.process(stream.batch(2))
     assert [(p.window_start_ms, p.partition, sorted(p.units)) for p in r.partials] == [(W0 + MIN, 1, ["c", "d"])]
     assert engine.closed_through_ms == {0: W0 + 3 * MIN, 1: W0 + 3 * MIN}
-    late = engine.process(RawBatch([event("f", W0 + 2 * MIN)], np.array([0]), np.array([9])))
+    late = engine.process(RawBatch([event("f", W0 + 2 * MIN)], np.array([0]), np.array([9]), np.array([W0 + 2 * MIN])))
     assert late.late == 1  # partition 0's part of that window had closed long before
     assert engine.open_windows == [(W0 + 3 * MIN, W0 + 4 * MIN)]
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from stream_dp.windows import RawBatch, WindowPartial
 
-from ._support import NOW_MS, by_key, make_engine
+from ._support import NOW_MS, by_key, make_engine, raw_batch
 
 SIZE = 1_000  # one-second windows keep the generated streams short
 BASE = NOW_MS - 3_600_000  # well behind the wall clock, which never moves while processing
@@ -75,9 +75,7 @@ def batches(messages: list[Message], cuts: list[int]) -> list[RawBatch]:
     for a, b in zip(points, points[1:]):
         chunk = messages[a:b]
         out.append(
-            RawBatch(
-                [m.value for m in chunk], np.array([m.partition for m in chunk]), np.array([m.offset for m in chunk])
-            )
+            raw_batch([m.value for m in chunk], [m.partition for m in chunk], [m.offset for m in chunk])
         )
     return out
 
@@ -228,19 +226,20 @@ def crash_and_replay(
         partials = first.process(b).partials
         if i == crash_after:
             committed, closed_through = first.committable_offsets(), first.closed_through_ms
+            record_clock = first.record_clock_ms
         elif i > crash_after:
             after_crash += partials
     clock.now_ms += 2 * 10**9
     after_crash += first.tick()
 
     second, clock2 = make_engine(size_ms=SIZE, lateness_ms=300, idle_ms=10**9, clip=CLIP, partitions=[], **bounds)
-    second.assign(range(partitions), closed_through_ms=closed_through)
+    second.assign(range(partitions), closed_through_ms=closed_through, record_clock_ms=record_clock)
     replayed: list[WindowPartial] = []
     for b in stream:
         keep = np.array([o >= committed.get(int(p), 0) for p, o in zip(b.partitions, b.offsets)], dtype=bool)
         if keep.any():
             values = [v for v, k in zip(b.values, keep) if k]
-            result = second.process(RawBatch(values, b.partitions[keep], b.offsets[keep]))
+            result = second.process(RawBatch(values, b.partitions[keep], b.offsets[keep], b.timestamps[keep]))
             assert result.balanced
             replayed += result.partials
     clock2.now_ms += 2 * 10**9
@@ -271,7 +270,7 @@ def test_accounting_identity_holds_for_any_bytes(junk, events):
     values = [encode(e) for e in events] + junk
     order = np.random.default_rng(len(values)).permutation(len(values))
     values = [values[i] for i in order]
-    result = engine.process(RawBatch(values, np.zeros(len(values)), np.arange(len(values))))
+    result = engine.process(raw_batch(values, np.zeros(len(values)), np.arange(len(values))))
     assert result.balanced and result.input_count == len(values)
     assert result.accepted + len(result.rejections) + result.replayed == len(values)
     assert len({r.offset for r in result.rejections}) == len(result.rejections)  # each message accounted once

@@ -7,15 +7,19 @@ SPEC = WindowSpec(size_ms=60_000, allowed_lateness_ms=10_000, idle_timeout_ms=30
 NOW = 1_000_000
 
 
-def progress(max_event: int | None, last_active: int = NOW, restored: int | None = None) -> PartitionProgress:
-    return PartitionProgress(restored_through_ms=restored, last_active_wall_ms=last_active, max_event_ms=max_event)
+def progress(max_record: int | None, last_active: int = NOW, restored: int | None = None) -> PartitionProgress:
+    return PartitionProgress(restored_through_ms=restored, last_active_wall_ms=last_active, max_record_ms=max_record)
 
 
-def test_partition_watermark_is_newest_event_minus_lateness_floored_by_restore():
-    assert progress(500_000).watermark_ms(10_000) == 490_000
-    assert progress(500_000, restored=600_000).watermark_ms(10_000) == 600_000
-    assert progress(None, restored=600_000).watermark_ms(10_000) == 600_000
-    assert progress(None).watermark_ms(10_000) is None
+def test_partition_watermark_is_newest_record_minus_lateness_floored_by_restore():
+    assert progress(500_000).watermark_ms(10_000, NOW) == 490_000
+    assert progress(500_000, restored=600_000).watermark_ms(10_000, NOW) == 600_000
+    assert progress(None, restored=600_000).watermark_ms(10_000, NOW) == 600_000
+    assert progress(None).watermark_ms(10_000, NOW) is None
+
+
+def test_record_timestamps_ahead_of_the_wall_clock_count_as_now():
+    assert progress(NOW + 3_600_000).watermark_ms(10_000, NOW) == NOW - 10_000
 
 
 def test_minimum_over_active_partitions():

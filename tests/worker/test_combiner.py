@@ -7,13 +7,14 @@ from stream_dp.worker.records import PartialAggregate, Progress
 MIN = 60_000
 
 
-def _partial(partition, start, groups, counts, sums=None, distinct=None, parts=3):
+def _partial(partition, start, groups, counts, sums=None, distinct=None, parts=3, placed=None, changed=False):
     return PartialAggregate(
         query="q", window_start_ms=start, window_end_ms=start + MIN, partition=partition, input_partitions=parts,
         groups=groups, count=np.array(counts, dtype=np.int64),
         sum=None if sums is None else np.array(sums, dtype=np.float64),
         distinct_units=np.array(distinct if distinct is not None else counts, dtype=np.int64),
         units_charged=sum(counts), units_excluded=0, closed_at_ms=start + MIN + 1,
+        placement_partitions=parts if placed is None else placed, placement_changed=changed,
     )
 
 
@@ -142,3 +143,35 @@ def test_homes_that_never_released_fill_empty_windows_from_the_query_start():
     c.query_start_ms = 0
     expected = [s * MIN for s in range(20) if home_of[s] == quiet_home]
     assert c.ready(0, owned={quiet_home}) == expected
+
+
+@pytest.mark.parametrize(
+    ("placements", "reason"),
+    [
+        ([(3, False), (3, True)], "partition_count_changed"),
+        ([(3, False), (6, False)], "partition_counts_differ"),
+        ([(3, False), (0, False)], "placement_unchecked"),
+    ],
+)
+def test_partials_placed_under_different_partition_counts_are_left_out(placements, reason):
+    """A unit could sit on both partitions, bounded twice: the window is released as if empty."""
+    c = _combiner(timeout=1)
+    for partition, (placed, changed) in enumerate(placements):
+        c.add_partial(_partial(partition, 0, [("a",)], [1], [5.0], placed=placed, changed=changed), now_ms=0)
+    window = c.take(0)
+    assert window.withheld == reason
+    assert window.groups == [] and window.count.tolist() == [] and window.sum.tolist() == []
+
+
+def test_partials_placed_under_one_count_are_added_up():
+    c = _combiner(timeout=1)
+    c.add_partial(_partial(0, 0, [("a",)], [1], [5.0], placed=6), now_ms=0)
+    c.add_partial(_partial(1, 0, [("a",)], [2], [1.0], placed=6), now_ms=0)
+    window = c.take(0)
+    assert window.withheld is None and window.count.tolist() == [3]
+
+
+def test_a_lone_partial_is_released_whatever_its_placement():
+    c = _combiner(timeout=1)
+    c.add_partial(_partial(0, 0, [("a",)], [1], [5.0], placed=0), now_ms=0)
+    assert c.take(0).withheld is None

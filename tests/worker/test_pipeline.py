@@ -11,22 +11,21 @@ from __future__ import annotations
 
 import collections
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import orjson
 import pytest
 import redis
 import yaml
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 
 from stream_dp.budget import RedisBudgetStore
 from stream_dp.cli.budget import policy_from_config
 from stream_dp.config import load_config
+from tests.worker._support import consume_all, free_port, metric_sum, scrape
 
 WINDOW_MS = 5_000
 WINDOWS = 6
@@ -34,12 +33,6 @@ UNITS = 60
 PAGES = ("a", "b", "c")
 EVENTS_PER_PAGE = 2  # = max_events_per_group: every event is kept
 VALUE = 5.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(tmp_path: Path, name: str, input_topic: str, output_topic: str) -> Path:
@@ -65,36 +58,6 @@ def _config(tmp_path: Path, name: str, input_topic: str, output_topic: str) -> P
     return path
 
 
-def _consume_all(bootstrap: str, topic: str, *, until, timeout_s: float) -> list:
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
-    records = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            for batch in consumer.poll(timeout_ms=500).values():
-                records.extend(batch)
-            if until(records):
-                break
-    finally:
-        consumer.close()
-    return records
-
-
-def _scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return response.read().decode()
-
-
-def _metric_sum(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 @pytest.mark.slow
 def test_two_workers_release_every_window_once_with_budget_exclusion(
     tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name
@@ -113,12 +76,13 @@ def test_two_workers_release_every_window_once_with_budget_exclusion(
             for page in PAGES:
                 for e in range(EVENTS_PER_PAGE):
                     event = {"user_id": f"u{u}", "ts": first_start + w * WINDOW_MS + 37 * u + e, "page": page, "value": VALUE}
-                    producer.send(input_topic, key=f"u{u}".encode(), value=orjson.dumps(event))
+                    # a backfill: records stamped with their event times, keyed by the unit
+                    producer.send(input_topic, key=f"u{u}".encode(), value=orjson.dumps(event), timestamp_ms=event["ts"])
     producer.send(input_topic, key=b"bad", value=b"{not json")
     producer.send(input_topic, key=b"bad", value=orjson.dumps({"user_id": "x", "page": "a", "value": 1}))
     producer.flush()
 
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, REDIS_URL=redis_url,
                STREAM_DP_GROUP_ID=f"{unique_name}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=prefix,
                STREAM_DP_CONTRIBUTION_SECRET="test-secret-0123456789abcdef")
@@ -138,7 +102,7 @@ def test_two_workers_release_every_window_once_with_budget_exclusion(
             seen = {(r["window"]["start_ms"], r["group"]["page"]) for r in map(lambda m: orjson.loads(m.value), records)}
             return all((s, p) in seen for s in data_windows for p in PAGES)
 
-        messages = _consume_all(kafka_bootstrap, output_topic, until=released_all, timeout_s=120)
+        messages = consume_all(kafka_bootstrap, output_topic, until=released_all, timeout_s=120)
         releases = [orjson.loads(m.value) for m in messages]
         assert released_all(messages), f"missing releases; worker logs in {tmp_path}"
 
@@ -173,7 +137,7 @@ def test_two_workers_release_every_window_once_with_budget_exclusion(
             assert hour.spent == pytest.approx(9.0, abs=1e-5), (u, hour)
             assert hour.spent <= hour.limit
 
-        dead = _consume_all(
+        dead = consume_all(
             kafka_bootstrap, f"{prefix}dead-letter",
             until=lambda rs: {dict(r.headers).get("reason") for r in rs} >= {b"invalid_json", b"missing_field", b"late"},
             timeout_s=30,
@@ -183,19 +147,19 @@ def test_two_workers_release_every_window_once_with_budget_exclusion(
         assert any(r.value == b"{not json" for r in dead)
 
         # Every unit reached 80% and then 100% of its hourly limit: one alert record each.
-        alerts = _consume_all(kafka_bootstrap, f"{prefix}alerts", until=lambda rs: len(rs) >= 2 * UNITS, timeout_s=20)
+        alerts = consume_all(kafka_bootstrap, f"{prefix}alerts", until=lambda rs: len(rs) >= 2 * UNITS, timeout_s=20)
         crossings = collections.Counter(
             (a["unit"], a["threshold"]) for a in map(lambda m: orjson.loads(m.value), alerts) if a["type"] == "budget_alert"
         )
         assert set(crossings) == {(f"u{u}", t) for u in range(UNITS) for t in (0.8, 1.0)}
 
         time.sleep(2)  # let the late event's counter reach /metrics
-        texts = [_scrape(port) for port in ports]
-        accepted = sum(_metric_sum(t, "stream_dp_events_total", query=name, outcome="accepted") for t in texts)
+        texts = [scrape(port) for port in ports]
+        accepted = sum(metric_sum(t, "stream_dp_events_total", query=name, outcome="accepted") for t in texts)
         assert accepted == WINDOWS * UNITS * len(PAGES) * EVENTS_PER_PAGE
-        assert sum(_metric_sum(t, "stream_dp_events_total", query=name, outcome="late") for t in texts) == 1
-        assert sum(_metric_sum(t, "stream_dp_events_rejected_total", query=name) for t in texts) == 2
-        excluded = sum(_metric_sum(t, "stream_dp_window_units_total", query=name, outcome="excluded") for t in texts)
+        assert sum(metric_sum(t, "stream_dp_events_total", query=name, outcome="late") for t in texts) == 1
+        assert sum(metric_sum(t, "stream_dp_events_rejected_total", query=name) for t in texts) == 2
+        excluded = sum(metric_sum(t, "stream_dp_window_units_total", query=name, outcome="excluded") for t in texts)
         assert excluded == 3 * UNITS
         assert all("user_id" not in t and 'u1"' not in t for t in texts)
     finally:

@@ -1,0 +1,125 @@
+"""Which clock closes windows: Kafka record timestamps (capped at the wall clock), never event contents.
+
+The attack these tests keep closed: one unit sends an event dated minutes
+ahead; if event times drove the watermark, every other unit's on-time events
+would then be late and dropped, so which events a release counts would
+depend on one unit's data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stream_dp.windows import EventSchema, RawBatch, RejectReason
+from stream_dp.windows.batch import NO_TIMESTAMP
+
+from ._support import NOW_MS, Stream, by_key, event, make_engine
+
+MIN = 60_000
+SCHEMA = EventSchema(unit_field="user_id", timestamp_field="ts", group_by=("page",), value_field="value",
+                     max_future_skew_ms=5 * MIN)
+
+
+def engine_1min(*, idle_ms: int = 30_000):
+    return make_engine(schema=SCHEMA, size_ms=MIN, lateness_ms=5_000, idle_ms=idle_ms)
+
+
+def test_a_future_dated_event_makes_no_other_units_event_late():
+    engine, clock = engine_1min()
+    # Records of a backlog, two hours old: a wall-clock cap alone would not save these events.
+    now = clock.now_ms - 2 * 3_600_000 - 20_000
+    stream = Stream()
+    stream.add(event("attacker", now + 4 * MIN), timestamp_ms=now)  # inside max_future_skew of its record time
+    first = engine.process(stream.batch())  # the attacker's record is read first, in a batch of its own
+    for i in range(40):
+        stream.add(event(f"u{i}", now + i), timestamp_ms=now + i)
+    result = engine.process(stream.batch(1))
+    assert first.accepted == 1
+    assert result.rejected == {}
+    assert result.accepted == 40
+    clock.now_ms += 10 * MIN  # everything goes idle and closes by the wall clock
+    partials = by_key(engine.tick())
+    window = (now // MIN) * MIN
+    assert sorted(partials[(window, 0)].units) == sorted(f"u{i}" for i in range(40))
+    assert partials[(window + 4 * MIN, 0)].units == ["attacker"]  # in its own window, which it cannot move
+
+
+def test_one_event_order_does_not_matter_for_who_is_late():
+    """The same records, the future-dated one first or last: the same partials."""
+    now = NOW_MS - 2 * 3_600_000 - 20_000
+    records = [(event("attacker", now + 4 * MIN), now)] + [(event(f"u{i}", now + i), now + i) for i in range(10)]
+    outcomes = []
+    for order in (records, records[::-1]):
+        engine, clock = engine_1min()
+        stream = Stream()
+        for value, stamp in order:
+            stream.add(value, timestamp_ms=stamp)
+        results = [engine.process(stream.batch(i, i + 1)) for i in range(len(order))]  # one record per batch
+        accepted, late = sum(r.accepted for r in results), sum(r.late for r in results)
+        clock.now_ms += 10 * MIN
+        outcomes.append((accepted, late, {k: sorted(p.units) for k, p in by_key(engine.tick()).items()}))
+    assert outcomes[0][:2] == (11, 0)
+    assert outcomes[0] == outcomes[1]
+
+
+def test_an_event_further_ahead_than_the_skew_of_its_record_time_is_rejected_even_in_the_past():
+    engine, _ = engine_1min()
+    sent = NOW_MS - 2 * 3_600_000  # a backlog record two hours old
+    stream = Stream()
+    stream.add(event("a", sent + 5 * MIN + 1), timestamp_ms=sent)  # behind the wall clock, ahead of its record
+    stream.add(event("b", sent + 5 * MIN), timestamp_ms=sent)  # exactly at the limit: kept
+    result = engine.process(stream.batch())
+    assert result.rejected == {RejectReason.FUTURE_TIMESTAMP: 1}
+    assert "record timestamp" in result.rejections[0].detail
+    assert result.accepted == 1
+
+
+def test_a_two_hour_backlog_closes_window_by_window_with_nothing_late():
+    engine, clock = engine_1min()
+    start = (NOW_MS - 2 * 3_600_000) // MIN * MIN
+    stream = Stream()
+    for second in range(0, 2 * 3_600, 7):  # an event every 7 s for two hours, records stamped when produced
+        t = start + second * 1000
+        stream.add(event(f"u{second % 13}", t), timestamp_ms=t)
+    closed: list[int] = []
+    late = accepted = 0
+    for a in range(0, len(stream.values), 100):
+        result = engine.process(stream.batch(a, a + 100))
+        late += result.late
+        accepted += result.accepted
+        closed += [p.window_start_ms for p in result.partials]
+    assert late == 0 and accepted == len(stream.values)
+    assert closed == sorted(closed) and len(closed) >= 115  # the backlog's own timestamps closed its windows
+    clock.now_ms += MIN  # the partition goes idle: the wall clock closes the rest
+    closed += [p.window_start_ms for p in engine.tick()]
+    assert closed == list(range(start, start + 120 * MIN, MIN))
+
+
+def test_invalid_records_advance_the_clock_too():
+    """A record's timestamp is not its contents: garbage keeps its partition's time moving."""
+    engine, clock = engine_1min(idle_ms=10**9)
+    t0 = NOW_MS - 10 * MIN
+    stream = Stream()
+    stream.add(event("a", t0), timestamp_ms=t0)
+    stream.add(b"not json", timestamp_ms=t0 + 3 * MIN)
+    result = engine.process(stream.batch())
+    assert result.rejected == {RejectReason.INVALID_JSON: 1}
+    assert [p.window_start_ms for p in result.partials] == [t0 // MIN * MIN]
+
+
+def test_record_timestamps_ahead_of_the_wall_clock_close_nothing_early():
+    engine, clock = engine_1min(idle_ms=10**9)
+    stream = Stream()
+    stream.add(event("a", clock.now_ms - 1_000), timestamp_ms=clock.now_ms + 3_600_000)  # a producer clock an hour fast
+    result = engine.process(stream.batch())
+    assert result.accepted == 1 and result.partials == []
+    assert engine.watermark_ms == clock.now_ms - 5_000
+
+
+def test_records_without_a_timestamp_count_as_read_now():
+    engine, clock = engine_1min(idle_ms=10**9)
+    value = event("a", clock.now_ms - 2 * MIN)
+    result = engine.process(RawBatch([value], np.array([0]), np.array([0]), np.array([NO_TIMESTAMP])))
+    assert result.accepted == 1
+    assert engine.watermark_ms == clock.now_ms - 5_000
+    assert [p.window_start_ms for p in result.partials] == [(clock.now_ms - 2 * MIN) // MIN * MIN]
