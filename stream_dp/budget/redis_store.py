@@ -134,6 +134,10 @@ class RedisBudgetStore:
         return self._policy
 
     @property
+    def options(self) -> StoreOptions:
+        return self._options
+
+    @property
     def client(self) -> redis.Redis:
         return self._client
 
