@@ -30,11 +30,12 @@ from pathlib import Path
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_budget import Clock, delete_prefix, policy, used_memory  # noqa: E402
+from bench_budget import Clock, delete_prefix, policy, used_memory
 
-from stream_dp.budget import RedisBudgetStore, StoreOptions  # noqa: E402
-from stream_dp.budget.layout import StorageLayout  # noqa: E402
-from stream_dp.budget.store import LEGACY_MAX_DELAY_MS  # noqa: E402
+from stream_dp.budget import RedisBudgetStore, StoreOptions
+from stream_dp.budget.layout import StorageLayout
+from stream_dp.budget.ledger import NamespaceLedger
+from stream_dp.budget.store import LEGACY_MAX_DELAY_MS
 
 HOUR_MS = 3_600_000
 WINDOW_MS = 15 * 60_000
@@ -67,7 +68,7 @@ def measure(client: redis.Redis, options: StoreOptions, units: int, windows: int
     finally:
         delete_prefix(client, prefix)
         store.close()
-    layout = StorageLayout(store._ledgers["users"], 64)
+    layout = StorageLayout(NamespaceLedger(policy(24).namespace("users"), options), 64)
     return {
         "units": units,
         "windows": windows,
