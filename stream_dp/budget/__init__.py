@@ -68,7 +68,11 @@ Charges whose event time is more than ``max_delay_ms`` behind the store
 clock (or ``max_lead_ms`` ahead) are refused as a whole
 (``ChargeOutOfRange``). This loses nothing the rule needs: a charge at time
 ``t >= now - max_delay_ms`` reads buckets down to ``floor(t / w) - B``, whose
-end ``> t - H`` keeps them stored until after ``now``.
+end ``> t - H`` keeps them stored until after ``now``. The worker accepts
+delays up to the input topics' retention plus an hour
+(``StoreOptions.for_input_retention``), so a backlog replayed after an
+outage is charged like any late window; the price is that a unit's buckets
+are kept that much longer.
 
 **Idempotency.** A charge carries an id (``query/window_start/partition``).
 Its outcome is recorded atomically with the charge itself; a retry with the

@@ -30,6 +30,7 @@ packed string per unit (no per-field overhead) is what keeps memory small.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import zlib
 
@@ -37,6 +38,7 @@ import numpy as np
 
 from stream_dp.budget.batch import encode_unit
 from stream_dp.budget.ledger import FIELD_STRIDE, HorizonPlan, NamespaceLedger
+from stream_dp.budget.store import LEGACY_MAX_DELAY_MS
 
 MAX_ENTRIES = 3000
 """Counters per unit state; Lua unpacks a horizon in one call (C-stack limit 8000 values)."""
@@ -76,7 +78,7 @@ class StorageLayout:
         if entries > MAX_ENTRIES:
             raise ValueError(
                 f"namespace {name}: a unit could hold up to {entries} buckets (more than {MAX_ENTRIES}); "
-                "use fewer buckets or a smaller max_delay_ms"
+                "use fewer buckets or a smaller max_delay_ms (the worker's is STREAM_DP_INPUT_RETENTION_MS + 1 h)"
             )
         self.max_entries = entries
 
@@ -187,3 +189,20 @@ class StorageLayout:
         except UnicodeEncodeError:
             crcs = [zlib.crc32(encode_unit(u)) for u in units]
         return (np.array(crcs, dtype=np.uint32) % self.shards).astype(np.uint16)
+
+
+def legacy_layout(ledger: NamespaceLedger, shards: int, stored_fingerprint: str) -> StorageLayout | None:
+    """The layout of budgets written before the accepted delay followed the input retention, if that is what is stored.
+
+    Those workers always used a delay of ``LEGACY_MAX_DELAY_MS``, and the
+    generation length in the fingerprint follows from the delay. Buckets older
+    than that delay may already be pruned, so a charge later than it could not
+    be checked: a writer that finds such budgets must keep the legacy delay
+    (and with it the stored generation length) to stay sound; it then refuses
+    backlogs older than an hour, as before. Returns None for anything else.
+    """
+    if ledger.options.max_delay_ms == LEGACY_MAX_DELAY_MS:
+        return None
+    options = dataclasses.replace(ledger.options, max_delay_ms=LEGACY_MAX_DELAY_MS)
+    layout = StorageLayout(NamespaceLedger(ledger.policy, options), shards)
+    return layout if layout.fingerprint == stored_fingerprint else None

@@ -27,6 +27,7 @@ supported.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,7 +38,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from stream_dp.budget import batch
-from stream_dp.budget.layout import StorageLayout
+from stream_dp.budget.layout import StorageLayout, legacy_layout
 from stream_dp.budget.ledger import NamespaceLedger
 from stream_dp.budget.policy import BudgetPolicy
 from stream_dp.budget.redis_calls import RedisCaller, Script
@@ -50,6 +51,8 @@ from stream_dp.budget.store import (
     StoreOptions,
 )
 from stream_dp.metrics.budget import BudgetMetrics
+
+log = logging.getLogger(__name__)
 
 
 class RedisBudgetStore:
@@ -95,6 +98,7 @@ class RedisBudgetStore:
         self._max_units = max_units_per_call
         self._metrics = metrics
         self._clock_ms = clock_ms
+        self._shards = shards
         self._ledgers = {name: NamespaceLedger(ns, self._options) for name, ns in policy.namespaces.items()}
         self._layouts = {name: StorageLayout(ledger, shards) for name, ledger in self._ledgers.items()}
         self._scripts = {name: Script(name) for name in ("charge", "reset")}
@@ -128,6 +132,10 @@ class RedisBudgetStore:
     @property
     def policy(self) -> BudgetPolicy:
         return self._policy
+
+    @property
+    def options(self) -> StoreOptions:
+        return self._options
 
     @property
     def client(self) -> redis.Redis:
@@ -220,7 +228,7 @@ class RedisBudgetStore:
         period_ms = ledger.policy.longest_horizon_ms
         period = time_ms // period_ms
         now_arg = "" if self._clock_ms is None else str(int(self._clock_ms()))
-        opts = self._options
+        opts = ledger.options
         layout = self._layouts[namespace]
         keys = [
             self._record_key(namespace, charge_id, chunk),
@@ -249,11 +257,20 @@ class RedisBudgetStore:
             namespace, "charge", lambda: self._redis.run_script(self._scripts["charge"], keys, args)
         )
         status, now_ms = int(reply[0]), int(reply[1])
+        if status == -4 and self._adopt_legacy_layout(ledger, reply[2].decode()):
+            return self._charge_chunk(self._ledgers[namespace], charge_id, chunk, units, cost_units, time_ms)
         if status == -1:
+            legacy = opts.max_delay_ms != self._options.max_delay_ms
             raise ChargeOutOfRange(
                 f"charge {charge_id!r}: event time {time_ms} is more than max_delay_ms={opts.max_delay_ms} behind "
-                f"the store clock ({now_ms}); its buckets may be forgotten. Raise StoreOptions.max_delay_ms if "
-                "windows close this late"
+                f"the store clock ({now_ms}); its buckets may be forgotten. "
+                + (
+                    f"Namespace {namespace}'s budgets were laid out for that delay by an earlier version; "
+                    "buckets older than it may be pruned, so it is kept (see README, budget store)"
+                    if legacy
+                    else "Raise StoreOptions.max_delay_ms (the worker: STREAM_DP_INPUT_RETENTION_MS) if windows "
+                    "close this late"
+                )
             )
         if status == -2:
             raise ChargeOutOfRange(
@@ -296,6 +313,21 @@ class RedisBudgetStore:
             excluded_by_horizon={p.horizon_ms: c for p, c in zip(ledger.horizons, refusals, strict=True)},
         )
         return batch.ChunkResult(outcome, refusals)
+
+    def _adopt_legacy_layout(self, ledger: NamespaceLedger, stored: str) -> bool:
+        """Keep writing budgets stored before the delay followed the retention as they were (see legacy_layout)."""
+        layout = legacy_layout(ledger, self._shards, stored)
+        if layout is None:
+            return False
+        name = ledger.policy.name
+        log.warning(
+            "namespace %s: budgets in Redis were laid out for charges at most %d ms late; keeping that delay "
+            "(backlogs older than it are refused) instead of %d ms",
+            name, layout.ledger.options.max_delay_ms, ledger.options.max_delay_ms,
+        )
+        self._ledgers[name], self._layouts[name] = layout.ledger, layout
+        self._static_args[name] = self._namespace_args(layout.ledger)
+        return True
 
     # -- reading and admin ------------------------------------------------
 

@@ -41,7 +41,8 @@ class ChargeOutOfRange(ChargeRejected):
     Old buckets are forgotten after ``max_delay_ms``; admitting a charge older
     than that could exceed a limit unseen, so it is refused. Raise
     ``StoreOptions.max_delay_ms`` (keys then live longer) if windows legitimately
-    close that late, e.g. during a backfill.
+    close that late, e.g. during a backfill. The worker sets it from the input
+    topics' retention (``STREAM_DP_INPUT_RETENTION_MS``).
     """
 
 
@@ -53,23 +54,57 @@ class ChargeConflict(ChargeRejected):
     """
 
 
+DEFAULT_INPUT_RETENTION_MS = 7 * 86_400_000
+"""Kafka's default ``retention.ms`` (7 days): how old a backlog the worker may have to charge."""
+
+CLOSE_SLACK_MS = 3_600_000
+"""How much later than its newest record a window may be charged (allowed lateness, watermark lag,
+processing): the whole accepted delay before it was derived from the input retention."""
+
+LEGACY_MAX_DELAY_MS = 3_600_000
+"""The accepted delay of stores laid out before it followed the input retention (see RedisBudgetStore)."""
+
+
 @dataclass(frozen=True)
 class StoreOptions:
     """Tuning shared by every backend.
 
     ``max_delay_ms``: how far a charge's event time may lag the store clock
-    (allowed lateness + watermark lag + processing delay). Buckets are kept
+    (allowed lateness + watermark lag + processing delay, and, for a backlog
+    replayed after an outage, the age of its oldest record). Buckets are kept
     ``horizon + max_delay_ms`` past their end, so this also sets key lifetime.
+    The default accepts any backlog the input topics still hold at Kafka's
+    default retention: see :meth:`for_input_retention`.
     ``max_lead_ms``: how far a charge's event time may run ahead of the clock
     (producer clock skew). ``top_capacity`` / ``top_min_fraction``: ``top``
     tracks at most this many units per period, and only units whose spend
     fraction reached ``top_min_fraction``.
     """
 
-    max_delay_ms: int = 3_600_000
+    max_delay_ms: int = DEFAULT_INPUT_RETENTION_MS + CLOSE_SLACK_MS
     max_lead_ms: int = 900_000
     top_capacity: int = 1000
     top_min_fraction: float = 0.5
+
+    @classmethod
+    def for_input_retention(cls, input_retention_ms: int) -> StoreOptions:
+        """Options under which every window the input topics can still replay is charged.
+
+        A record stays in its topic for ``input_retention_ms``; the window it
+        falls in is charged at the window's end, at most ``CLOSE_SLACK_MS``
+        after the record's event time in normal running. A backlog is thus
+        charged at most retention + slack behind the store clock. (Kafka
+        deletes whole segments, so a record can outlive its retention by up to
+        a segment's age; windows older than the accepted delay are refused,
+        never charged unsoundly.) Every writer of a key prefix must use the
+        same value: the worker and ``stream-dp budget`` both call this.
+        """
+        if isinstance(input_retention_ms, bool) or not isinstance(input_retention_ms, int) or input_retention_ms < 0:
+            raise ValueError(
+                f"input_retention_ms must be a non-negative integer number of ms, got {input_retention_ms!r}; "
+                "use the input topics' retention.ms"
+            )
+        return cls(max_delay_ms=input_retention_ms + CLOSE_SLACK_MS)
 
     def __post_init__(self) -> None:
         for name in ("max_delay_ms", "max_lead_ms"):

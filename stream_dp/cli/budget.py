@@ -2,7 +2,9 @@
 
 ``budget show --namespace NS UNIT``, ``budget top --namespace NS [-n 20]`` and
 ``budget reset --namespace NS UNIT --yes``. The namespace policies come from
-the query file (``--config``); Redis from ``--redis-url`` or ``REDIS_URL``.
+the query file (``--config``); Redis from ``--redis-url`` or ``REDIS_URL``; the
+input retention (which sets the accepted delay, as in the worker) from
+``--input-retention-ms`` or ``STREAM_DP_INPUT_RETENTION_MS``.
 Resetting a unit forgets its spending, which voids the privacy bound for that
 unit over intervals spanning the reset: it refuses without ``--yes`` and is
 logged.
@@ -25,8 +27,10 @@ from stream_dp.budget import (
     HorizonLimit,
     NamespacePolicy,
     RedisBudgetStore,
+    StoreOptions,
 )
 from stream_dp.budget.policy import format_duration_ms
+from stream_dp.budget.store import DEFAULT_INPUT_RETENTION_MS
 
 logger = logging.getLogger("stream_dp.budget.admin")
 
@@ -55,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         p.add_argument("--namespace", required=True, help="privacy-unit namespace, e.g. users")
         p.add_argument("--redis-url", default=None, help=f"Redis URL (default: $REDIS_URL, else {DEFAULT_REDIS_URL})")
         p.add_argument("--key-prefix", default="dp:", help="key prefix the workers use (default: dp:)")
+        p.add_argument(
+            "--input-retention-ms",
+            type=int,
+            default=None,
+            help=f"the workers' input retention (default: $STREAM_DP_INPUT_RETENTION_MS, else {DEFAULT_INPUT_RETENTION_MS})",
+        )
 
     show = actions.add_parser("show", help="a unit's spend on each horizon", description="Show a unit's spend.")
     common(show)
@@ -110,7 +120,12 @@ def open_store(args: argparse.Namespace) -> RedisBudgetStore:
 
     policy = policy_from_config(load_config(args.config))
     url = args.redis_url or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
-    return RedisBudgetStore.from_url(url, policy, key_prefix=args.key_prefix)
+    retention = args.input_retention_ms
+    if retention is None:
+        retention = int(os.environ.get("STREAM_DP_INPUT_RETENTION_MS", DEFAULT_INPUT_RETENTION_MS))
+    # The same options as the worker's, so that this store reads and resets what the workers wrote.
+    options = StoreOptions.for_input_retention(retention)
+    return RedisBudgetStore.from_url(url, policy, options, key_prefix=args.key_prefix)
 
 
 def _now_ms(args: argparse.Namespace) -> int:

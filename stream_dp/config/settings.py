@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from stream_dp.budget.store import DEFAULT_INPUT_RETENTION_MS, StoreOptions
+
+HOUR_MS = 3_600_000
 
 
 class Settings(BaseSettings):
@@ -34,7 +38,43 @@ class Settings(BaseSettings):
     contribution_secret: SecretStr | None = Field(None, alias="STREAM_DP_CONTRIBUTION_SECRET")
     partials_partitions: int = Field(4, alias="STREAM_DP_PARTIALS_PARTITIONS", ge=1, le=1000)
     output_partitions: int = Field(3, alias="STREAM_DP_OUTPUT_PARTITIONS", ge=1, le=1000)
-    ledger_ttl_s: int = Field(7 * 86_400, alias="STREAM_DP_LEDGER_TTL_S", ge=3_600)
+    input_retention_ms: int = Field(DEFAULT_INPUT_RETENTION_MS, alias="STREAM_DP_INPUT_RETENTION_MS")
+    ledger_ttl_s: int = Field(8 * 86_400, alias="STREAM_DP_LEDGER_TTL_S", ge=3_600)
+    """Lifetime of a release-ledger entry. It must outlive every window a replay can still charge
+    (input retention + an hour + the store's lead, see ``_ledger_outlives_replays``): the default is
+    the default retention plus a day."""
+
+    @field_validator("input_retention_ms")
+    @classmethod
+    def _retention_of_an_hour_or_more(cls, value: int) -> int:
+        # Below an hour the store would refuse windows that close late in normal running.
+        if value < HOUR_MS:
+            raise ValueError(
+                f"STREAM_DP_INPUT_RETENTION_MS={value} is under an hour; set it to the input topics' retention.ms "
+                f"(Kafka's default is {DEFAULT_INPUT_RETENTION_MS}) and keep that at least 3600000"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _ledger_outlives_replays(self) -> Settings:
+        """A replay can charge a window up to ``record_ttl_ms`` after it was first charged and released.
+
+        If the release ledger had forgotten that window by then, the replay
+        would draw and publish fresh noise for it: a second release the budget
+        never paid for (the charge is replayed from its record, not repeated).
+        """
+        needed_s = -(-self.budget_store_options().record_ttl_ms // 1000)
+        if self.ledger_ttl_s < needed_s:
+            raise ValueError(
+                f"STREAM_DP_LEDGER_TTL_S={self.ledger_ttl_s} is shorter than the oldest window a replay can charge "
+                f"(STREAM_DP_INPUT_RETENTION_MS={self.input_retention_ms} plus 1 h 15 min); set it to at least "
+                f"{needed_s} or lower the input retention"
+            )
+        return self
+
+    def budget_store_options(self) -> StoreOptions:
+        """The budget store's options: it accepts charges as late as a backlog the input topics hold."""
+        return StoreOptions.for_input_retention(self.input_retention_ms)
 
     @field_validator("kafka_security_protocol")
     @classmethod

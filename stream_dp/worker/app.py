@@ -187,7 +187,7 @@ class Worker:
         if budget is None:
             # The store retries itself (safe: charges are idempotent); redis-py's own retries are off.
             budget = RedisBudgetStore.from_url(
-                settings.redis_url.get_secret_value(), policy_from_config(config),
+                settings.redis_url.get_secret_value(), policy_from_config(config), settings.budget_store_options(),
                 socket_timeout_s=settings.redis_timeout_s, retries=settings.redis_retries,
                 metrics=BudgetMetrics(registry=registry),
             )

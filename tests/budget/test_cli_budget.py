@@ -146,3 +146,37 @@ def test_unreachable_redis_is_an_error(config_file: Path, capsys: pytest.Capture
     )
     assert args.handler(args) == 1
     assert "unreachable" in capsys.readouterr().err
+
+
+
+def test_the_cli_and_the_worker_use_the_same_delay(
+    config_file: Path, redis_url: str, unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both derive the store's accepted delay from the input retention, so they share one key layout."""
+    from prometheus_client import CollectorRegistry
+
+    from stream_dp.cli.budget import open_store
+    from stream_dp.config import Settings
+    from stream_dp.worker.app import Worker
+    from stream_dp.worker.ledger import MemoryReleaseLedger
+
+    parser = argparse.ArgumentParser(prog="stream-dp")
+    register(parser.add_subparsers(dest="command", required=True))
+    monkeypatch.setenv("STREAM_DP_INPUT_RETENTION_MS", str(2 * 86_400_000))
+    monkeypatch.setenv("STREAM_DP_CONTRIBUTION_SECRET", "0123456789abcdef0123")
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    base = ["budget", "top", "--config", str(config_file), "--namespace", "users", "--key-prefix", f"{unique_name}:"]
+    delay = 2 * 86_400_000 + 3_600_000
+    cli_store = open_store(parser.parse_args(base))
+    flag_store = open_store(parser.parse_args([*base, "--input-retention-ms", "7200000"]))
+    worker = Worker(
+        load_config(config_file), Settings(), registry=CollectorRegistry(), ledger=MemoryReleaseLedger(),
+        serve_metrics=False,
+    )
+    try:
+        assert cli_store.options.max_delay_ms == delay
+        assert flag_store.options.max_delay_ms == 7_200_000 + 3_600_000
+        assert isinstance(worker.budget, RedisBudgetStore) and worker.budget.options.max_delay_ms == delay
+    finally:
+        for store in (cli_store, flag_store, worker.budget):
+            store.close()

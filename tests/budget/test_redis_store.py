@@ -26,6 +26,7 @@ from stream_dp.budget import (
 from stream_dp.budget.layout import StorageLayout
 from stream_dp.budget.ledger import NamespaceLedger
 from stream_dp.budget.policy import to_units_up
+from stream_dp.budget.store import LEGACY_MAX_DELAY_MS
 from stream_dp.metrics.budget import BudgetMetrics
 
 from .conftest import RedisServer, _delete_prefix
@@ -324,3 +325,27 @@ def test_a_unit_moves_to_the_new_generation(redis_client: redis.Redis, unique_na
     assert store.spend("users", "alice", clock.now_ms)[0].spent == 0.75
     # Shard hashes stay real hash tables (a listpack would scan every field on each lookup).
     assert redis_client.object("encoding", new_key) == b"hashtable"
+
+
+def test_budgets_laid_out_for_an_hour_keep_their_delay(
+    redis_client: redis.Redis, unique_name: str, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Upgrading a deployment keeps charging the budgets it has, at the delay they were stored for."""
+    prefix = f"{unique_name}:"
+    legacy = StoreOptions(max_delay_ms=LEGACY_MAX_DELAY_MS)
+    old = RedisBudgetStore(redis_client, standard_policy(), legacy, key_prefix=prefix, clock_ms=clock)
+    assert old.charge("users", "old/1", ["alice"], 0.6, clock.now_ms).charged == 1
+    upgraded = RedisBudgetStore(redis_client, standard_policy(), key_prefix=prefix, clock_ms=clock)
+    with caplog.at_level("WARNING", logger="stream_dp.budget.redis_store"):
+        assert upgraded.charge("users", "new/1", ["alice", "bob"], 0.6, clock.now_ms).excluded.tolist() == [True, False]
+    assert "laid out for charges at most 3600000 ms late" in caplog.text
+    # Old and upgraded workers can run side by side during a rolling upgrade.
+    assert old.charge("users", "old/2", ["bob"], 0.6, clock.now_ms).excluded.tolist() == [True]
+    with pytest.raises(ChargeOutOfRange, match="laid out for that delay by an earlier version"):
+        upgraded.charge("users", "new/2", ["carol"], 0.1, clock.now_ms - 2 * HOUR_MS)
+    # Another namespace with nothing stored yet gets the full delay.
+    assert upgraded.charge("devices", "new/3", ["d1"], 0.1, clock.now_ms - 2 * HOUR_MS).charged == 1
+    # Any other difference still refuses to write.
+    other = RedisBudgetStore(redis_client, standard_policy(), key_prefix=prefix, clock_ms=clock, shards=16)
+    with pytest.raises(StoreLayoutMismatch, match="same StoreOptions, shards and horizons"):
+        other.charge("users", "other/1", ["dave"], 0.1, clock.now_ms)

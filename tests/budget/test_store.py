@@ -284,3 +284,40 @@ def test_an_independent_namespace_has_its_own_budget(make_store: StoreFactory, c
     t = clock.now_ms
     store.charge("users", "q/1", ["same-id"], 1.0, t)
     assert store.charge("sessions", "q/1", ["same-id"], 1.0, t).charged == 1
+
+
+def test_a_backlog_within_input_retention_is_charged(make_store: StoreFactory, clock: Clock) -> None:
+    """Windows of a backlog replayed hours or days late still count against every horizon holding them."""
+    store = make_store()
+    now = clock.now_ms
+    two_hours_ago = now - 2 * HOUR_MS
+    assert store.charge("users", "backlog/2h", ["alice"], 0.6, two_hours_ago).charged == 1
+    assert spent(store, "alice", two_hours_ago) == [pytest.approx(0.6), pytest.approx(0.6)]
+    # The hour holding it is full for a second 0.6; the day still counts it at the store clock.
+    assert store.charge("users", "backlog/2h+30m", ["alice"], 0.6, two_hours_ago + 30 * MINUTE_MS).excluded.tolist() == [
+        True
+    ]
+    assert spent(store, "alice", now) == [0.0, pytest.approx(0.6)]
+
+    six_days_ago = now - 6 * DAY_MS
+    assert store.charge("users", "backlog/6d", ["bob"], 0.9, six_days_ago).charged == 1
+    assert store.charge("users", "backlog/6d+20m", ["bob"], 0.2, six_days_ago + 20 * MINUTE_MS).excluded.tolist() == [
+        True
+    ]
+    # The day holding it counts it too: three more full hours fit, a fourth does not.
+    assert store.charge("users", "day/6d+2h", ["bob"], 1.0, six_days_ago + 2 * HOUR_MS).charged == 1
+    assert store.charge("users", "day/6d+4h", ["bob"], 1.0, six_days_ago + 4 * HOUR_MS).charged == 1
+    assert store.charge("users", "day/6d+6h", ["bob"], 1.0, six_days_ago + 6 * HOUR_MS).charged == 1
+    assert store.charge("users", "day/6d+8h", ["bob"], 0.2, six_days_ago + 8 * HOUR_MS).excluded.tolist() == [True]
+    assert spent(store, "bob", six_days_ago + 8 * HOUR_MS)[1] == pytest.approx(3.9)
+    assert spent(store, "bob", now) == [0.0, 0.0]
+
+
+def test_a_backlog_older_than_the_accepted_delay_is_refused(make_store: StoreFactory, clock: Clock) -> None:
+    store = make_store()
+    delay = StoreOptions().max_delay_ms
+    now = clock.now_ms
+    with pytest.raises(ChargeOutOfRange, match=f"more than max_delay_ms={delay} behind the store clock"):
+        store.charge("users", "too-old", ["alice"], 0.1, now - delay - 1)
+    assert spent(store, "alice", now - delay) == [0.0, 0.0]
+    assert store.charge("users", "oldest", ["alice"], 0.1, now - delay).charged == 1

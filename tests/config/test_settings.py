@@ -36,3 +36,25 @@ def test_short_secret_and_unknown_protocol_are_refused(monkeypatch):
 def test_env_names_listed():
     names = settings_env_names()
     assert {"KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL", "STREAM_DP_METRICS_PORT", "STREAM_DP_CONTRIBUTION_SECRET"} <= names
+
+
+def test_input_retention_sets_the_budget_stores_delay(monkeypatch):
+    settings = Settings()
+    assert settings.input_retention_ms == 7 * 86_400_000
+    assert settings.budget_store_options().max_delay_ms == 7 * 86_400_000 + 3_600_000
+    monkeypatch.setenv("STREAM_DP_INPUT_RETENTION_MS", str(2 * 86_400_000))
+    assert Settings().budget_store_options().max_delay_ms == 2 * 86_400_000 + 3_600_000
+
+
+def test_input_retention_under_an_hour_is_refused(monkeypatch):
+    monkeypatch.setenv("STREAM_DP_INPUT_RETENTION_MS", "600000")
+    with pytest.raises(ValidationError, match="STREAM_DP_INPUT_RETENTION_MS=600000 is under an hour.*retention.ms"):
+        Settings()
+
+
+def test_release_ledger_must_outlive_what_can_be_replayed(monkeypatch):
+    monkeypatch.setenv("STREAM_DP_LEDGER_TTL_S", str(7 * 86_400))
+    with pytest.raises(ValidationError, match="STREAM_DP_LEDGER_TTL_S=604800 .* at least 609301"):
+        Settings()
+    monkeypatch.setenv("STREAM_DP_INPUT_RETENTION_MS", str(3 * 86_400_000))
+    assert Settings().ledger_ttl_s == 7 * 86_400
