@@ -211,23 +211,48 @@ class WindowCombiner:
             and (self._complete(start, pending) or now_ms - pending.first_seen_ms >= self.release_timeout_ms)
         ]
         if self.public_groups is not None:
-            homes = owned if owned is not None else set(range(self.partials_partitions))
-            for home in sorted(homes):
-                released = self.released_through_ms.get(home, self.query_start_ms)
-                if released is None:
-                    continue  # the query has not released anything anywhere yet
-                through = self._min_progress(home)
-                if through is None:
-                    continue
-                end = released + self.window_size_ms
-                added = 0
-                while end <= through and added < MAX_EMPTY_WINDOWS_PER_STEP:
-                    start = end - self.window_size_ms
-                    if self.home(start) == home and start not in self._pending:
-                        starts.append(start)
-                        added += 1
-                    end += self.window_size_ms
+            starts = self._with_empty_windows(starts, owned)
         return sorted(set(starts))
+
+    def _with_empty_windows(self, starts: list[int], owned: set[int] | None) -> list[int]:
+        """Add the empty windows (no partial anywhere) each home may release, and keep every home in order.
+
+        A home releases its windows in window order, from the query's first
+        release on: a window with data waits while an earlier window of its
+        home has neither data nor the progress that shows it empty; otherwise
+        the releases (and the gaps between them) would tell without noise
+        which windows had activity. Before the query's first release is
+        known, the oldest window ready now is taken as its start.
+        """
+        size = self.window_size_ms
+        first = self.query_start_ms if self.query_start_ms is not None else min(starts, default=None)
+        by_home: dict[int, list[int]] = {}
+        for start in starts:
+            by_home.setdefault(self.home(start), []).append(start)
+        homes = owned if owned is not None else set(range(self.partials_partitions))
+        out: list[int] = []
+        for home in sorted(homes):
+            released = self.released_through_ms.get(home)
+            start = released if released is not None else first  # the home's first window not yet released
+            data = sorted(by_home.get(home, ()))
+            if start is None:
+                continue  # nothing released anywhere and nothing ready: the query has not started
+            through = self._min_progress(home)
+            last = max(data[-1] if data else start, start)
+            added = 0
+            while start <= last or (through is not None and start + size <= through):
+                if self.home(start) == home:
+                    if start in self._pending:
+                        if start not in data:
+                            break  # its data is not ready: later windows of this home wait
+                        out.append(start)
+                    elif through is not None and start + size <= through and added < MAX_EMPTY_WINDOWS_PER_STEP:
+                        out.append(start)
+                        added += 1
+                    else:
+                        break  # not known empty yet (or enough for one step): later windows wait
+                start += size
+        return out
 
     def pending_source_offsets(self) -> list[tuple[int, int]]:
         """(partials partition, offset) of every partial still pending: the consumer may not commit past them."""

@@ -92,8 +92,10 @@ class RedisReleaseLedger:
         self._redis = client
         self._prefix = prefix
         self._ttl_s = ttl_s
-        # Unit lists are only needed while a replay can still charge the window:
-        # the budget store refuses charges more than an hour behind its clock.
+        # Unit lists are only needed while a replay can still rebuild the window, which is
+        # soon after it was charged (a crash before the commit). Counted from the charge,
+        # not from the window's time, so a backlog charged late keeps them as long. A replay
+        # later than this that rebuilds a window differently fails closed (ChargeConflict).
         self._journal_ttl_s = journal_ttl_s
         self._claim = client.register_script(_CLAIM)
         self._raise = client.register_script(_RAISE_MARK)

@@ -175,3 +175,24 @@ def test_a_lone_partial_is_released_whatever_its_placement():
     c = _combiner(timeout=1)
     c.add_partial(_partial(0, 0, [("a",)], [1], [5.0], placed=0), now_ms=0)
     assert c.take(0).withheld is None
+
+
+def test_a_backlog_releases_every_window_of_a_home_in_order_the_empty_ones_too():
+    """Windows with data and without, all ready at once (a backlog): none skipped, none out of order.
+
+    Releasing the data windows first would move the home past the empty ones,
+    which would then never be released: the gaps would show without noise
+    which windows had activity.
+    """
+    public = [("a",)]
+    c = _combiner(public=public)
+    c.input_partitions = 1
+    c.add_partial(_partial(0, 0, [("a",)], [1], [1.0], parts=1), now_ms=0)
+    c.add_partial(_partial(0, 2 * MIN, [("a",)], [1], [1.0], parts=1), now_ms=0)
+    c.add_partial(_partial(0, 4 * MIN, [("a",)], [1], [1.0], parts=1), now_ms=0)
+    c.add_progress(home=0, progress=Progress("q", 0, 1, 3 * MIN))  # window 3 is not known to be empty yet
+    assert c.ready(0) == [0, MIN, 2 * MIN]  # window 4 waits for window 3
+    for start in c.ready(0):
+        c.take(start)
+    c.add_progress(home=0, progress=Progress("q", 0, 1, 5 * MIN))
+    assert c.ready(0) == [3 * MIN, 4 * MIN]
