@@ -192,12 +192,14 @@ class EventDecoder:
         self._decode_one = msgspec.json.Decoder(event_type).decode
         self._group_getter = attrgetter(*group_attrs) if group_attrs else None
 
-    def decode(self, values: Sequence[bytes | None], clock_ms: np.ndarray | int) -> tuple[DecodedEvents, list[Problem]]:
+    def decode(
+        self, values: Sequence[bytes | None], now_ms: int, record_ms: np.ndarray | None = None
+    ) -> tuple[DecodedEvents, list[Problem]]:
         """Decode one batch; every message ends up either in the events or in the problems.
 
-        ``clock_ms``: per message (or one for all), the time an event may not be
-        more than ``max_future_skew_ms`` ahead of -- its record timestamp,
-        capped at the wall clock.
+        An event may be at most ``max_future_skew_ms`` ahead of the wall clock
+        ``now_ms`` and, where given, of its message's record timestamp
+        (``record_ms``, one per message).
         """
         schema = self.schema
         problems: list[Problem] = []
@@ -234,20 +236,24 @@ class EventDecoder:
                 continue
             bad[i] = True
             problems.append((int(index[i]), RejectReason.BAD_TIMESTAMP, detail))
-        reference = clock_ms[index] if isinstance(clock_ms, np.ndarray) else np.full(len(index), clock_ms, np.int64)
-        future = ts_ms > reference + schema.max_future_skew_ms
+        future = ts_ms > now_ms + schema.max_future_skew_ms
         if future.any():
             for i in np.flatnonzero(future & ~bad).tolist():
-                problems.append(
-                    (
-                        int(index[i]),
-                        RejectReason.FUTURE_TIMESTAMP,
-                        f"event time {int(ts_ms[i])} ms is more than {schema.max_future_skew_ms} ms ahead of "
-                        f"its record timestamp ({int(reference[i])} ms, capped at the wall clock); "
-                        "producers must stamp records with the time they send them or with the event time",
-                    )
-                )
+                problems.append((int(index[i]), RejectReason.FUTURE_TIMESTAMP, (
+                    f"event time {int(ts_ms[i])} ms is more than {schema.max_future_skew_ms} ms "
+                    f"ahead of the wall clock ({now_ms} ms)"
+                )))
             bad |= future
+        if record_ms is not None:
+            record = record_ms[index]
+            ahead = (ts_ms > record + schema.max_future_skew_ms) & ~bad
+            for i in np.flatnonzero(ahead).tolist():
+                problems.append((int(index[i]), RejectReason.AHEAD_OF_RECORD, (
+                    f"event time {int(ts_ms[i])} ms is more than {schema.max_future_skew_ms} ms ahead of "
+                    f"its Kafka record timestamp ({int(record[i])} ms); producers stamp records when they send "
+                    "them, or with the event time"
+                )))
+            bad |= ahead
         if bad.any():
             good = np.flatnonzero(~bad)
             index, ts_ms, unit_bytes = index[good], ts_ms[good], unit_bytes[good]

@@ -230,7 +230,7 @@ class WindowEngine:
         slots = self._slots_of(batch.partitions, slot_partitions)
         now = self._clock_ms()
         record_ms = self._record_clock(batch.timestamps, now)
-        decoded, problems = self._decoder.decode(batch.values, record_ms)
+        decoded, problems = self._decoder.decode(batch.values, now, record_ms)
         if self._partitioner is not None:
             decoded = self._check_placement(batch, decoded, problems)
         rejected: dict[RejectReason, int] = {}
@@ -289,7 +289,10 @@ class WindowEngine:
             raise ValueError("call set_partition_count() with the input topic's partition count before process()")
         if not len(decoded):
             return decoded
-        keys = [batch.keys[i] for i in decoded.index.tolist()]
+        if len(decoded) == len(batch):  # every message decoded: the index is the identity
+            keys = batch.keys if isinstance(batch.keys, list) else list(batch.keys)
+        else:
+            keys = list(map(batch.keys.__getitem__, decoded.index.tolist()))
         wrong_key = _differs(keys, decoded.units)
         expected = expected_partitions(decoded.units, count, self._partitioner)  # type: ignore[arg-type]
         actual = batch.partitions[decoded.index]
@@ -459,10 +462,12 @@ class WindowEngine:
 
 def _differs(keys: list[bytes | None], units: np.ndarray) -> np.ndarray:
     """Per event, whether its message key is not exactly its unit id's bytes (``units``: an ``S`` array)."""
+    # One byte wider than the widest id: a key longer than its id stays longer when truncated to it.
+    width = f"S{units.dtype.itemsize + 1}"
     try:
-        as_array = np.array(keys, dtype="S")
+        as_array = np.array(keys, dtype=width)
     except TypeError:  # a null key, or a key that is not bytes
-        as_array = np.array([k if isinstance(k, bytes) else b"" for k in keys], dtype="S")
+        as_array = np.array([k if isinstance(k, bytes) else b"" for k in keys], dtype=width)
     differs = as_array != units
     if b"\x00" in b"".join(k for k in keys if isinstance(k, bytes)):
         # A fixed-width array drops trailing NULs; unit ids never contain one, so such a key never matches.

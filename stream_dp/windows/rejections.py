@@ -23,7 +23,8 @@ class RejectReason(StrEnum):
     NON_FINITE = "non_finite"  # the value overflows to infinity
     VALUE_OUT_OF_RANGE = "value_out_of_range"  # |value| above max_abs_value
     BAD_TIMESTAMP = "bad_timestamp"  # unparsable, zone-less, negative or beyond year 9999
-    FUTURE_TIMESTAMP = "future_timestamp"  # more than max_future_skew_ms ahead of its record timestamp
+    FUTURE_TIMESTAMP = "future_timestamp"  # more than max_future_skew_ms ahead of the wall clock
+    AHEAD_OF_RECORD = "ahead_of_record"  # more than max_future_skew_ms ahead of its Kafka record timestamp
     WRONG_KEY = "wrong_key"  # the message key is not the privacy-unit id
     WRONG_PARTITION = "wrong_partition"  # not on the partition the configured partitioner assigns its key
     LATE = "late"  # its window had already closed

@@ -58,8 +58,8 @@ def primed_engine():
     return engine
 
 
-# Where a record sits and how it is keyed, not its bytes: tested in test_placement.py.
-PLACEMENT_REASONS = {RejectReason.WRONG_KEY, RejectReason.WRONG_PARTITION}
+# Where a record sits, how it is keyed and stamped, not its bytes: tested in test_placement.py and test_clock.py.
+PLACEMENT_REASONS = {RejectReason.WRONG_KEY, RejectReason.WRONG_PARTITION, RejectReason.AHEAD_OF_RECORD}
 
 
 def test_every_reason_of_a_message_value_has_a_corpus_file():

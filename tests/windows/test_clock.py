@@ -69,7 +69,7 @@ def test_an_event_further_ahead_than_the_skew_of_its_record_time_is_rejected_eve
     stream.add(event("a", sent + 5 * MIN + 1), timestamp_ms=sent)  # behind the wall clock, ahead of its record
     stream.add(event("b", sent + 5 * MIN), timestamp_ms=sent)  # exactly at the limit: kept
     result = engine.process(stream.batch())
-    assert result.rejected == {RejectReason.FUTURE_TIMESTAMP: 1}
+    assert result.rejected == {RejectReason.AHEAD_OF_RECORD: 1}
     assert "record timestamp" in result.rejections[0].detail
     assert result.accepted == 1
 
