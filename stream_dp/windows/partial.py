@@ -96,18 +96,31 @@ class WindowPartial:
         """Per-group count, sum and distinct units, leaving out ``excluded_units``.
 
         ``excluded_units`` is a boolean array over ``units`` (see ``unit_mask``),
-        true for units to leave out, e.g. those without privacy budget.
+        true for units to leave out, e.g. those without privacy budget. Groups
+        whose only contributors are left out are left out too: their keys came
+        from excluded units alone and must not reach partition selection.
         """
         keep = self._kept_pairs(excluded_units)
         n_groups = len(self.groups)
         group = self.pair_group if keep is None else self.pair_group[keep]
         count = self.pair_count if keep is None else self.pair_count[keep]
         total = self.pair_sum if keep is None else self.pair_sum[keep]
-        return GroupTotals(
+        totals = GroupTotals(
             groups=self.groups,
             count=np.bincount(group, weights=count, minlength=n_groups).astype(np.int64),
             sum=np.bincount(group, weights=total, minlength=n_groups),
             distinct_units=np.bincount(group, minlength=n_groups).astype(np.int64),
+        )
+        if keep is None:
+            return totals  # every group has at least one pair
+        present = np.flatnonzero(totals.distinct_units > 0)
+        if len(present) == n_groups:
+            return totals
+        return GroupTotals(
+            groups=[self.groups[i] for i in present.tolist()],
+            count=totals.count[present],
+            sum=totals.sum[present],
+            distinct_units=totals.distinct_units[present],
         )
 
     def unit_totals(self) -> UnitTotals:

@@ -226,6 +226,19 @@ def test_partial_columns_and_aggregates():
     assert contributions == {"u1": (1, 2, 14.0), "u2": (2, 2, 1.0), "3": (1, 1, 2.0)}
 
 
+def test_a_group_only_excluded_units_touched_is_left_out():
+    """Its key came from excluded units alone: it must not reach partition selection."""
+    engine, clock = make_engine()
+    engine.process(batch_of([event("exhausted", W0, "/private-key"), event("ok", W0 + 1, "/a"),
+                             event("exhausted", W0 + 2, "/a")]))
+    clock.now_ms += 10 * MIN
+    (p,) = engine.tick()
+    totals = p.aggregate(p.unit_mask(["exhausted"]))
+    assert totals.groups == [("/a",)]
+    assert totals.count.tolist() == [1] and totals.distinct_units.tolist() == [1]
+    assert len(p.aggregate(p.unit_mask(["exhausted", "ok"])).groups) == 0
+
+
 def test_aggregate_checks_the_mask():
     engine, clock = make_engine()
     engine.process(batch_of([event("a", W0)]))
