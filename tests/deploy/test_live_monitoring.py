@@ -140,7 +140,9 @@ def test_dashboard_queries_return_data_and_alerts_fire(
     common = {
         "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
         "STREAM_DP_CONTRIBUTION_SECRET": "test-secret-0123456789abcdef",
-        "STREAM_DP_LEDGER_TTL_S": "3600",  # the shortest allowed: test releases expire within the hour
+        # the shortest allowed: test releases and budgets expire within a few hours
+        "STREAM_DP_INPUT_RETENTION_MS": "3600000",
+        "STREAM_DP_LEDGER_TTL_S": "8200",
     }
     healthy_env = {**common, "REDIS_URL": redis_url, "STREAM_DP_METRICS_PORT": str(healthy_port),
                    "STREAM_DP_GROUP_ID": f"{unique_name}-ok", "STREAM_DP_INTERNAL_TOPIC_PREFIX": f"{unique_name}-ok-"}

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from stream_dp.config import load_config
 from tests.reliability.checks import CheckReport, Observed, check_partials, dead_letter_sources
@@ -83,8 +84,10 @@ def run_worker_fuzz(bootstrap: str, work_dir: Path, *, messages: int, seed: int)
             streams[p] = merged
         s.start_worker()
         for p, merged in streams.items():
+            stamps = _send_times(s, merged)
             for first in range(0, len(merged), 5_000):
-                s.produce([m for m, _ in merged[first:first + 5_000]], partition=p)
+                s.produce([m for m, _ in merged[first:first + 5_000]], partition=p,
+                          timestamps=stamps[first:first + 5_000])
         if not s.wait_released(WINDOWS - 1, 120 + messages / 1_000):
             report.fail("release stalled", f"window {WINDOWS - 1} was not released")
         time.sleep(2.0)
@@ -97,6 +100,17 @@ def run_worker_fuzz(bootstrap: str, work_dir: Path, *, messages: int, seed: int)
         s.close()
     outcome.seconds = time.monotonic() - started
     return outcome
+
+
+def _send_times(s: Scenario, merged: list[tuple[bytes, frozenset | None]]) -> list[int]:
+    """Record timestamps as a producer sending the stream live gives them: a clean event's own time,
+    and for a hostile message the time of the clean one before it (its contents are not a clock)."""
+    stamps, last = [], s.base_ms
+    for value, kind in merged:
+        if kind in (CLEAN, CLOSER):
+            last = int(orjson.loads(value)["ts"])
+        stamps.append(last)
+    return stamps
 
 
 def _unit_on(partition: int) -> str:

@@ -92,11 +92,12 @@ class Scenario:
 
     # -- I/O ------------------------------------------------------------------------
 
-    def produce(self, values: list[bytes], partition: int = 0) -> list[int]:
+    def produce(self, values: list[bytes], partition: int = 0, timestamps: list[int] | None = None) -> list[int]:
         """Send and wait for the broker; returns the offsets.
 
         Like a backfill producer: each record is keyed by its unit id and stamped
-        with its event time (a message without one gets the stamp before it).
+        with its event time (a message without a plausible one gets the stamp
+        before it), unless ``timestamps`` gives the record timestamps.
         """
         from tests.reliability.topics import _kafka
 
@@ -104,9 +105,11 @@ class Scenario:
             self._producer = _kafka().KafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
         futures = []
         now_ms = int(time.time() * 1000)
-        for value in values:
+        for i, value in enumerate(values):
             key, stamp = _key_and_time(value)
-            if stamp is not None and self.base_ms <= stamp <= now_ms:
+            if timestamps is not None:
+                self._last_stamp = timestamps[i]
+            elif stamp is not None and self.base_ms <= stamp <= now_ms:
                 # a hostile time (far past or future) does not become the record's: that producer is trusted
                 self._last_stamp = stamp
             futures.append(self._producer.send(self.input_topic, key=key, value=value, partition=partition,

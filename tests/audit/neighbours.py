@@ -1,0 +1,227 @@
+"""Two neighbouring streams through real worker processes: D, and D' = D plus one target unit per scenario.
+
+Both streams hold ``windows`` one-second windows of compressed past event time
+(starting ``START_AGO_S`` ago), produced at once like a backlog: every
+record keyed by its unit id and stamped with its event time, as a producer
+sending them live would have stamped them. Background units are fresh in every
+window and identical in D and D'. Each stream runs through its own deployment
+of three worker processes (one consumer group, its own internal topics and
+budget namespaces), which reads three input topics with six queries; the
+released noisy values of each window are one sample of the mechanism on D or
+on D'.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import yaml
+
+from tests.reliability.topics import _kafka, create_topic, delete_topics
+from tests.reliability.workers import WorkerProcess
+
+GROUPS = ("a", "b", "c", "d", "e")
+BACKGROUND_UNITS = 3  # fresh units per window, one event each in group "a"
+START_AGO_S = 30 * 60
+WORKERS = 3
+SECRET = "audit-secret-0123456789abcdef"
+FUTURE_EVERY = 150  # windows between two of the clock attacker's future-dated events
+FUTURE_AHEAD_MS = 4 * 60_000  # inside max_future_skew (5 minutes)
+EXHAUSTED_AFTER = 10  # windows the exhausted target's budget covers
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One query and what the target does in D'."""
+
+    name: str
+    topic: str
+    statistic: str  # "count" or "sum"
+    groups: tuple[str, ...]
+    settings: dict
+
+
+SCENARIOS = (
+    # The target sends 10 events to each of 5 groups every window: far over both bounds.
+    Scenario("over_bounds", "main", "count", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0}),
+    # ... each with value 1e6, against a clip of [0, 10].
+    Scenario("sum_clipping", "main", "sum", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
+              "aggregations": {"count": {}, "sum": {"field": "value", "clip": [0, 10]}}}),
+    Scenario("gaussian", "main", "count", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
+              "mechanism": "gaussian", "delta": 1e-5}),
+    # A budget of EXHAUSTED_AFTER windows: the target is excluded from every later one.
+    Scenario("exhausted_budget", "main", "count", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0}),
+    # One event of the target on each of three partitions, read by three workers.
+    Scenario("three_partitions_three_workers", "spread", "count", ("a",),
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": 1.0}),
+    # Every FUTURE_EVERY windows the target sends one event dated 4 minutes ahead.
+    Scenario("future_timestamp", "clock", "count", ("a",),
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": 1.0}),
+)
+TOPIC_PARTITIONS = {"main": 3, "spread": 3, "clock": 1}
+
+
+def _event(unit: str, ts: int, group: str, value: float) -> bytes:
+    return orjson.dumps({"user_id": unit, "ts": ts, "group": group, "value": value})
+
+
+def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> list[tuple[bytes, bytes, int, int | None]]:
+    """(key, value, record timestamp, explicit partition or None) in sending order."""
+    out: list[tuple[bytes, bytes, int, int | None]] = []
+    for w in range(windows):
+        t = start_ms + w * 1000
+        for i in range(BACKGROUND_UNITS):
+            unit = f"bg-{w}-{i}"
+            out.append((unit.encode(), _event(unit, t + 100 + i, "a", 5.0), t + 100 + i, None))
+        if not with_target:
+            continue
+        if topic == "main":
+            for group in GROUPS:
+                for e in range(10):
+                    out.append((b"target", _event("target", t + 200 + e, group, 1e6), t + 200 + e, None))
+        elif topic == "spread":
+            for partition in range(TOPIC_PARTITIONS["spread"]):  # explicit partitions, the same key
+                out.append((b"target", _event("target", t + 300, "a", 1.0), t + 300, partition))
+        elif topic == "clock" and w % FUTURE_EVERY == 0:
+            # stamped now, dated 4 minutes ahead: the event lands in a later window
+            out.append((b"target", _event("target", t + FUTURE_AHEAD_MS, "a", 1.0), t + 50, None))
+    return out
+
+
+def _config(run: str, topics: dict[str, str], outputs: dict[str, str]) -> dict:
+    namespaces, queries = {}, []
+    for s in SCENARIOS:
+        limit = float(EXHAUSTED_AFTER) if s.name == "exhausted_budget" else 4000.0
+        namespaces[f"{run}-{s.name}"] = {"budgets": [{"horizon": "1h", "epsilon": limit}], "alert_at": [1.0]}
+        query = {
+            "name": f"{run}_{s.name}", "input_topic": topics[s.topic], "output_topic": outputs[s.name],
+            "privacy_unit": {"namespace": f"{run}-{s.name}", "field": "user_id"},
+            "timestamp_field": "ts",
+            "window": {"size": "1s", "allowed_lateness": "500ms", "idle_timeout": "2s"},
+            "group_by": ["group"], "groups": {"public": list(s.groups)},
+            "aggregations": {"count": {}},
+            "release_timeout": "60s",
+        }
+        query.update(s.settings)
+        queries.append(query)
+    return {"namespaces": namespaces, "queries": queries}
+
+
+@dataclass
+class Deployment:
+    """One stream's topics, worker processes and releases."""
+
+    label: str
+    work_dir: Path
+    bootstrap: str
+    redis_url: str
+    windows: int
+    start_ms: int
+    with_target: bool
+    run: str = field(default_factory=lambda: f"au{uuid.uuid4().hex[:8]}")
+    topics: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+    workers: list[WorkerProcess] = field(default_factory=list)
+    releases: dict[str, dict[tuple[int, str], dict]] = field(default_factory=lambda: defaultdict(dict))
+
+    def start(self) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.topics = {name: f"{self.run}-{name}" for name in TOPIC_PARTITIONS}
+        self.outputs = {s.name: f"{self.run}-out-{s.name}" for s in SCENARIOS}
+        for name, partitions in TOPIC_PARTITIONS.items():
+            create_topic(self.bootstrap, self.topics[name], partitions)
+        config_path = self.work_dir / "queries.yaml"
+        config_path.write_text(yaml.safe_dump(_config(self.run, self.topics, self.outputs), sort_keys=False))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "STREAM_DP_", "REDIS_"))}
+        env.update(KAFKA_BOOTSTRAP_SERVERS=self.bootstrap, REDIS_URL=self.redis_url,
+                   STREAM_DP_GROUP_ID=f"{self.run}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{self.run}.",
+                   STREAM_DP_CONTRIBUTION_SECRET=SECRET, STREAM_DP_OUTPUT_PARTITIONS="1")
+        self.workers = [WorkerProcess(f"worker{i}", config_path, env, self.work_dir) for i in range(WORKERS)]
+        for worker in self.workers:
+            worker.start()
+
+    def produce(self) -> None:
+        kafka = _kafka()
+        producer = kafka.KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=20,
+                                       batch_size=256 * 1024)
+        try:
+            for name in TOPIC_PARTITIONS:
+                for key, value, stamp, partition in records(name, self.start_ms, self.windows,
+                                                            with_target=self.with_target):
+                    producer.send(self.topics[name], key=key, value=value, timestamp_ms=stamp, partition=partition)
+            producer.flush(timeout=120)
+        finally:
+            producer.close()
+
+    def expected(self, scenario: Scenario) -> set[tuple[int, str]]:
+        return {(self.start_ms + w * 1000, g) for w in range(self.windows) for g in scenario.groups}
+
+    def missing(self) -> dict[str, int]:
+        return {s.name: len(self.expected(s) - self.releases[s.name].keys()) for s in SCENARIOS
+                if self.expected(s) - self.releases[s.name].keys()}
+
+    def collect(self, deadline: float) -> None:
+        """Read the output topics until every window of every scenario is released or ``deadline`` passes."""
+        kafka = _kafka()
+        consumer = kafka.KafkaConsumer(*self.outputs.values(), bootstrap_servers=self.bootstrap,
+                                       auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
+        by_topic = {topic: name for name, topic in self.outputs.items()}
+        try:
+            while self.missing() and time.monotonic() < deadline:
+                for tp, batch in consumer.poll(timeout_ms=500).items():
+                    for message in batch:
+                        record = orjson.loads(message.value)
+                        key = (record["window"]["start_ms"], record["group"]["group"])
+                        self.releases[by_topic[tp.topic]].setdefault(key, record)
+                self.check_workers()
+        finally:
+            consumer.close()
+
+    def check_workers(self) -> None:
+        for worker in self.workers:
+            code = worker.reap()
+            if code is not None:
+                raise RuntimeError(f"{self.label}: {worker.name} exited with {code}:\n{worker.log_text()[-3000:]}")
+
+    def samples(self, scenario: Scenario, group: str) -> list[float]:
+        releases = self.releases[scenario.name]
+        return [float(releases[(self.start_ms + w * 1000, group)][scenario.statistic]) for w in range(self.windows)]
+
+    def claimed(self, scenario: Scenario) -> tuple[float, float]:
+        """(epsilon, delta) that the released records state."""
+        privacy = {(r["privacy"]["epsilon"], r["privacy"]["delta"]) for r in self.releases[scenario.name].values()}
+        if len(privacy) != 1:
+            raise AssertionError(f"{scenario.name}: records state different losses {privacy}")
+        return privacy.pop()
+
+    def rejected(self) -> dict[str, float]:
+        """Events rejected by reason, over the workers' metrics."""
+        from tests.reliability.workers import parse_metrics
+
+        out: dict[str, float] = defaultdict(float)
+        for worker in self.workers:
+            text = worker.scrape() or ""
+            for name, labels, value in parse_metrics(text):
+                if name == "stream_dp_events_rejected_total":
+                    out[f"{labels.get('query', '').split('_', 1)[-1]}:{labels.get('reason')}"] += value
+                elif name == "stream_dp_events_total" and labels.get("outcome") == "late":
+                    out[f"{labels.get('query', '').split('_', 1)[-1]}:late"] += value
+        return dict(out)
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop(timeout_s=20)
+        delete_topics(self.bootstrap, [*self.topics.values(), *self.outputs.values()])
+
+    def log_tails(self) -> str:
+        return "\n".join(f"--- {self.label} {w.name}\n{w.log_text()[-2000:]}" for w in self.workers)
