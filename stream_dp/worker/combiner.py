@@ -225,7 +225,9 @@ class WindowCombiner:
         known, the oldest window ready now is taken as its start.
         """
         size = self.window_size_ms
-        first = self.query_start_ms if self.query_start_ms is not None else min(starts, default=None)
+        first = self.query_start_ms
+        if first is None:  # the oldest window with data, ready or not
+            first = min((*starts, *self._pending), default=None)
         by_home: dict[int, list[int]] = {}
         for start in starts:
             by_home.setdefault(self.home(start), []).append(start)
@@ -238,6 +240,8 @@ class WindowCombiner:
             if start is None:
                 continue  # nothing released anywhere and nothing ready: the query has not started
             through = self._min_progress(home)
+            # Windows behind the home's mark that the ledger says were never released go as they are.
+            out += [w for w in data if w < start]
             last = max(data[-1] if data else start, start)
             added = 0
             while start <= last or (through is not None and start + size <= through):

@@ -166,9 +166,14 @@ class Deployment:
     def expected(self, scenario: Scenario) -> set[tuple[int, str]]:
         return {(self.start_ms + w * 1000, g) for w in range(self.windows) for g in scenario.groups}
 
-    def missing(self) -> dict[str, int]:
-        return {s.name: len(self.expected(s) - self.releases[s.name].keys()) for s in SCENARIOS
-                if self.expected(s) - self.releases[s.name].keys()}
+    def missing(self) -> dict[str, list[int]]:
+        """Per scenario with windows not yet released: the indexes of those windows."""
+        out = {}
+        for s in SCENARIOS:
+            gone = self.expected(s) - self.releases[s.name].keys()
+            if gone:
+                out[s.name] = sorted({(start - self.start_ms) // 1000 for start, _ in gone})
+        return out
 
     def collect(self, deadline: float) -> None:
         """Read the output topics until every window of every scenario is released or ``deadline`` passes."""

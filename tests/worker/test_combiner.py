@@ -196,3 +196,31 @@ def test_a_backlog_releases_every_window_of_a_home_in_order_the_empty_ones_too()
         c.take(start)
     c.add_progress(home=0, progress=Progress("q", 0, 1, 5 * MIN))
     assert c.ready(0) == [3 * MIN, 4 * MIN]
+
+
+def test_a_window_still_waiting_for_partials_is_released_when_they_come_whatever_other_homes_did():
+    public = [("a",)]
+    c = WindowCombiner("q", window_size_ms=MIN, window_offset_ms=0, release_timeout_ms=10 * MIN,
+                       public_groups=public, has_sum=True, partials_partitions=2)
+    starts = [k * MIN for k in range(40)]
+    waiting = next(s for s in starts if c.home(s) == 0)
+    other = next(s for s in starts if c.home(s) == 1 and s > waiting)
+    c.add_partial(_partial(0, waiting, [("a",)], [1], [1.0], parts=2), now_ms=0)  # partition 1 has not sent yet
+    c.add_partial(_partial(0, other, [("a",)], [1], [1.0], parts=2), now_ms=0)
+    c.add_partial(_partial(1, other, [("a",)], [1], [1.0], parts=2), now_ms=0)
+    assert other in c.ready(0) and waiting not in c.ready(0)
+    for start in c.ready(0):
+        c.take(start)
+    c.add_partial(_partial(1, waiting, [("a",)], [2], [1.0], parts=2), now_ms=0)
+    assert waiting in c.ready(0)
+    assert c.take(waiting).count.tolist() == [3]
+
+
+def test_a_window_older_than_the_querys_first_release_elsewhere_is_still_released():
+    """Another process released a later window first (and so set the query's start): ours still goes."""
+    c = _combiner(public=[("a",)], timeout=10 * MIN)
+    c.query_start_ms = 10 * MIN  # learned from the ledger
+    c.add_partial(_partial(0, 3 * MIN, [("a",)], [2], [1.0], parts=1), now_ms=0, unreleased=True)
+    c.input_partitions = 1
+    assert c.ready(0) == [3 * MIN]
+    assert c.take(3 * MIN).count.tolist() == [2]
