@@ -14,6 +14,7 @@ on D'.
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from collections import defaultdict
@@ -66,7 +67,9 @@ SCENARIOS = (
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": 1.0}),
     # Every FUTURE_EVERY windows the target sends one event dated 4 minutes ahead.
     Scenario("future_timestamp", "clock", "count", ("a",),
-             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": 1.0}),
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": 1.0,
+              # waiting between segments must not make the partition idle (idle closes by wall clock)
+              "window": {"size": "1s", "allowed_lateness": "500ms", "idle_timeout": "20s"}}),
 )
 TOPIC_PARTITIONS = {"main": 3, "spread": 3, "clock": 1}
 
@@ -92,9 +95,9 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> li
         elif topic == "spread":
             for partition in range(TOPIC_PARTITIONS["spread"]):  # explicit partitions, the same key
                 out.append((b"target", _event("target", t + 300, "a", 1.0), t + 300, partition))
-        elif topic == "clock" and w % FUTURE_EVERY == 0:
-            # stamped now, dated 4 minutes ahead: the event lands in a later window
-            out.append((b"target", _event("target", t + FUTURE_AHEAD_MS, "a", 1.0), t + 50, None))
+        elif topic == "clock" and w % FUTURE_EVERY == FUTURE_EVERY - 1:
+            # The last record of a segment (see ``produce``): stamped now, dated 4 minutes ahead.
+            out.append((b"target", _event("target", t + FUTURE_AHEAD_MS, "a", 1.0), t + 900, None))
     return out
 
 
@@ -150,18 +153,68 @@ class Deployment:
         for worker in self.workers:
             worker.start()
 
+    def wait_assigned(self, timeout_s: float = 90.0) -> None:
+        """Until the group has settled: every worker owns input partitions, and together all of them.
+
+        Events sent before that would all be read by the first worker to join,
+        which would bound one unit's events on several partitions together.
+        """
+        wanted = {f"{self.topics[name]}[{p}]" for name, n in TOPIC_PARTITIONS.items() for p in range(n)}
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_workers()
+            latest = []
+            for worker in self.workers:
+                lines = [line for line in worker.log_text().splitlines() if "stream_dp.worker.ingest: assigned" in line]
+                latest.append(set(re.findall(r"'([^']+)'", lines[-1])) if lines else set())
+            if all(latest) and set().union(*latest) == wanted and sum(map(len, latest)) == len(wanted):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.label}: the workers did not settle on the input partitions:\n{self.log_tails()}")
+
     def produce(self) -> None:
         kafka = _kafka()
         producer = kafka.KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=20,
                                        batch_size=256 * 1024)
         try:
-            for name in TOPIC_PARTITIONS:
+            for name in ("main", "spread"):
                 for key, value, stamp, partition in records(name, self.start_ms, self.windows,
                                                             with_target=self.with_target):
                     producer.send(self.topics[name], key=key, value=value, timestamp_ms=stamp, partition=partition)
             producer.flush(timeout=120)
+            # The clock topic goes in segments of FUTURE_EVERY windows, each sent once the worker has
+            # released the segment before up to the last window its own events close (all but its last
+            # two): the worker reads every segment in batches of its own, as on a live stream, so an
+            # event that moved the window clock would make the next segment's events late (within one
+            # batch it could not). Waiting for a window only idle closing releases would let the wall
+            # clock close everything, in D as in D'.
+            clock = records("clock", self.start_ms, self.windows, with_target=self.with_target)
+            released = kafka.KafkaConsumer(self.outputs["future_timestamp"], bootstrap_servers=self.bootstrap,
+                                           auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
+            try:
+                seen: set[int] = set()
+                for first in range(0, self.windows, FUTURE_EVERY):
+                    lo, hi = self.start_ms + first * 1000, self.start_ms + (first + FUTURE_EVERY) * 1000
+                    for key, value, stamp, partition in clock:
+                        if lo <= stamp < hi:
+                            producer.send(self.topics["clock"], key=key, value=value, timestamp_ms=stamp,
+                                          partition=partition)
+                    producer.flush(timeout=60)
+                    self._wait_released(released, seen, min(hi, self.start_ms + self.windows * 1000) - 3_000)
+            finally:
+                released.close()
         finally:
             producer.close()
+
+    def _wait_released(self, consumer, seen: set[int], window_start_ms: int, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while window_start_ms not in seen:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.label}: window {window_start_ms} of the clock topic was not released "
+                                   f"within {timeout_s:.0f}s:\n{self.log_tails()}")
+            for batch in consumer.poll(timeout_ms=300).values():
+                seen.update(orjson.loads(m.value)["window"]["start_ms"] for m in batch)
+            self.check_workers()
 
     def expected(self, scenario: Scenario) -> set[tuple[int, str]]:
         return {(self.start_ms + w * 1000, g) for w in range(self.windows) for g in scenario.groups}

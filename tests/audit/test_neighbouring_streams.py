@@ -16,6 +16,7 @@ timestamps and placement was checked.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +46,8 @@ def streams(tmp_path_factory, kafka_bootstrap, redis_url):
     try:
         for deployment in pair.values():
             deployment.start()
+        for deployment in pair.values():
+            deployment.wait_assigned()
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(Deployment.produce, pair.values()))
         deadline = time.monotonic() + COLLECT_TIMEOUT_S
@@ -76,6 +79,10 @@ def audit(streams, scenario: Scenario):
         if best is None or bound.epsilon > best[1].epsilon:
             best = (group, bound)
     group, bound = best
+    dump = os.environ.get("STREAM_DP_AUDIT_DUMP")
+    if dump:  # the samples, to look at a surprising bound
+        with open(f"{dump}-{scenario.name}.json", "w") as handle:
+            json.dump({g: [d.samples(scenario, g), d_prime.samples(scenario, g)] for g in scenario.groups}, handle)
     print(f"\n{scenario.name}: {WINDOWS} windows, claimed epsilon {epsilon} (delta {delta}), lower bound "
           f"{bound.epsilon:.3f} (group {group!r}, {bound.tail} {bound.threshold}, {bound.direction}, "
           f"{bound.tests} tests per group)")
