@@ -38,7 +38,7 @@ def test_a_sound_count_release_is_bounded_below_its_epsilon_and_close_to_it(epsi
     rng = np.random.default_rng(int(epsilon * 100))
     d = 10 + discrete_laplace(rng, epsilon, N)
     d_prime = 11 + discrete_laplace(rng, epsilon, N)  # one more unit
-    bound = epsilon_lower_bound(d, d_prime, list(range(0, 22)))
+    bound = epsilon_lower_bound(d, d_prime, list(range(22)))
     assert bound.epsilon <= epsilon
     assert bound.epsilon > 0.55 * epsilon  # the test has power: it sees most of the loss
 
@@ -47,7 +47,7 @@ def test_a_unit_counted_three_times_is_caught():
     rng = np.random.default_rng(3)
     d = 10 + discrete_laplace(rng, 1.0, N)
     d_prime = 13 + discrete_laplace(rng, 1.0, N)  # the release claims epsilon 1 but the unit counts 3
-    assert epsilon_lower_bound(d, d_prime, list(range(0, 25))).epsilon > 1.8
+    assert epsilon_lower_bound(d, d_prime, list(range(25))).epsilon > 1.8
 
 
 def test_identical_mechanisms_give_no_loss():
