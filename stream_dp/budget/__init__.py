@@ -102,7 +102,7 @@ in-memory store forgets everything when its process ends.
 """
 
 from stream_dp.budget.memory import MemoryBudgetStore
-from stream_dp.budget.policy import BudgetPolicy, HorizonLimit, NamespacePolicy
+from stream_dp.budget.policy import BudgetPolicy, HorizonLimit, NamespacePolicy, policy_from_config
 from stream_dp.budget.redis_store import RedisBudgetStore
 from stream_dp.budget.store import (
     AlertRecord,
@@ -135,4 +135,5 @@ __all__ = [
     "RedisBudgetStore",
     "StoreLayoutMismatch",
     "StoreOptions",
+    "policy_from_config",
 ]

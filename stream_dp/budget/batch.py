@@ -68,13 +68,18 @@ def pack_units(units: list[str]) -> tuple[bytes, bytes]:
     return blob, lengths.astype("<u4").tobytes()
 
 
-def charge_digest(cost_units: int, time_ms: int, blob: bytes, lengths: bytes, order: bytes = b"") -> str:
+def cost_argument(cost_units: Sequence[int]) -> str:
+    """Per-limit costs as the charge script reads them: one number when all are equal, else a comma list."""
+    return str(cost_units[0]) if len(set(cost_units)) == 1 else ",".join(map(str, cost_units))
+
+
+def charge_digest(cost_units: Sequence[int], time_ms: int, blob: bytes, lengths: bytes, order: bytes = b"") -> str:
     """Fingerprint of a charge's arguments, to detect a charge id reused for another call.
 
     ``order`` is the permutation that took the caller's units to ``blob``'s order, if any.
     """
     h = hashlib.blake2b(digest_size=16)
-    h.update(f"{cost_units}|{time_ms}|{len(lengths)}|{len(order)}|".encode())
+    h.update(f"{cost_argument(cost_units)}|{time_ms}|{len(lengths)}|{len(order)}|".encode())
     h.update(lengths)
     h.update(order)
     h.update(blob)
@@ -102,11 +107,11 @@ def alert_records(
                     namespace=policy.name,
                     unit=units[int(t["position"])],
                     horizon_ms=plan.horizon_ms,
-                    spent=from_units(int(t["spent"])),
-                    limit=from_units(plan.limit_units),
+                    spent=from_units(int(t["spent"]), plan.scale),
+                    limit=from_units(plan.limit_units, plan.scale),
                     threshold=policy.alert_at[level - 1],
                     time_ms=time_ms,
-                    accounting=policy.accounting,
+                    accounting="delta" if plan.delta else policy.accounting,
                     exhausted=bool(t["refused"]),
                 )
             )
@@ -132,16 +137,17 @@ def event_time(value: int) -> int:
 def spend_report(ledger: NamespaceLedger, state: dict[int, int], time_ms: int) -> list[HorizonSpend]:
     report = []
     for plan, spent_units in zip(ledger.horizons, ledger.spent_units(state, time_ms), strict=True):
-        spent = from_units(spent_units)
-        epsilon, delta = ledger.policy.to_epsilon_delta(spent)
+        spent = from_units(spent_units, plan.scale)
+        epsilon, delta = (None, None) if plan.delta else ledger.policy.to_epsilon_delta(spent)
         report.append(
             HorizonSpend(
                 horizon_ms=plan.horizon_ms,
                 spent=spent,
-                limit=from_units(plan.limit_units),
+                limit=from_units(plan.limit_units, plan.scale),
                 fraction=spent_units / plan.limit_units,
                 epsilon=epsilon,
                 delta=delta,
+                currency="delta" if plan.delta else ledger.policy.accounting,
             )
         )
     return report
@@ -161,7 +167,7 @@ def combine_chunks(parts: list[ChunkResult]) -> ChargeOutcome:
     if len(parts) == 1:
         return parts[0].outcome
     outcomes = [p.outcome for p in parts]
-    by_horizon: dict[int, int] = {}
+    by_horizon: dict[str, int] = {}
     for o in outcomes:
         for h, c in o.excluded_by_horizon.items():
             by_horizon[h] = by_horizon.get(h, 0) + c

@@ -39,7 +39,9 @@ if not now then
   local t = rcall('TIME')
   now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
-local cost = tonumber(ARGV[2])
+-- ARGV[2]: the cost per limit in fixed-point units: one number for all, or a
+-- comma list (epsilon and delta limits charge different amounts).
+local cost_arg = ARGV[2]
 local time_ms = tonumber(ARGV[3])
 local max_delay = tonumber(ARGV[4])
 local max_lead = tonumber(ARGV[5])
@@ -83,7 +85,9 @@ local gen_start, prev_start = g * E, (g - 1) * E
 local cur_prefix = shard_prefix .. string.format('%d', g) .. ':'
 local prev_prefix = shard_prefix .. string.format('%d', g - 1) .. ':'
 
-local H, NB, W, LIM, THR, EDGE, BUCKET, BASE_CUR, BASE_PREV = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local H, NB, W, LIM, THR, EDGE, BUCKET, BASE_CUR, BASE_PREV, COST = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+local COST_LIST = {}
+for v in string.gmatch(cost_arg, '[^,]+') do COST_LIST[#COST_LIST + 1] = tonumber(v) end
 local pos = 22
 for i = 1, m do
   H[i] = tonumber(ARGV[pos]); NB[i] = tonumber(ARGV[pos + 1])
@@ -94,6 +98,7 @@ for i = 1, m do
   EDGE[i] = {}
   for e = 1, nedges do EDGE[i][e] = tonumber(ARGV[pos]); pos = pos + 1 end
   BUCKET[i] = floor(time_ms / W[i])
+  COST[i] = COST_LIST[i] or COST_LIST[1]
   BASE_CUR[i] = floor((g - 2) * E / W[i])
   BASE_PREV[i] = floor((g - 3) * E / W[i])
 end
@@ -242,7 +247,10 @@ local function run_max(i)
 end
 
 -- Add the charge to bucket b; a horizon that changes shape gets its own table.
+-- A zero cost (the delta limit of a pure-epsilon query) writes nothing.
 local function add_cost(i)
+  local cost = COST[i]
+  if cost == 0 then return end
   local b, lo, hi = BUCKET[i], HLO[i], HHI[i]
   if lo > hi then
     HT[i] = {cost}; HF[i] = b - 1; HLO[i] = 1; HHI[i] = 1
@@ -345,13 +353,13 @@ local function decide(dirty)
   for i = 1, m do
     local best = run_max(i)
     spent[i] = best
-    local r = best + cost > LIM[i]
+    local r = best + COST[i] > LIM[i]
     refused[i] = r
     if r then ok = false end
   end
   if ok then
     dirty = true
-    for i = 1, m do add_cost(i); spent[i] = spent[i] + cost end
+    for i = 1, m do add_cost(i); spent[i] = spent[i] + COST[i] end
   end
   rec[2] = ok
   local score, tails = 0, false

@@ -40,8 +40,10 @@ from stream_dp.budget.batch import encode_unit
 from stream_dp.budget.ledger import FIELD_STRIDE, HorizonPlan, NamespaceLedger
 from stream_dp.budget.store import LEGACY_MAX_DELAY_MS
 
-MAX_ENTRIES = 3000
-"""Counters per unit state; Lua unpacks a horizon in one call (C-stack limit 8000 values)."""
+MAX_ENTRIES = 6000
+"""Counters per unit state. Lua unpacks a whole state in one call, and Lua 5.1 returns at most
+8000 values from one C call (LUAI_MAXCSTACK): 6000 counters plus the header stay well inside
+(tests/budget/test_redis_store.py charges a unit holding over 4000)."""
 
 WIDE_VALUES = 0x80
 _FIRST_LIMIT = 2**31
@@ -90,7 +92,8 @@ class StorageLayout:
         list would read and write different fields for the same unit, each
         seeing only part of its spending.
         """
-        horizons = ",".join(f"{p.horizon_ms}:{p.buckets}" for p in self.ledger.horizons)
+        # A delta limit is marked ":d"; namespaces without one keep the fingerprint they always had.
+        horizons = ",".join(f"{p.horizon_ms}:{p.buckets}" + (":d" if p.delta else "") for p in self.ledger.horizons)
         return f"v1|{self.generation_ms}|{self.shards}|{horizons}"
 
     def adopt(self, fingerprint: str) -> StorageLayout:

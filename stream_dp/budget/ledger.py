@@ -4,8 +4,9 @@ A unit's state is a small mapping of integer fields to integer values (the
 Redis backend stores the same content packed, see :mod:`stream_dp.budget.layout`,
 and ``charge.lua`` implements the same rule on it):
 
-* bucket counter of horizon ``i`` (0-based) and bucket ``b``:
-  field ``b * 8 + i`` -> micro-units charged at event times in bucket ``b``;
+* bucket counter of limit ``i`` (0-based) and bucket ``b``:
+  field ``b * 8 + i`` -> fixed-point units (micro-epsilon, micro-rho or
+  pico-delta, as the limit says) charged at event times in bucket ``b``;
 * alert level of horizon ``i``: field ``-(i + 1)`` -> ``lapse_ms * 8 + level``,
   the highest alert threshold index (1-based) the unit reached, valid until
   ``lapse_ms`` (one horizon after the unit first reached it, rounded up to a
@@ -23,7 +24,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
 
-from stream_dp.budget.policy import NamespacePolicy
+from stream_dp.budget.policy import MICRO, PICO, NamespacePolicy
 from stream_dp.budget.store import StoreOptions
 
 FIELD_STRIDE = 8
@@ -47,6 +48,12 @@ class HorizonPlan:
     threshold_units: tuple[int, ...]
     label: str
     limit: float
+    delta: bool = False
+    """True: this limit bounds delta (pico-units)."""
+
+    @property
+    def scale(self) -> int:
+        return PICO if self.delta else MICRO
 
     def bucket_of(self, time_ms: int) -> int:
         return time_ms // self.bucket_ms
@@ -88,6 +95,7 @@ class NamespaceLedger:
                 threshold_units=policy.threshold_units(h),
                 label=h.label,
                 limit=h.limit,
+                delta=h.delta,
             )
             for i, h in enumerate(policy.horizons)
         )
@@ -132,17 +140,30 @@ class NamespaceLedger:
             return self.levels
         return sum(1 for t in plan.threshold_units if spent >= t)
 
-    def charge_unit(self, state: MutableMapping[int, int], cost_units: int, time_ms: int, now_ms: int) -> UnitCharge:
-        """Check and charge one unit in place (the caller holds any lock)."""
+    def charge_unit(
+        self, state: MutableMapping[int, int], cost_units: Sequence[int] | int, time_ms: int, now_ms: int
+    ) -> UnitCharge:
+        """Check and charge one unit in place (the caller holds any lock).
+
+        ``cost_units``: the charge per limit (``NamespacePolicy.cost_units``), or
+        one number for every limit; a limit whose cost is 0 (the delta limit of
+        a pure-epsilon query) is checked, never written.
+        """
+        if isinstance(cost_units, int):
+            cost_units = (cost_units,) * len(self.horizons)
         self.prune(state, now_ms)
         spent = self.spent_units(state, time_ms)
-        refused = [s + cost_units > plan.limit_units for s, plan in zip(spent, self.horizons, strict=True)]
+        refused = [
+            s + c > plan.limit_units for s, c, plan in zip(spent, cost_units, self.horizons, strict=True)
+        ]
         admitted = not any(refused)
         if admitted:
             for i, plan in enumerate(self.horizons):
+                if cost_units[i] == 0:
+                    continue
                 field = plan.field_of(plan.bucket_of(time_ms))
-                state[field] = state.get(field, 0) + cost_units
-                spent[i] += cost_units
+                state[field] = state.get(field, 0) + cost_units[i]
+                spent[i] += cost_units[i]
         transitions: list[tuple[int, int, int, int]] = []
         for i, plan in enumerate(self.horizons):
             level = self.level_of(plan, spent[i], refused[i])

@@ -87,7 +87,8 @@ class MemoryBudgetStore:
             del self._top[period_key]
 
     def charge(
-        self, namespace: str, charge_id: str, units: Sequence[str], cost: float, event_time_ms: int
+        self, namespace: str, charge_id: str, units: Sequence[str], cost: float, event_time_ms: int,
+        *, delta: float = 0.0,
     ) -> ChargeOutcome:
         ledger = self._ledger(namespace)
         if not isinstance(charge_id, str) or not charge_id:
@@ -95,7 +96,7 @@ class MemoryBudgetStore:
                 f"charge_id must be a non-empty str such as 'query/window_start/partition', got {charge_id!r}"
             )
         time_ms = batch.event_time(event_time_ms)
-        cost_units = ledger.policy.cost_units(cost)
+        cost_units = ledger.policy.cost_units(cost, delta)
         unit_list = batch.as_unit_list(units)
         if not unit_list:
             return ChargeOutcome.empty()
@@ -142,7 +143,7 @@ class MemoryBudgetStore:
         return outcome
 
     def _charge_locked(
-        self, ledger: NamespaceLedger, units: list[str], cost_units: int, time_ms: int, now_ms: int
+        self, ledger: NamespaceLedger, units: list[str], cost_units: tuple[int, ...], time_ms: int, now_ms: int
     ) -> tuple[ChargeOutcome, np.ndarray, np.ndarray]:
         namespace = ledger.policy.name
         n, m = len(units), len(ledger.horizons)
@@ -177,7 +178,7 @@ class MemoryBudgetStore:
             charged=int(n - excluded.sum()),
             alerts=batch.alert_records(ledger, units, packed, time_ms),
             replayed=False,
-            excluded_by_horizon={p.horizon_ms: c for p, c in zip(ledger.horizons, refusals, strict=True)},
+            excluded_by_horizon={p.label: c for p, c in zip(ledger.horizons, refusals, strict=True)},
         )
         return outcome, spent, packed
 
@@ -218,7 +219,7 @@ class MemoryBudgetStore:
             namespace,
             charged=outcome.charged,
             excluded=int(outcome.excluded.sum()),
-            refusals={p.label: outcome.excluded_by_horizon[p.horizon_ms] for p in ledger.horizons},
+            refusals=dict(outcome.excluded_by_horizon),
             latency_s=latency_s,
         )
         metrics.enter_levels(namespace, batch.level_entries(ledger, transitions))

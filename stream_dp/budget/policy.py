@@ -1,9 +1,17 @@
 """Budget policies: rolling horizons with limits, per namespace of privacy units.
 
 Amounts are kept in fixed point: one *micro-unit* is 10**-6 of epsilon (or of
-rho in a zCDP namespace). Limits are rounded **down** and charges **up** to a
-whole micro-unit, so the integer ledger never admits more than the real-valued
-policy and never drifts the way repeated float additions do.
+rho in a zCDP namespace), one *pico-unit* 10**-12 of delta. Limits are rounded
+**down** and charges **up** to a whole unit, so the integer ledger never admits
+more than the real-valued policy and never drifts the way repeated float
+additions do.
+
+An epsilon namespace may also limit delta per horizon: queries that spend
+delta (Gaussian noise, partition selection) charge it beside epsilon, and a
+unit is admitted only if every limit holds. Basic composition holds for
+privacy filters, (epsilon, delta) included (Rogers, Roth, Ullman & Vadhan
+2016; Whitehouse et al. 2023), so the losses charged to a unit in a horizon
+sum to at most (L_epsilon, L_delta).
 
 A float is read as the shortest decimal that round-trips to it (``repr``), so
 ``0.1`` is exactly 100_000 micro-units and ten charges of 0.1 fit a limit of
@@ -18,39 +26,43 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
-from typing import Literal
+from typing import Any, Literal
 
 Accounting = Literal["epsilon", "rho"]
 
 MICRO = 1_000_000
 """Fixed-point scale: micro-units per unit of epsilon (or rho)."""
 
+PICO = 1_000_000_000_000
+"""Fixed-point scale of delta: pico-units per unit (a delta of 1e-6 is 10**6 pico-units)."""
+
 MAX_HORIZONS = 7
-"""Horizons per namespace (the stored state flags each horizon's alert level in one byte)."""
+"""Limits per namespace, epsilon (or rho) and delta ones together (the stored state flags each
+limit's alert level in one byte)."""
 
 MAX_THRESHOLDS = 7
 """Alert thresholds per namespace; a unit's level (0..7) is packed into 3 bits."""
 
 MAX_LIMIT_UNITS = 2**32 - 1
-"""Largest limit in micro-units (about 4295 epsilon): bucket counters are
-stored as unsigned 32-bit integers."""
+"""Largest limit in fixed-point units (about 4295 epsilon, or a delta of 0.0043): bucket
+counters are stored as unsigned 32-bit integers."""
 
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
-def to_units_up(amount: float) -> int:
-    """``amount`` in micro-units, rounded up (used for charges)."""
-    return int((Decimal(repr(float(amount))) * MICRO).to_integral_value(ROUND_CEILING))
+def to_units_up(amount: float, scale: int = MICRO) -> int:
+    """``amount`` in fixed-point units (micro-units by default), rounded up (used for charges)."""
+    return int((Decimal(repr(float(amount))) * scale).to_integral_value(ROUND_CEILING))
 
 
-def to_units_down(amount: float) -> int:
-    """``amount`` in micro-units, rounded down (used for limits)."""
-    return int((Decimal(repr(float(amount))) * MICRO).to_integral_value(ROUND_FLOOR))
+def to_units_down(amount: float, scale: int = MICRO) -> int:
+    """``amount`` in fixed-point units (micro-units by default), rounded down (used for limits)."""
+    return int((Decimal(repr(float(amount))) * scale).to_integral_value(ROUND_FLOOR))
 
 
-def from_units(units: int) -> float:
-    """Micro-units back to a float amount (for reports)."""
-    return units / MICRO
+def from_units(units: int, scale: int = MICRO) -> float:
+    """Fixed-point units back to a float amount (for reports)."""
+    return units / scale
 
 
 def zcdp_to_epsilon(rho: float, delta: float) -> float:
@@ -87,6 +99,8 @@ class HorizonLimit:
     horizon_ms: int
     limit: float
     buckets: int = 4
+    delta: bool = False
+    """True: ``limit`` bounds delta, charged in pico-units; False: the namespace's epsilon (or rho)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.horizon_ms, bool) or not isinstance(self.horizon_ms, int) or self.horizon_ms <= 0:
@@ -103,13 +117,22 @@ class HorizonLimit:
             )
         if isinstance(self.limit, bool) or not isinstance(self.limit, (int, float)) or not math.isfinite(self.limit):
             raise ValueError(f"limit must be a finite number, got {self.limit!r}")
-        units = to_units_down(self.limit)
+        if not isinstance(self.delta, bool):
+            raise ValueError(f"delta must be True (a delta limit) or False, got {self.delta!r}")
+        units = to_units_down(self.limit, self.scale)
+        what = "delta limit" if self.delta else "limit"
         if units < 1:
-            raise ValueError(f"limit must be at least 1e-6 (one micro-unit), got {self.limit!r}")
+            raise ValueError(f"{what} must be at least {'1e-12' if self.delta else '1e-6'} (one fixed-point unit), got {self.limit!r}")
         if units > MAX_LIMIT_UNITS:
             raise ValueError(
-                f"limit {self.limit!r} is too large; the ledger supports limits up to {MAX_LIMIT_UNITS / MICRO:g}"
+                f"{what} {self.limit!r} is too large; the ledger supports {what}s up to "
+                f"{MAX_LIMIT_UNITS / self.scale:g}"
             )
+
+    @property
+    def scale(self) -> int:
+        """Fixed-point units per unit of what this limit bounds."""
+        return PICO if self.delta else MICRO
 
     @property
     def bucket_ms(self) -> int:
@@ -118,13 +141,13 @@ class HorizonLimit:
 
     @property
     def limit_units(self) -> int:
-        """The limit in micro-units, rounded down."""
-        return to_units_down(self.limit)
+        """The limit in fixed-point units, rounded down."""
+        return to_units_down(self.limit, self.scale)
 
     @property
     def label(self) -> str:
-        """Metric label of this horizon, e.g. ``'1h'``."""
-        return format_duration_ms(self.horizon_ms)
+        """Metric label of this limit: ``'1h'`` (epsilon or rho), ``'1h-delta'`` (delta)."""
+        return format_duration_ms(self.horizon_ms) + ("-delta" if self.delta else "")
 
 
 @dataclass(frozen=True)
@@ -175,9 +198,21 @@ class NamespacePolicy:
         for h in self.horizons:
             if not isinstance(h, HorizonLimit):
                 raise TypeError(f"namespace {self.name}: horizons must be HorizonLimit objects, got {type(h).__name__}")
-        lengths = [h.horizon_ms for h in self.horizons]
+        if all(h.delta for h in self.horizons):
+            raise ValueError(
+                f"namespace {self.name}: every limit bounds delta; give at least one {self.accounting} limit"
+            )
+        if self.accounting == "rho" and any(h.delta for h in self.horizons):
+            raise ValueError(
+                f"namespace {self.name}: a rho (zCDP) namespace holds no delta limit: zCDP queries spend no "
+                "delta. Account the namespace in epsilon to limit delta (Gaussian and partition selection)"
+            )
+        lengths = [(h.horizon_ms, h.delta) for h in self.horizons]
         if len(set(lengths)) != len(lengths):
-            raise ValueError(f"namespace {self.name}: two limits share a horizon ({lengths}); keep the smaller one")
+            raise ValueError(
+                f"namespace {self.name}: two limits of one kind share a horizon "
+                f"({[h.label for h in self.horizons]}); keep the smaller one"
+            )
         if len(self.alert_at) > MAX_THRESHOLDS:
             raise ValueError(
                 f"namespace {self.name}: at most {MAX_THRESHOLDS} alert thresholds, got {len(self.alert_at)}"
@@ -197,24 +232,49 @@ class NamespacePolicy:
     def longest_horizon_ms(self) -> int:
         return max(h.horizon_ms for h in self.horizons)
 
+    @property
+    def limits_delta(self) -> bool:
+        """True when some limit bounds delta (queries spending delta may charge this namespace)."""
+        return any(h.delta for h in self.horizons)
+
+    def currency(self, horizon: HorizonLimit) -> str:
+        """What ``horizon`` limits: ``'delta'``, or the namespace's accounting (``'epsilon'``/``'rho'``)."""
+        return "delta" if horizon.delta else self.accounting
+
     def threshold_units(self, horizon: HorizonLimit) -> tuple[int, ...]:
         """Spend (micro-units) at which each alert threshold is reached: ceil(a * limit)."""
         limit = Decimal(horizon.limit_units)
         return tuple(int((Decimal(repr(a)) * limit).to_integral_value(ROUND_CEILING)) for a in self.alert_at)
 
-    def cost_units(self, cost: float) -> int:
-        """A query's loss in micro-units (rounded up), validated against the limits."""
+    def cost_units(self, cost: float, delta: float = 0.0) -> tuple[int, ...]:
+        """A query's per-window loss in fixed-point units (rounded up), one entry per limit.
+
+        ``cost`` is in the namespace's accounting (epsilon or rho); ``delta``
+        is charged to delta limits. A query that spends delta needs a delta
+        limit: charging it only epsilon would leave its delta unbounded.
+        """
         if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost <= 0:
             raise ValueError(f"cost must be a finite positive {self.accounting}, got {cost!r}")
-        units = to_units_up(cost)
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 <= delta < 1.0:
+            raise ValueError(f"delta must be a number in [0, 1), got {delta!r}")
+        if delta > 0 and not self.limits_delta:
+            raise ValueError(
+                f"a charge of delta={delta:g} to namespace {self.name}, which has no delta limit: its delta would "
+                "be unbounded. Add a delta limit to a horizon of the namespace, e.g. "
+                "{horizon: 1h, epsilon: 1.0, delta: 1e-6}"
+            )
+        units = []
         for h in self.horizons:
-            if units > h.limit_units:
+            amount = delta if h.delta else cost
+            u = to_units_up(amount, h.scale)
+            if u > h.limit_units:
                 raise ValueError(
-                    f"cost {cost!r} {self.accounting} exceeds the {h.label} limit {h.limit!r} of namespace "
-                    f"{self.name}: no unit could ever be charged; "
-                    f"lower the query's {self.accounting} or raise the limit"
+                    f"a charge of {amount!r} {self.currency(h)} exceeds the {h.label} limit {h.limit!r} of namespace "
+                    f"{self.name}: no unit could ever be charged; lower the query's {self.currency(h)} or raise "
+                    "the limit"
                 )
-        return units
+            units.append(u)
+        return tuple(units)
 
     def to_epsilon_delta(self, spent: float) -> tuple[float, float | None]:
         """``spent`` as (epsilon, delta): delta is None for epsilon namespaces (not tracked)."""
@@ -253,3 +313,16 @@ class BudgetPolicy:
         except KeyError:
             known = ", ".join(sorted(self.namespaces)) or "none"
             raise KeyError(f"unknown budget namespace {name!r}; known namespaces: {known}") from None
+
+
+def policy_from_config(pipeline_config: Any) -> BudgetPolicy:
+    """The budget policy of a loaded query file (``stream_dp.config.PipelineConfig``)."""
+    namespaces = []
+    for name, namespace in pipeline_config.namespaces.items():
+        horizons = []
+        for b in namespace.budgets:
+            horizons.append(HorizonLimit(b.horizon_ms, b.limit, b.buckets))
+            if b.delta is not None:
+                horizons.append(HorizonLimit(b.horizon_ms, b.delta, b.buckets, delta=True))
+        namespaces.append(NamespacePolicy(name, namespace.accounting, horizons, alert_at=namespace.alert_at))
+    return BudgetPolicy(namespaces)

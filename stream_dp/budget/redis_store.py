@@ -175,7 +175,8 @@ class RedisBudgetStore:
         return [layout.generation_ms, len(ledger.horizons), ledger.levels, len(edges), *args]
 
     def charge(
-        self, namespace: str, charge_id: str, units: Sequence[str], cost: float, event_time_ms: int
+        self, namespace: str, charge_id: str, units: Sequence[str], cost: float, event_time_ms: int,
+        *, delta: float = 0.0,
     ) -> ChargeOutcome:
         ledger = self._ledger(namespace)
         if not isinstance(charge_id, str) or not charge_id:
@@ -183,7 +184,7 @@ class RedisBudgetStore:
                 f"charge_id must be a non-empty str such as 'query/window_start/partition', got {charge_id!r}"
             )
         time_ms = batch.event_time(event_time_ms)
-        cost_units = ledger.policy.cost_units(cost)
+        cost_units = ledger.policy.cost_units(cost, delta)
         unit_list = batch.as_unit_list(units)
         if not unit_list:
             return ChargeOutcome.empty()
@@ -214,7 +215,7 @@ class RedisBudgetStore:
         charge_id: str,
         chunk: int,
         units: list[str],
-        cost_units: int,
+        cost_units: tuple[int, ...],
         time_ms: int,
     ) -> batch.ChunkResult:
         namespace = ledger.policy.name
@@ -237,7 +238,7 @@ class RedisBudgetStore:
         ]
         args: list[Any] = [
             now_arg,
-            cost_units,
+            batch.cost_argument(cost_units),
             time_ms,
             opts.max_delay_ms,
             opts.max_lead_ms,
@@ -310,7 +311,7 @@ class RedisBudgetStore:
             charged=int(reply[2]),
             alerts=alerts,
             replayed=replayed,
-            excluded_by_horizon={p.horizon_ms: c for p, c in zip(ledger.horizons, refusals, strict=True)},
+            excluded_by_horizon={p.label: c for p, c in zip(ledger.horizons, refusals, strict=True)},
         )
         return batch.ChunkResult(outcome, refusals)
 

@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from stream_dp.budget.policy import BudgetPolicy
+from stream_dp.budget.policy import BudgetPolicy, format_duration_ms
 
 
 class BudgetError(Exception):
@@ -154,13 +154,15 @@ class ChargeOutcome:
     not charged: the caller drops all of that unit's events from the window.
     ``charged`` counts the units charged. ``replayed`` is True when the charge id
     had already been charged: the stored decision is returned, nobody is charged.
+    ``excluded_by_horizon``: units refused by each limit, by its label (``'1h'``,
+    ``'1h-delta'``); a unit refused by two limits counts in both.
     """
 
     excluded: np.ndarray
     charged: int
     alerts: list[AlertRecord] = field(default_factory=list)
     replayed: bool = False
-    excluded_by_horizon: dict[int, int] = field(default_factory=dict)
+    excluded_by_horizon: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> ChargeOutcome:
@@ -173,17 +175,31 @@ class HorizonSpend:
 
     ``spent`` is the largest spend of any run of ``buckets + 1`` buckets that
     contains the time: exactly what stands between the unit and exclusion, so
-    ``limit - spent`` can still be charged at that time. ``epsilon``/``delta``
-    give the spend as (epsilon, delta)-DP: for rho namespaces converted at the
-    namespace's ``report_delta``; for epsilon namespaces delta is None.
+    ``remaining = limit - spent`` can still be charged at that time.
+    ``currency`` is what the limit bounds: ``'epsilon'``, ``'rho'`` or
+    ``'delta'``. For epsilon and rho limits ``epsilon``/``delta`` give the
+    spend as (epsilon, delta)-DP: for rho namespaces converted at the
+    namespace's ``report_delta``; for epsilon namespaces delta is None. For a
+    delta limit they are None and ``spent`` is the delta spent.
     """
 
     horizon_ms: int
     spent: float
     limit: float
     fraction: float
-    epsilon: float
+    epsilon: float | None
     delta: float | None
+    currency: str = "epsilon"
+
+    @property
+    def remaining(self) -> float:
+        """What can still be charged at this time (never negative)."""
+        return max(0.0, self.limit - self.spent)
+
+    @property
+    def label(self) -> str:
+        """``'1h'``, or ``'1h-delta'`` for a delta limit (as in metric labels)."""
+        return format_duration_ms(self.horizon_ms) + ("-delta" if self.currency == "delta" else "")
 
 
 @runtime_checkable
@@ -194,9 +210,10 @@ class BudgetStore(Protocol):
     def policy(self) -> BudgetPolicy: ...
 
     def charge(
-        self, namespace: str, charge_id: str, units: Sequence[str], cost: float, event_time_ms: int
+        self, namespace: str, charge_id: str, units: Sequence[str], cost: float, event_time_ms: int,
+        *, delta: float = 0.0,
     ) -> ChargeOutcome:
-        """Charge ``cost`` at ``event_time_ms`` to every unit that can afford it.
+        """Charge ``cost`` (and ``delta``, to delta limits) at ``event_time_ms`` to every unit that can afford both.
 
         Raises ``BudgetError`` (never returns) when nothing could be charged.
         """

@@ -20,30 +20,13 @@ import sys
 import time
 from typing import Any, TextIO
 
-from stream_dp.budget import (
-    BudgetError,
-    BudgetPolicy,
-    BudgetStore,
-    HorizonLimit,
-    NamespacePolicy,
-    RedisBudgetStore,
-    StoreOptions,
-)
+from stream_dp.budget import BudgetError, BudgetStore, RedisBudgetStore, StoreOptions, policy_from_config
 from stream_dp.budget.policy import format_duration_ms
 from stream_dp.budget.store import DEFAULT_INPUT_RETENTION_MS
 
 logger = logging.getLogger("stream_dp.budget.admin")
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def policy_from_config(pipeline_config: Any) -> BudgetPolicy:
-    """The budget policy of a loaded query file (``stream_dp.config.PipelineConfig``)."""
-    namespaces = []
-    for name, namespace in pipeline_config.namespaces.items():
-        horizons = [HorizonLimit(b.horizon_ms, b.limit, b.buckets) for b in namespace.budgets]
-        namespaces.append(NamespacePolicy(name, namespace.accounting, horizons, alert_at=namespace.alert_at))
-    return BudgetPolicy(namespaces)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -133,14 +116,18 @@ def _now_ms(args: argparse.Namespace) -> int:
 
 
 def show_budget(args: argparse.Namespace, store: BudgetStore, out: TextIO) -> int:
+    """Spent, limit, remaining and used fraction of every limit (epsilon or rho, and delta) of the unit."""
     policy = store.policy.namespace(args.namespace)
     report = store.spend(args.namespace, args.unit, _now_ms(args))
     if args.json:
         rows = [
             {
+                "horizon": h.label,
                 "horizon_ms": h.horizon_ms,
+                "currency": h.currency,
                 "spent": h.spent,
                 "limit": h.limit,
+                "remaining": h.remaining,
                 "fraction": h.fraction,
                 "epsilon": h.epsilon,
                 "delta": h.delta,
@@ -153,13 +140,16 @@ def show_budget(args: argparse.Namespace, store: BudgetStore, out: TextIO) -> in
         out.write("\n")
         return 0
     print(f"namespace {args.namespace} ({policy.accounting}), unit {args.unit}", file=out)
-    header = f"{'horizon':>8}  {'spent':>10}  {'limit':>10}  {'used':>7}"
+    header = f"{'horizon':>8}  {'currency':>8}  {'spent':>12}  {'limit':>12}  {'remaining':>12}  {'used':>7}"
     if policy.accounting == "rho":
         header += f"  {'epsilon':>10} (delta={policy.report_delta:g})"
     print(header, file=out)
     for h in report:
-        line = f"{format_duration_ms(h.horizon_ms):>8}  {h.spent:>10.6f}  {h.limit:>10.6f}  {h.fraction:>7.1%}"
-        if policy.accounting == "rho":
+        # delta amounts are tiny: print them in exponent form
+        number = "{:>12.4e}" if h.currency == "delta" else "{:>12.6f}"
+        line = (f"{format_duration_ms(h.horizon_ms):>8}  {h.currency:>8}  {number.format(h.spent)}  "
+                f"{number.format(h.limit)}  {number.format(h.remaining)}  {h.fraction:>7.1%}")
+        if h.currency == "rho":
             line += f"  {h.epsilon:>10.6f}"
         print(line, file=out)
     return 0

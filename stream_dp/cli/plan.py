@@ -23,24 +23,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def plan_config(config) -> list[dict]:
-    from stream_dp.worker.app import build_plan, window_cost
+    from stream_dp.worker.app import build_plan, check_cost_fits, window_cost
 
     out = []
     for query in config.queries:
         namespace = config.namespaces[query.privacy_unit.namespace]
         plan = build_plan(query)
         described = plan.describe()
-        cost = window_cost(plan, namespace.accounting, query.name)
+        cost, delta = window_cost(plan, namespace.accounting, query.name)
+        check_cost_fits(query.name, query.privacy_unit.namespace, namespace, cost, delta)
         horizons = []
         for budget in namespace.budgets:
             windows_in_horizon = budget.horizon_ms // query.window.size_ms
-            affordable = int(budget.limit // cost) if cost > 0 else None
+            # A unit joins a window only while every limit of the horizon affords it.
+            affordable = int(budget.limit // cost)
+            if delta > 0 and budget.delta is not None:
+                affordable = min(affordable, int(budget.delta // delta))
+            joined = min(affordable, windows_in_horizon)
             horizons.append({
                 "horizon": format_duration_ms(budget.horizon_ms),
                 "limit": budget.limit,
+                "delta_limit": budget.delta,
                 "windows_in_horizon": windows_in_horizon,
                 "windows_a_unit_can_join": affordable,
-                "fully_active_unit_excluded": affordable is not None and affordable < windows_in_horizon,
+                "fully_active_unit_excluded": affordable < windows_in_horizon,
+                # what a unit active in every window spends in one horizon of this query alone
+                "fully_active_unit_spends": {namespace.accounting: joined * cost, "delta": joined * delta},
             })
         out.append({
             "query": query.name,
@@ -49,12 +57,16 @@ def plan_config(config) -> list[dict]:
             "window": format_duration_ms(query.window.size_ms),
             "per_window_loss": plan.loss.to_dict(),
             "per_window_cost": cost,
+            "per_window_delta": delta,
             "mechanism": query.mechanism,
             "count_scale": described["count_scale"],
             "sum_scale": described["sum_scale"],
             "selection_threshold": described["selection_threshold"],
             "accuracy": [plan.accuracy_at(n) for n in EXAMPLE_COUNTS],
             "horizons": horizons,
+            # Windows are charged at their end: an interval of event time of a horizon's length
+            # holds the windows charged in it plus, at its end, at most one straddling window per query.
+            "interval_slack_windows": 1,
         })
     return out
 
@@ -76,8 +88,11 @@ def run(args: argparse.Namespace) -> int:
     for p in plans:
         loss = p["per_window_loss"]
         print(f"query {p['query']} ({p['window']} windows, {p['mechanism']}, namespace {p['namespace']})")
+        charged = f"{p['per_window_cost']:.6g} {p['accounting']}"
+        if p["per_window_delta"]:
+            charged += f" and delta {p['per_window_delta']:.3g}"
         print("  per window and unit: " + ", ".join(f"{k}={_fmt(v)}" for k, v in loss.items() if v is not None)
-              + f"; charged {p['per_window_cost']:.6g} {p['accounting']}")
+              + f"; charged {charged}")
         print(f"  noise scale: count {_fmt(p['count_scale'])}, sum {_fmt(p['sum_scale'])}"
               + (f"; selection threshold {_fmt(p['selection_threshold'])} units" if p["selection_threshold"] else ""))
         print(f"  {'true count':>10} {'count ±95%':>11} {'sum ±95%':>10} {'mean ±95%':>10}")
@@ -86,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
         for h in p["horizons"]:
             joinable = h["windows_a_unit_can_join"]
             note = "excluded before the horizon ends" if h["fully_active_unit_excluded"] else "never runs out"
-            print(f"  {h['limit']:g} per {h['horizon']}: a unit can join {joinable} of {h['windows_in_horizon']} windows "
-                  f"(a unit active in every window is {note})")
+            limits = f"{h['limit']:g}" + (f" (delta {h['delta_limit']:g})" if h["delta_limit"] is not None else "")
+            spends = h["fully_active_unit_spends"]
+            print(f"  {limits} per {h['horizon']}: a unit can join {joinable} of {h['windows_in_horizon']} windows "
+                  f"(a unit active in every window is {note}; it spends {spends[p['accounting']]:.6g} "
+                  f"{p['accounting']}, delta {spends['delta']:.3g} per {h['horizon']})")
+        print(f"  windows are charged at their end: an interval of event time of one horizon may also overlap "
+              f"{p['interval_slack_windows']} window of this query straddling its end, beyond the limit")
     return 0

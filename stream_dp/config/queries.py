@@ -32,11 +32,17 @@ class _Strict(BaseModel):
 
 
 class HorizonBudget(_Strict):
-    """A rolling-horizon limit: at most ``epsilon`` (or ``rho``) per ``horizon``."""
+    """A rolling-horizon limit: at most ``epsilon`` (or ``rho``) per ``horizon``, and at most ``delta``.
+
+    ``delta`` (epsilon namespaces only) bounds the delta that Gaussian queries
+    and partition selection spend: without it, such queries cannot charge the
+    namespace.
+    """
 
     horizon_ms: DurationMs = Field(alias="horizon")
     epsilon: float | None = Field(None, gt=0, allow_inf_nan=False)
     rho: float | None = Field(None, gt=0, allow_inf_nan=False)
+    delta: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False)
     buckets: int = Field(12, ge=1, le=240)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -75,6 +81,11 @@ class NamespaceConfig(_Strict):
         units = {"epsilon" if b.epsilon is not None else "rho" for b in self.budgets}
         if len(units) > 1:
             raise ValueError("mix of epsilon and rho budgets in one namespace; account a namespace in one unit")
+        if units == {"rho"} and any(b.delta is not None for b in self.budgets):
+            raise ValueError(
+                "a delta limit in a rho namespace: zCDP queries spend no delta; account the namespace in epsilon "
+                "to limit delta (Gaussian queries and partition selection)"
+            )
         horizons = [b.horizon_ms for b in self.budgets]
         if len(set(horizons)) != len(horizons):
             raise ValueError("two budgets with the same horizon; keep one limit per horizon")
@@ -83,6 +94,10 @@ class NamespaceConfig(_Strict):
     @property
     def accounting(self) -> Literal["epsilon", "rho"]:
         return "epsilon" if self.budgets[0].epsilon is not None else "rho"
+
+    @property
+    def limits_delta(self) -> bool:
+        return any(b.delta is not None for b in self.budgets)
 
 
 class PrivacyUnit(_Strict):

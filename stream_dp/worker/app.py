@@ -16,8 +16,7 @@ import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client import CollectorRegistry, start_http_server
 
-from stream_dp.budget import BudgetStore, RedisBudgetStore
-from stream_dp.cli.budget import policy_from_config
+from stream_dp.budget import BudgetStore, RedisBudgetStore, policy_from_config
 from stream_dp.config import PipelineConfig, QueryConfig, Settings
 from stream_dp.dp import ClipRange, ContributionBounds, OpenDPNoise, ReleasePlan
 from stream_dp.metrics.budget import BudgetMetrics
@@ -54,24 +53,53 @@ def build_plan(query: QueryConfig) -> ReleasePlan:
     )
 
 
-def window_cost(plan: ReleasePlan, accounting: str, query: str) -> float:
-    """One window's per-unit loss in the namespace's unit."""
+def window_cost(plan: ReleasePlan, accounting: str, query: str) -> tuple[float, float]:
+    """One window's per-unit loss as (cost in the namespace's unit, delta charged beside it).
+
+    An epsilon namespace is charged the window's (epsilon, delta): delta from
+    Gaussian noise and from partition selection. A rho namespace is charged
+    rho and holds no delta.
+    """
     loss = plan.loss
     if accounting == "epsilon":
-        return loss.epsilon
-    if loss.rho is not None and loss.delta == 0:
-        return loss.rho
+        return loss.epsilon, loss.delta
     if loss.rho is not None:
-        # zCDP noise plus an (epsilon, delta) part (partition selection) cannot be one rho.
-        raise WorkerConfigError(
-            f"query {query!r} spends delta={loss.delta:g} besides rho, which a rho-accounted namespace cannot hold; "
-            "use public groups or an epsilon-accounted namespace"
-        )
+        # A zCDP loss (Gaussian noise, public groups): its delta only states it as (epsilon, delta).
+        # With partition selection the loss has an (epsilon, delta) part and no rho (below).
+        return loss.rho, 0.0
     if loss.delta == 0:
-        return loss.epsilon**2 / 2  # pure epsilon-DP implies (epsilon^2 / 2)-zCDP (Bun & Steinke 2016, Prop. 1.4)
+        return loss.epsilon**2 / 2, 0.0  # pure epsilon-DP implies (epsilon^2 / 2)-zCDP (Bun & Steinke 2016, Prop. 1.4)
     raise WorkerConfigError(
-        f"query {query!r} is (epsilon, delta)-DP, which a rho-accounted namespace cannot hold; account its namespace in epsilon"
+        f"query {query!r} is (epsilon, delta)-DP (partition selection spends delta={loss.delta:g}), which a "
+        "rho-accounted namespace cannot hold; use public groups or account its namespace in epsilon"
     )
+
+
+def check_cost_fits(query: str, namespace_name: str, namespace: Any, cost: float, delta: float) -> None:
+    """A query's per-window charge must fit every limit of its namespace, and its delta needs a delta limit."""
+    smallest = min(namespace.budgets, key=lambda b: b.limit)
+    if cost > smallest.limit:
+        raise WorkerConfigError(
+            f"query {query!r} charges {cost:g} {namespace.accounting} per window, more than the "
+            f"{smallest.limit:g} limit per {smallest.horizon_ms} ms of namespace {namespace_name!r}: "
+            "no unit could ever be released; lower the query's epsilon or raise the limit"
+        )
+    if delta <= 0:
+        return
+    delta_limits = [b for b in namespace.budgets if b.delta is not None]
+    if not delta_limits:
+        raise WorkerConfigError(
+            f"query {query!r} spends delta={delta:g} per window (Gaussian noise or partition selection), but "
+            f"namespace {namespace_name!r} has no delta limit, so a unit's delta would be unbounded: add one to "
+            "its budgets, e.g. {horizon: 1h, epsilon: 1.0, delta: 1e-6}"
+        )
+    tightest = min(delta_limits, key=lambda b: b.delta)
+    if delta > tightest.delta:
+        raise WorkerConfigError(
+            f"query {query!r} spends delta={delta:g} per window, more than the delta limit {tightest.delta:g} per "
+            f"{tightest.horizon_ms} ms of namespace {namespace_name!r}: no unit could ever be released; lower the "
+            "query's delta (or its selection delta) or raise the limit"
+        )
 
 
 def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[[], int]) -> list[QueryRuntime]:
@@ -130,17 +158,11 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
             public_groups=query.public_group_keys(),
             has_sum=aggregations.sum is not None,
         )
-        cost = window_cost(plan, namespace.accounting, query.name)
-        smallest = min(namespace.budgets, key=lambda b: b.limit)
-        if cost > smallest.limit:
-            raise WorkerConfigError(
-                f"query {query.name!r} charges {cost:g} {namespace.accounting} per window, more than the "
-                f"{smallest.limit:g} limit per {smallest.horizon_ms} ms of namespace {query.privacy_unit.namespace!r}: "
-                "no unit could ever be released; lower the query's epsilon or raise the limit"
-            )
+        cost, delta = window_cost(plan, namespace.accounting, query.name)
+        check_cost_fits(query.name, query.privacy_unit.namespace, namespace, cost, delta)
         runtimes.append(QueryRuntime(
             config=query, engine=engine, plan=plan, combiner=combiner, namespace=query.privacy_unit.namespace,
-            cost=cost, privacy=privacy,
+            cost=cost, delta=delta, privacy=privacy,
         ))
     return runtimes
 

@@ -16,6 +16,7 @@ re-published partial is identical.
 from __future__ import annotations
 
 import asyncio
+import functools
 import dataclasses
 import logging
 import time
@@ -277,7 +278,8 @@ class IngestStage:
                     # counted as a store error); if it goes through, journal right after.
                     charged_units, journaled = units, False
                 outcome = await asyncio.to_thread(
-                    self.budget.charge, query.namespace, charge_id, charged_units, query.cost, partial.window_end_ms
+                    functools.partial(self.budget.charge, delta=query.delta),
+                    query.namespace, charge_id, charged_units, query.cost, partial.window_end_ms,
                 )
                 if not journaled:
                     await asyncio.to_thread(self.journal.remember_units, charge_id, units)

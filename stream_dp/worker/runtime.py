@@ -20,6 +20,7 @@ class QueryRuntime:
     combiner: WindowCombiner
     namespace: str
     cost: float  # per-unit charge of one window, in the namespace's unit (epsilon or rho)
+    delta: float  # per-unit delta of one window, charged beside ``cost`` to the namespace's delta limits
     privacy: dict[str, Any]  # the `privacy` block of every release record of this query
 
     @property

@@ -58,7 +58,7 @@ SCENARIOS = (
               "aggregations": {"count": {}, "sum": {"field": "value", "clip": [0, 10]}}}),
     Scenario("gaussian", "main", "count", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
-              "mechanism": "gaussian", "delta": 1e-5}),
+              "mechanism": "gaussian", "delta": 1e-6}),
     # A budget of EXHAUSTED_AFTER windows: the target is excluded from every later one.
     Scenario("exhausted_budget", "main", "count", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0}),
@@ -105,7 +105,10 @@ def _config(run: str, topics: dict[str, str], outputs: dict[str, str]) -> dict:
     namespaces, queries = {}, []
     for s in SCENARIOS:
         limit = float(EXHAUSTED_AFTER) if s.name == "exhausted_budget" else 4000.0
-        namespaces[f"{run}-{s.name}"] = {"budgets": [{"horizon": "1h", "epsilon": limit}], "alert_at": [1.0]}
+        budget = {"horizon": "1h", "epsilon": limit}
+        if s.settings.get("delta"):
+            budget["delta"] = 4e-3  # room for every window's delta
+        namespaces[f"{run}-{s.name}"] = {"budgets": [budget], "alert_at": [1.0]}
         query = {
             "name": f"{run}_{s.name}", "input_topic": topics[s.topic], "output_topic": outputs[s.name],
             "privacy_unit": {"namespace": f"{run}-{s.name}", "field": "user_id"},

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from stream_dp.budget import RedisBudgetStore
-from stream_dp.cli.budget import policy_from_config, register
+from stream_dp.budget import RedisBudgetStore, policy_from_config
+from stream_dp.cli.budget import register
 from stream_dp.config import load_config
 
 from .conftest import _delete_prefix
@@ -21,7 +21,7 @@ CONFIG = """
 namespaces:
   users:
     budgets:
-      - {horizon: 1h, epsilon: 1.0, buckets: 4}
+      - {horizon: 1h, epsilon: 1.0, delta: 1.0e-5, buckets: 4}
       - {horizon: 24h, epsilon: 4.0, buckets: 24}
     alert_at: [0.8, 1.0]
   devices:
@@ -73,7 +73,8 @@ def test_policy_comes_from_the_query_file(config_file: Path) -> None:
     policy = policy_from_config(load_config(config_file))
     users = policy.namespace("users")
     assert users.accounting == "epsilon" and users.alert_at == (0.8, 1.0)
-    assert [(h.horizon_ms, h.limit, h.buckets) for h in users.horizons] == [(3_600_000, 1.0, 4), (86_400_000, 4.0, 24)]
+    assert [(h.horizon_ms, h.limit, h.buckets, h.delta) for h in users.horizons] == [
+        (3_600_000, 1.0, 4, False), (3_600_000, 1e-5, 4, True), (86_400_000, 4.0, 24, False)]
     devices = policy.namespace("devices")
     assert devices.accounting == "rho" and devices.horizons[0].limit == 0.5
 
@@ -81,16 +82,21 @@ def test_policy_comes_from_the_query_file(config_file: Path) -> None:
 def test_show_and_top(cli, capsys: pytest.CaptureFixture[str]) -> None:
     run, store = cli
     now = time.time_ns() // 1_000_000
-    store.charge("users", "q/1", ["alice", "bob"], 0.6, now)
+    store.charge("users", "q/1", ["alice", "bob"], 0.6, now, delta=2e-6)
     store.charge("users", "q/2", ["alice"], 0.3, now)
     assert run("show", "--namespace", "users", "alice") == 0
     out = capsys.readouterr().out
     assert "unit alice" in out
-    assert "      1h    0.900000    1.000000    90.0%" in out
-    assert "      1d    0.900000    4.000000    22.5%" in out
+    assert out.splitlines()[1].split() == ["horizon", "currency", "spent", "limit", "remaining", "used"]
+    assert "      1h   epsilon      0.900000      1.000000      0.100000    90.0%" in out
+    assert "      1h     delta    2.0000e-06    1.0000e-05    8.0000e-06    20.0%" in out
+    assert "      1d   epsilon      0.900000      4.000000      3.100000    22.5%" in out
     assert run("show", "--namespace", "users", "alice", "--json") == 0
     shown = json.loads(capsys.readouterr().out)
-    assert [h["spent"] for h in shown["horizons"]] == [0.9, 0.9]
+    assert [(h["horizon"], h["currency"]) for h in shown["horizons"]] == [
+        ("1h", "epsilon"), ("1h-delta", "delta"), ("1d", "epsilon")]
+    assert [h["spent"] for h in shown["horizons"]] == [0.9, 2e-6, 0.9]
+    assert [h["remaining"] for h in shown["horizons"]] == pytest.approx([0.1, 8e-6, 3.1])
     assert run("top", "--namespace", "users", "-n", "5") == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split() == ["1", "90.0%", "alice"]

@@ -87,7 +87,7 @@ def test_shards_are_a_stable_function_of_the_id() -> None:
 
 def test_layout_rejects_policies_it_cannot_store() -> None:
     policy = NamespacePolicy("users", "epsilon", [HorizonLimit(255_000, 1.0, 255)])
-    with pytest.raises(ValueError, match="more than 3000"):
+    with pytest.raises(ValueError, match="more than 6000"):
         StorageLayout(NamespaceLedger(policy, StoreOptions(max_delay_ms=DAY_MS)), 64)
     with pytest.raises(ValueError, match="shards must be"):
         layout(shards=0)

@@ -77,7 +77,7 @@ def test_namespace_policy_rejects_bad_values(kwargs: dict, message: str) -> None
 def test_threshold_and_cost_units() -> None:
     ns = NamespacePolicy("users", "epsilon", [HorizonLimit(HOUR_MS, 1.0)], alert_at=(0.8, 1.0))
     assert ns.threshold_units(ns.horizons[0]) == (800_000, 1_000_000)
-    assert ns.cost_units(0.25) == 250_000
+    assert ns.cost_units(0.25) == (250_000,)
     with pytest.raises(ValueError, match="exceeds the 1h limit"):
         ns.cost_units(1.5)
     with pytest.raises(ValueError, match="finite positive epsilon"):
@@ -103,3 +103,34 @@ def test_budget_policy_lookup_names_known_namespaces() -> None:
         BudgetPolicy([policy.namespace("users"), policy.namespace("users")])
     with pytest.raises(ValueError, match="at least one namespace"):
         BudgetPolicy([])
+
+
+def test_delta_limits_are_pico_units_and_labelled_apart() -> None:
+    limit = HorizonLimit(3_600_000, 1e-5, delta=True)
+    assert limit.limit_units == 10_000_000 and limit.label == "1h-delta"
+    ns = NamespacePolicy("users", "epsilon", [HorizonLimit(3_600_000, 1.0), limit])
+    assert ns.cost_units(0.25, 1e-6) == (250_000, 1_000_000)
+    assert ns.cost_units(0.25) == (250_000, 0)
+    with pytest.raises(ValueError, match="exceeds the 1h-delta limit"):
+        ns.cost_units(0.25, 2e-5)
+
+
+@pytest.mark.parametrize(
+    ("horizons", "accounting", "message"),
+    [
+        ([HorizonLimit(3_600_000, 1e-5, delta=True)], "epsilon", "every limit bounds delta"),
+        ([HorizonLimit(3_600_000, 0.5), HorizonLimit(3_600_000, 1e-5, delta=True)], "rho", "holds no delta limit"),
+        ([HorizonLimit(3_600_000, 1.0), HorizonLimit(3_600_000, 1e-5, delta=True),
+          HorizonLimit(3_600_000, 1e-6, delta=True)], "epsilon", "share a horizon"),
+    ],
+)
+def test_delta_limits_are_validated(horizons, accounting, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        NamespacePolicy("users", accounting, horizons)
+
+
+def test_delta_limits_fit_the_ledger() -> None:
+    with pytest.raises(ValueError, match="delta limits up to 0.00429"):
+        HorizonLimit(3_600_000, 0.01, delta=True)
+    with pytest.raises(ValueError, match="at least 1e-12"):
+        HorizonLimit(3_600_000, 1e-13, delta=True)

@@ -349,3 +349,30 @@ def test_budgets_laid_out_for_an_hour_keep_their_delay(
     other = RedisBudgetStore(redis_client, standard_policy(), key_prefix=prefix, clock_ms=clock, shards=16)
     with pytest.raises(StoreLayoutMismatch, match="same StoreOptions, shards and horizons"):
         other.charge("users", "other/1", ["dave"], 0.1, clock.now_ms)
+
+
+def test_a_unit_holding_thousands_of_buckets_is_still_charged(
+    redis_client: redis.Redis, unique_name: str, clock: Clock
+) -> None:
+    """A unit charged in every 5-minute bucket of a week-long backlog, on an epsilon and a delta limit.
+
+    Its state holds over 4,000 counters, which the charge script unpacks in
+    one call: it must neither fail nor lose a counter.
+    """
+    five_min = 300_000
+    policy = BudgetPolicy([NamespacePolicy("users", "epsilon", [
+        HorizonLimit(HOUR_MS, 1.0, buckets=12),
+        HorizonLimit(HOUR_MS, 1e-5, buckets=12, delta=True),
+        HorizonLimit(24 * HOUR_MS, 100.0, buckets=12),
+    ])])
+    options = StoreOptions.for_input_retention(7 * 24 * HOUR_MS)
+    store = RedisBudgetStore(redis_client, policy, options, key_prefix=f"{unique_name}:", clock_ms=clock)
+    first = clock.now_ms - 7 * 24 * HOUR_MS
+    times = range(first, clock.now_ms, five_min)
+    for k, t in enumerate(times):
+        assert store.charge("users", f"q/{k}", ["alice"], 0.01, t, delta=1e-7).charged == 1
+    assert len(times) == 2016  # 2 x 2016 counters on the hour limits, ~85 on the day limit
+    spend = store.spend("users", "alice", clock.now_ms - five_min)
+    # the last hour (and its neighbour bucket) holds 13 charges of 0.01 and 1e-7
+    assert spend[0].spent == pytest.approx(0.13) and spend[1].spent == pytest.approx(1.3e-6)
+    assert store.charge("users", "q/last", ["alice"], 0.01, clock.now_ms, delta=1e-7).charged == 1

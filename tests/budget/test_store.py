@@ -45,7 +45,7 @@ def test_exclusion_is_aligned_with_the_units(make_store: StoreFactory, clock: Cl
     assert outcome.excluded.dtype == bool
     assert outcome.excluded.tolist() == [False, True, False]
     assert outcome.charged == 2
-    assert outcome.excluded_by_horizon == {HOUR_MS: 1, DAY_MS: 0}
+    assert outcome.excluded_by_horizon == {"1h": 1, "1d": 0}
     assert not outcome.replayed
     assert spent(store, "bob", t) == [0.9, 0.9]
     assert spent(store, "carol", t) == [pytest.approx(0.2), pytest.approx(0.2)]
@@ -83,7 +83,7 @@ def test_daily_backstop_binds_when_hours_do_not(make_store: StoreFactory, clock:
     clock.now_ms = t0 + 4 * 75 * MINUTE_MS
     outcome = store.charge("users", "d/4", ["alice"], 1.0, clock.now_ms)
     assert outcome.excluded.tolist() == [True]
-    assert outcome.excluded_by_horizon == {HOUR_MS: 0, DAY_MS: 1}
+    assert outcome.excluded_by_horizon == {"1h": 0, "1d": 1}
     report = store.spend("users", "alice", clock.now_ms)
     assert [(h.horizon_ms, h.spent, h.limit, h.fraction) for h in report] == [
         (HOUR_MS, 0.0, 1.0, 0.0),
@@ -321,3 +321,59 @@ def test_a_backlog_older_than_the_accepted_delay_is_refused(make_store: StoreFac
         store.charge("users", "too-old", ["alice"], 0.1, now - delay - 1)
     assert spent(store, "alice", now - delay) == [0.0, 0.0]
     assert store.charge("users", "oldest", ["alice"], 0.1, now - delay).charged == 1
+
+
+def delta_policy() -> BudgetPolicy:
+    """epsilon <= 10 and delta <= 1e-5 per hour; epsilon <= 40 per day."""
+    return BudgetPolicy([
+        NamespacePolicy(
+            "users",
+            "epsilon",
+            [
+                HorizonLimit(HOUR_MS, 10.0, buckets=4),
+                HorizonLimit(HOUR_MS, 1e-5, buckets=4, delta=True),
+                HorizonLimit(DAY_MS, 40.0, buckets=24),
+            ],
+            alert_at=(0.8, 1.0),
+        )
+    ])
+
+
+def test_delta_is_charged_beside_epsilon_and_refuses_on_its_own(make_store: StoreFactory, clock: Clock) -> None:
+    store = make_store(delta_policy())
+    t = clock.now_ms
+    # delta 3e-6 per window: three windows fit 1e-5, the fourth does not, though epsilon (0.4 of 10) would.
+    outcomes = [store.charge("users", f"q/{k}", ["alice"], 0.1, t, delta=3e-6) for k in range(4)]
+    assert [bool(o.excluded[0]) for o in outcomes] == [False, False, False, True]
+    assert outcomes[3].excluded_by_horizon == {"1h": 0, "1h-delta": 1, "1d": 0}
+    report = store.spend("users", "alice", t)
+    assert [(h.currency, h.label) for h in report] == [("epsilon", "1h"), ("delta", "1h-delta"), ("epsilon", "1d")]
+    assert report[0].spent == pytest.approx(0.3)
+    assert report[1].spent == pytest.approx(9e-6) and report[1].limit == pytest.approx(1e-5)
+    assert report[1].remaining == pytest.approx(1e-6)
+    assert report[1].epsilon is None and report[1].delta is None
+    # The delta alert says what it is about.
+    assert {a.accounting for a in outcomes[3].alerts} == {"delta"}
+
+
+def test_a_pure_epsilon_charge_leaves_delta_untouched(make_store: StoreFactory, clock: Clock) -> None:
+    store = make_store(delta_policy())
+    t = clock.now_ms
+    for k in range(50):
+        assert store.charge("users", f"q/{k}", ["alice"], 0.1, t).charged == 1
+    report = store.spend("users", "alice", t)
+    assert report[1].spent == 0.0 and report[0].spent == pytest.approx(5.0)
+
+
+def test_delta_without_a_delta_limit_is_refused_up_front(make_store: StoreFactory, clock: Clock) -> None:
+    store = make_store()
+    with pytest.raises(ValueError, match="no delta limit"):
+        store.charge("users", "q/1", ["alice"], 0.1, clock.now_ms, delta=1e-6)
+    assert spent(store, "alice", clock.now_ms) == [0.0, 0.0]  # nothing was charged
+
+
+def test_delta_is_rounded_up_to_a_pico_unit(make_store: StoreFactory, clock: Clock) -> None:
+    store = make_store(delta_policy())
+    t = clock.now_ms
+    store.charge("users", "q/1", ["alice"], 0.1, t, delta=1e-15)  # under one pico-unit: charged as one
+    assert store.spend("users", "alice", t)[1].spent == pytest.approx(1e-12)

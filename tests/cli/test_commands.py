@@ -45,6 +45,29 @@ def test_plan_json_states_loss_scales_and_budget_use(capsys):
     assert counts == sorted(counts) and all(a["count_ci95"] > 0 for a in plan["accuracy"])
 
 
+def test_plan_shows_the_delta_a_fully_active_unit_spends(tmp_path, capsys):
+    selecting = tmp_path / "select.yaml"
+    text = EXAMPLE.read_text().replace("public: [\"/\", \"/pricing\", \"/docs\"]", "select: {delta: 1.0e-6}")
+    assert "select: {delta: 1.0e-6}" in text
+    selecting.write_text(text)
+    assert main(["plan", str(selecting), "--json"]) == 0
+    (plan,) = json.loads(capsys.readouterr().out)
+    assert 0.99e-6 < plan["per_window_delta"] <= 1e-6  # the selection threshold may spend a little less
+    hour, day = plan["horizons"]
+    # epsilon 0.1 per window: 10 windows fit 1.0 per hour; delta 1e-6 per window: 10 fit 1e-5
+    assert hour["windows_a_unit_can_join"] == 10
+    assert hour["fully_active_unit_spends"]["delta"] == pytest.approx(10 * plan["per_window_delta"])
+    assert day["fully_active_unit_spends"] == {"epsilon": pytest.approx(4.0),
+                                               "delta": pytest.approx(40 * plan["per_window_delta"])}
+    assert main(["plan", str(selecting)]) == 0
+    assert "delta 9.93e-06 per 1h" in capsys.readouterr().out
+    # Without a delta limit the query's delta would be unbounded: plan (and run) refuse it.
+    no_delta = tmp_path / "no_delta.yaml"
+    no_delta.write_text(text.replace(", delta: 1.0e-5}", "}").replace(", delta: 4.0e-5}", "}"))
+    assert main(["plan", str(no_delta)]) == 1
+    assert "has no delta limit" in capsys.readouterr().err
+
+
 def test_run_without_secret_explains_how_to_set_it(monkeypatch, capsys):
     monkeypatch.delenv("STREAM_DP_CONTRIBUTION_SECRET", raising=False)
     assert main(["run", "--config", str(EXAMPLE)]) == 1

@@ -30,7 +30,7 @@ import redis
 import yaml
 
 from stream_dp.budget import RedisBudgetStore
-from stream_dp.cli.budget import policy_from_config
+from stream_dp.budget import policy_from_config
 from stream_dp.config import load_config
 
 from .promql import alert_rules, load_dashboard, panels, selectors, substitute

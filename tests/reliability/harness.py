@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
-from stream_dp.cli.budget import policy_from_config
+from stream_dp.budget import policy_from_config
 from stream_dp.config import load_config
 from tests.reliability.checks import (
     CheckReport,

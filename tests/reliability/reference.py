@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stream_dp.budget import MemoryBudgetStore
-from stream_dp.cli.budget import policy_from_config
+from stream_dp.budget import policy_from_config
 from stream_dp.config import PipelineConfig
 from stream_dp.windows import RawBatch, RejectReason
 from stream_dp.worker.app import build_runtimes

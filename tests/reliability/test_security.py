@@ -16,7 +16,7 @@ import time
 import pytest
 
 from stream_dp.budget import RedisBudgetStore
-from stream_dp.cli.budget import policy_from_config
+from stream_dp.budget import policy_from_config
 from stream_dp.config import load_config
 from tests.reliability.checks import CheckReport, check_metrics_text, check_release_records
 from tests.reliability.scenario import EPSILON, SECRET, Scenario

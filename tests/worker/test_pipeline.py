@@ -23,7 +23,7 @@ import yaml
 from kafka import KafkaProducer
 
 from stream_dp.budget import RedisBudgetStore
-from stream_dp.cli.budget import policy_from_config
+from stream_dp.budget import policy_from_config
 from stream_dp.config import load_config
 from tests.worker._support import consume_all, free_port, metric_sum, scrape
 
