@@ -40,7 +40,7 @@ from redis.retry import Retry
 from stream_dp.budget import batch
 from stream_dp.budget.layout import StorageLayout, legacy_layout
 from stream_dp.budget.ledger import NamespaceLedger
-from stream_dp.budget.policy import BudgetPolicy
+from stream_dp.budget.policy import BudgetPolicy, NamespacePolicy
 from stream_dp.budget.redis_calls import RedisCaller, Script
 from stream_dp.budget.store import (
     ChargeConflict,
@@ -53,6 +53,9 @@ from stream_dp.budget.store import (
 from stream_dp.metrics.budget import BudgetMetrics
 
 log = logging.getLogger(__name__)
+
+DEFAULT_SHARDS = 64
+"""Hashes per namespace and generation (see ``RedisBudgetStore``)."""
 
 
 class RedisBudgetStore:
@@ -81,7 +84,7 @@ class RedisBudgetStore:
         retries: int = 2,
         backoff_s: float = 0.05,
         max_units_per_call: int = 20_000,
-        shards: int = 64,
+        shards: int = DEFAULT_SHARDS,
         metrics: BudgetMetrics | None = None,
         clock_ms: Callable[[], int] | None = None,
         sleep: Callable[[float], None] = time.sleep,
@@ -99,10 +102,18 @@ class RedisBudgetStore:
         self._metrics = metrics
         self._clock_ms = clock_ms
         self._shards = shards
-        self._ledgers = {name: NamespaceLedger(ns, self._options) for name, ns in policy.namespaces.items()}
-        self._layouts = {name: StorageLayout(ledger, shards) for name, ledger in self._ledgers.items()}
+        self._layouts = {name: self.layout_of(ns, self._options, shards) for name, ns in policy.namespaces.items()}
+        self._ledgers = {name: layout.ledger for name, layout in self._layouts.items()}
         self._scripts = {name: Script(name) for name in ("charge", "reset")}
         self._static_args = {name: self._namespace_args(ledger) for name, ledger in self._ledgers.items()}
+
+    @staticmethod
+    def layout_of(policy: NamespacePolicy, options: StoreOptions, shards: int = DEFAULT_SHARDS) -> StorageLayout:
+        """How this store lays out the units of ``policy``; raises ``ValueError`` when they cannot fit.
+
+        A pure function, so that a configuration can be checked without a server.
+        """
+        return StorageLayout(NamespaceLedger(policy, options), shards)
 
     @classmethod
     def from_url(

@@ -1,26 +1,80 @@
-"""``stream-dp check-config FILE``: validate a query file and summarise it."""
+"""``stream-dp check-config FILE``: validate a query file and summarise it.
+
+The file is built exactly as ``stream-dp run`` builds it (``build_worker_parts``),
+so a file this command accepts cannot be refused by the worker at start-up.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from stream_dp.config import ConfigError, format_duration_ms, load_config
+
+RETENTION_ENV = "STREAM_DP_INPUT_RETENTION_MS"
+
+# The worker's contribution secret only seeds which events are kept; it cannot make a file
+# valid or invalid, so the check builds with a stand-in and needs no secret from the environment.
+STAND_IN_SECRET = b"check-config stand-in secret"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "check-config",
         help="validate a query configuration file",
-        description="Validate a query configuration file; exit 1 and list every problem when it is invalid.",
+        description="Validate a query configuration file as the worker builds it; exit 1 and list every problem "
+        "when it is invalid.",
     )
     parser.add_argument("config", metavar="FILE", help="query configuration YAML")
+    parser.add_argument(
+        "--input-retention-ms",
+        type=int,
+        default=None,
+        help=f"the workers' input retention, which bounds the budget buckets a unit keeps "
+        f"(default: ${RETENTION_ENV}, else Kafka's default of 7 days)",
+    )
     parser.set_defaults(handler=run)
 
 
+def _input_retention_ms(args: argparse.Namespace) -> int:
+    """The retention the workers run with: the option, else the environment a worker would read."""
+    from stream_dp.budget.store import DEFAULT_INPUT_RETENTION_MS
+    from stream_dp.config.settings import HOUR_MS
+
+    if args.input_retention_ms is not None:
+        retention, named = args.input_retention_ms, "--input-retention-ms"
+    elif (raw := os.environ.get(RETENTION_ENV)) is not None:
+        named = RETENTION_ENV
+        try:
+            retention = int(raw)
+        except ValueError:
+            raise ValueError(f"{RETENTION_ENV}={raw!r} is not a whole number of milliseconds; fix or unset it") from None
+    else:
+        return DEFAULT_INPUT_RETENTION_MS
+    if retention < HOUR_MS:  # a worker refuses these settings (stream_dp.config.settings)
+        raise ValueError(f"{named}={retention} is under an hour, which no worker runs with; give the input topics' retention.ms")
+    return retention
+
+
 def run(args: argparse.Namespace) -> int:
+    from stream_dp.budget import StoreOptions
+    from stream_dp.worker.app import build_worker_parts
+
+    try:
+        retention_ms = _input_retention_ms(args)
+    except ValueError as exc:
+        print(f"stream-dp check-config: {exc}", file=sys.stderr)
+        return 2
     try:
         config = load_config(args.config)
+        build_worker_parts(
+            config,
+            source=args.config,
+            secret=STAND_IN_SECRET,
+            store_options=StoreOptions.for_input_retention(retention_ms),
+            clock_ms=lambda: 0,
+        )
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -37,5 +91,6 @@ def run(args: argparse.Namespace) -> int:
             f"{sorted(query.aggregations.names())}, {query.mechanism} epsilon={query.epsilon:g}"
             + (f" delta={query.delta:g}" if query.delta else "")
         )
+    print(f"budget buckets checked for an input retention of {format_duration_ms(retention_ms)} (see --input-retention-ms)")
     print(f"{args.config}: OK ({len(config.queries)} queries)")
     return 0

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         settings = Settings()
-        return run_worker(config, settings)
+        return run_worker(config, settings, config_source=args.config)
     except (ConfigError, WorkerConfigError) as exc:
         print(exc, file=sys.stderr)
         return 1

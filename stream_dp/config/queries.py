@@ -13,7 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from stream_dp.budget.policy import MAX_HORIZONS, MAX_LIMIT_UNITS, MAX_THRESHOLDS, MICRO, to_units_down
 from stream_dp.config.durations import parse_duration_ms
+from stream_dp.windows.specs import MAX_ABS_VALUE
 
 DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -47,6 +49,20 @@ class HorizonBudget(_Strict):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
+    @field_validator("epsilon", "rho")
+    @classmethod
+    def _fits_the_ledger(cls, value: float | None) -> float | None:
+        # The budget ledger keeps whole micro-units in 32-bit counters (stream_dp.budget.policy).
+        if value is None:
+            return value
+        if to_units_down(value) < 1:
+            raise ValueError(f"limit {value:g} is below 1e-6, the smallest amount the budget ledger counts; raise it")
+        if to_units_down(value) > MAX_LIMIT_UNITS:
+            raise ValueError(
+                f"limit {value:g} is above {MAX_LIMIT_UNITS / MICRO:g}, the largest the budget ledger holds; lower it"
+            )
+        return value
+
     @model_validator(mode="after")
     def _one_unit(self) -> HorizonBudget:
         if (self.epsilon is None) == (self.rho is None):
@@ -68,13 +84,23 @@ class NamespaceConfig(_Strict):
     budgets: list[HorizonBudget] = Field(min_length=1)
     alert_at: list[float] = Field(default_factory=lambda: [0.8, 1.0])
 
+    @field_validator("budgets")
+    @classmethod
+    def _few_horizons(cls, value: list[HorizonBudget]) -> list[HorizonBudget]:
+        if len(value) > MAX_HORIZONS:
+            raise ValueError(f"{len(value)} budget horizons; a namespace holds at most {MAX_HORIZONS}, drop some")
+        return value
+
     @field_validator("alert_at")
     @classmethod
     def _fractions(cls, value: list[float]) -> list[float]:
         for fraction in value:
             if not (0 < fraction <= 1):
                 raise ValueError(f"alert threshold {fraction} is not a fraction of the limit; use values in (0, 1], e.g. [0.8, 1.0]")
-        return sorted(set(value))
+        thresholds = sorted(set(value))
+        if len(thresholds) > MAX_THRESHOLDS:
+            raise ValueError(f"{len(thresholds)} alert thresholds; a namespace holds at most {MAX_THRESHOLDS}, drop some")
+        return thresholds
 
     @model_validator(mode="after")
     def _one_accounting(self) -> NamespaceConfig:
@@ -152,6 +178,11 @@ class SumAggregation(_Strict):
         lo, hi = value
         if not (math.isfinite(lo) and math.isfinite(hi)) or lo >= hi:
             raise ValueError(f"clip {list(value)} must be two finite numbers [lo, hi] with lo < hi, e.g. [0, 100]")
+        if max(abs(lo), abs(hi)) > MAX_ABS_VALUE:
+            raise ValueError(
+                f"clip {list(value)} reaches beyond ±{MAX_ABS_VALUE:g}, the largest value an event may carry; "
+                "narrow it to the values you expect"
+            )
         return value
 
 
@@ -216,6 +247,20 @@ class QueryConfig(_Strict):
     def _consistent(self) -> QueryConfig:
         if self.mechanism == "gaussian" and self.delta <= 0:
             raise ValueError("mechanism gaussian needs delta > 0 (e.g. delta: 1.0e-7); or use mechanism: laplace")
+        if self.mechanism == "laplace" and self.delta > 0:
+            raise ValueError(
+                f"mechanism laplace is pure DP and spends no delta, got delta {self.delta:g}; set delta: 0 "
+                "(selected groups take theirs from groups.select.delta) or use mechanism: gaussian"
+            )
+        roles = [self.privacy_unit.field, self.timestamp_field, *self.group_by]
+        if self.aggregations.value_field is not None:
+            roles.append(self.aggregations.value_field)
+        repeated = sorted({name for name in roles if roles.count(name) > 1})
+        if repeated:
+            raise ValueError(
+                f"event field(s) {repeated} serve more than one role (privacy_unit.field, timestamp_field, group_by, "
+                "aggregations.sum.field) or appear twice in group_by; give each role its own field"
+            )
         if self.input_topic == self.output_topic:
             raise ValueError("output_topic equals input_topic; releases must go to their own topic")
         if isinstance(self.groups, PublicGroups):

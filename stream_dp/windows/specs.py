@@ -20,6 +20,9 @@ AUTO_SECONDS_BELOW = 1e11
 #: Latest accepted event time, 9999-12-31T23:59:59.999Z.
 MAX_TIMESTAMP_MS = 253_402_300_799_999
 
+#: Default largest magnitude of an event's value; larger values are rejected as out of range.
+MAX_ABS_VALUE = 1e15
+
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
@@ -46,7 +49,7 @@ class EventSchema:
     value_field: str | None = None
     timestamp_format: TimestampFormat = "auto"
     max_message_bytes: int = 65_536
-    max_abs_value: float = 1e15
+    max_abs_value: float = MAX_ABS_VALUE
     max_future_skew_ms: int = 300_000
     max_unit_length: int = 256
 

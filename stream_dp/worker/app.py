@@ -10,14 +10,15 @@ import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client import CollectorRegistry, start_http_server
 
-from stream_dp.budget import BudgetStore, RedisBudgetStore, policy_from_config
-from stream_dp.config import PipelineConfig, QueryConfig, Settings
+from stream_dp.budget import BudgetPolicy, BudgetStore, NamespacePolicy, RedisBudgetStore, StoreOptions, policy_from_config
+from stream_dp.config import ConfigError, PipelineConfig, QueryConfig, Settings
 from stream_dp.dp import ClipRange, ContributionBounds, OpenDPNoise, ReleasePlan
 from stream_dp.metrics.budget import BudgetMetrics
 from stream_dp.metrics.worker import WorkerMetrics
@@ -30,6 +31,8 @@ from stream_dp.worker.release import ReleaseStage
 from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
+
+_Built = TypeVar("_Built")
 
 
 class WorkerConfigError(ValueError):
@@ -167,6 +170,84 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
     return runtimes
 
 
+@dataclass(frozen=True)
+class WorkerParts:
+    """What a worker builds from the query file before it connects to anything."""
+
+    policy: BudgetPolicy
+    runtimes: list[QueryRuntime]
+
+
+def build_worker_parts(
+    config: PipelineConfig,
+    *,
+    source: str,
+    secret: bytes,
+    store_options: StoreOptions,
+    clock_ms: Callable[[], int],
+) -> WorkerParts:
+    """The budget policy and every query's runtime, or ``ConfigError`` listing every problem.
+
+    The one place where a loaded query file becomes worker objects: ``stream-dp run`` and
+    ``stream-dp check-config`` both call it, so the checker accepts exactly what a worker can
+    start with. Pure (no connection, no secret beyond ``secret``); each namespace and query is
+    built on its own so that one bad part does not hide the problems of the others. Every line
+    of the error names ``source`` and the namespace or query.
+    """
+    problems: list[str] = []
+
+    def attempt(where: str, build: Callable[..., _Built], *args: Any) -> _Built | None:
+        try:
+            return build(*args)
+        except Exception as error:  # the builders only compute: whatever they raise, the file cannot run
+            problems.append(f"{source}: {where}: {_explain(error)}")
+            return None
+
+    policies: dict[str, NamespacePolicy] = {}
+    for name in config.namespaces:
+        policy = attempt(f"namespaces.{name}", _namespace_policy, config, name)
+        if policy is None:
+            continue
+        # The Redis store refuses horizons whose buckets it cannot keep for the accepted delay.
+        if attempt(f"namespaces.{name}.budgets", RedisBudgetStore.layout_of, policy, store_options) is not None:
+            policies[name] = policy
+    runtimes = []
+    for index, query in enumerate(config.queries):
+        where = f"queries[{index}] ({query.name})"
+        runtime = attempt(where, _query_runtime, config, query, secret, clock_ms)
+        if runtime is None:
+            continue
+        # The store's own test of a charge against every limit, in whole micro-units as it charges.
+        if runtime.namespace in policies:
+            attempt(where, policies[runtime.namespace].cost_units, runtime.cost, runtime.delta)
+        runtimes.append(runtime)
+    whole_policy = None if problems else attempt("namespaces", policy_from_config, config)
+    if whole_policy is None:
+        raise ConfigError("\n".join(problems))
+    return WorkerParts(policy=whole_policy, runtimes=runtimes)
+
+
+def _namespace_policy(config: PipelineConfig, name: str) -> NamespacePolicy:
+    """The policy of one namespace, built as the worker builds all of them."""
+    alone = config.model_copy(update={"namespaces": {name: config.namespaces[name]}})
+    return policy_from_config(alone).namespace(name)
+
+
+def _query_runtime(
+    config: PipelineConfig, query: QueryConfig, secret: bytes, clock_ms: Callable[[], int]
+) -> QueryRuntime:
+    """The runtime of one query, built as the worker builds all of them."""
+    (runtime,) = build_runtimes(config.model_copy(update={"queries": [query]}), secret=secret, clock_ms=clock_ms)
+    return runtime
+
+
+def _explain(error: Exception) -> str:
+    """The builders raise ValueError/TypeError with a message saying what to fix; anything else is named."""
+    if isinstance(error, (ValueError, TypeError)) and str(error):
+        return str(error)
+    return f"{type(error).__name__}: {error} (the worker cannot be built from these values)"
+
+
 def contribution_secret(settings: Settings) -> bytes:
     if settings.contribution_secret is None:
         raise WorkerConfigError(
@@ -190,6 +271,7 @@ class Worker:
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         serve_metrics: bool = True,
         client_id: str = "stream-dp",
+        config_source: str = "query configuration",
     ) -> None:
         self.config = config
         self.settings = settings
@@ -198,7 +280,11 @@ class Worker:
         self.serve_metrics = serve_metrics
         self.client_id = client_id
         self.metrics = WorkerMetrics(registry)
-        self.runtimes = build_runtimes(config, secret=contribution_secret(settings), clock_ms=clock_ms)
+        parts = build_worker_parts(
+            config, source=config_source, secret=contribution_secret(settings),
+            store_options=settings.budget_store_options(), clock_ms=clock_ms,
+        )
+        self.runtimes = parts.runtimes
         self._redis: redis.Redis | None = None
         if ledger is None:
             self._redis = redis.Redis.from_url(
@@ -209,7 +295,7 @@ class Worker:
         if budget is None:
             # The store retries itself (safe: charges are idempotent); redis-py's own retries are off.
             budget = RedisBudgetStore.from_url(
-                settings.redis_url.get_secret_value(), policy_from_config(config), settings.budget_store_options(),
+                settings.redis_url.get_secret_value(), parts.policy, settings.budget_store_options(),
                 socket_timeout_s=settings.redis_timeout_s, retries=settings.redis_retries,
                 metrics=BudgetMetrics(registry=registry),
             )
@@ -289,9 +375,9 @@ class Worker:
             self.budget.close()
 
 
-def run_worker(config: PipelineConfig, settings: Settings) -> int:
-    """Run until SIGINT/SIGTERM; returns the process exit code."""
-    worker = Worker(config, settings, registry=CollectorRegistry())
+def run_worker(config: PipelineConfig, settings: Settings, *, config_source: str = "query configuration") -> int:
+    """Run until SIGINT/SIGTERM; returns the process exit code. ``config_source`` names the file in errors."""
+    worker = Worker(config, settings, registry=CollectorRegistry(), config_source=config_source)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
