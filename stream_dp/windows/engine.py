@@ -216,6 +216,19 @@ class WindowEngine:
 
     # -- processing ---------------------------------------------------------------
 
+    def hold_open(self, partitions: Iterable[int]) -> None:
+        """Owned ``partitions`` known to have records waiting count as active (not idle) now.
+
+        Idleness means a partition has nothing to deliver; one whose consumer lags
+        behind its end (a slow fetch, a busy worker, a backlog) must not have its
+        windows closed by the wall clock, which would make its waiting events late.
+        """
+        now = self._clock_ms()
+        for partition in partitions:
+            progress = self._progress.get(partition)
+            if progress is not None:
+                progress.last_active_wall_ms = now
+
     def tick(self) -> list[WindowPartial]:
         """Advance the watermark by the idle rule and return newly closed partials."""
         return self._advance(self._clock_ms())

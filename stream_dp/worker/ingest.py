@@ -207,7 +207,10 @@ class IngestStage:
                     self._count(query, result)
                     await self._dead_letters(query, topic, result.rejections)
                     closed += [_HeldPartial(query, p, now_ms) for p in result.partials]
+            lagging = self._lagging(batches)
             for query in self.queries:
+                # A partition with records waiting is slow, not idle: the wall clock must not close its windows.
+                query.engine.hold_open(lagging.get(query.config.input_topic, ()))
                 closed += [_HeldPartial(query, p, now_ms) for p in query.engine.tick()]
                 self.metrics.windows_open.labels(query.name).set(len(query.engine.open_windows))
                 self.metrics.open_rows.labels(query.name).set(query.engine.open_rows)
@@ -448,6 +451,19 @@ class IngestStage:
             log.warning("offset commit failed (%s); will retry", exc)
             return
         self._last_commit_s = now_s
+
+    def _lagging(self, batches: dict) -> dict[str, set[int]]:
+        """Per topic, the assigned partitions whose end (as the last fetch saw it) is past what was read."""
+        for tp, records in batches.items():
+            if records:
+                self._consumed[tp] = records[-1].offset + 1
+        out: dict[str, set[int]] = defaultdict(set)
+        for tp in self.consumer.assignment():
+            highwater = self.consumer.highwater(tp)
+            position = self._consumed.get(tp)
+            if highwater is not None and position is not None and highwater > position:
+                out[tp.topic].add(tp.partition)
+        return out
 
     def _update_lag(self, batches: dict) -> None:
         """Lag of every assigned partition, also of those that returned nothing (a stuck one shows)."""

@@ -277,6 +277,9 @@ class Deployment:
                     out[f"{labels.get('query', '').split('_', 1)[-1]}:{labels.get('reason')}"] += value
                 elif name == "stream_dp_events_total" and labels.get("outcome") == "late":
                     out[f"{labels.get('query', '').split('_', 1)[-1]}:late"] += value
+                elif name in ("stream_dp_windows_withheld_total", "stream_dp_release_partitions_missing_total"):
+                    # windows released without (some) data: timing, not the target, would differ D from D'
+                    out[f"{labels.get('query', '').split('_', 1)[-1]}:{name[10:-6]}"] += value
         return dict(out)
 
     def stop(self) -> None:

@@ -166,3 +166,19 @@ def test_each_rule_file_has_a_unit_test_file(rule_file):
         if f"../rules/{rule_file}" in yaml.safe_load(path.read_text())["rule_files"]
     ]
     assert covering, f"no deploy/prometheus/tests/*.test.yml loads rules/{rule_file}"
+
+
+# Labels a metric may carry: configuration names and operational categories, never a unit id,
+# a group key or any other value taken from events (README: the trust boundary of /metrics).
+CONFIGURATION_LABELS = {"query", "namespace", "horizon", "threshold", "kind", "outcome", "reason", "operation",
+                        "topic", "partition", "le"}
+
+
+def test_no_metric_is_labelled_by_unit_or_group():
+    from .promql import metric_catalogue
+
+    catalogue = metric_catalogue()
+    assert any(s.family.startswith("stream_dp_") for s in catalogue.values())
+    for series in catalogue.values():
+        if series.family.startswith("stream_dp_"):
+            assert series.labels <= CONFIGURATION_LABELS, (series.name, sorted(series.labels - CONFIGURATION_LABELS))

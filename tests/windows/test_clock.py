@@ -123,3 +123,38 @@ def test_records_without_a_timestamp_count_as_read_now():
     assert result.accepted == 1
     assert engine.watermark_ms == clock.now_ms - 5_000
     assert [p.window_start_ms for p in result.partials] == [(clock.now_ms - 2 * MIN) // MIN * MIN]
+
+
+def _backlog_on_two_partitions(hold_open: bool) -> tuple[int, int]:
+    """Partition 1 races through a backlog while partition 0, with records waiting, delivers nothing for a while.
+
+    Returns (accepted, late) of partition 0's events once it delivers again.
+    """
+    engine, clock = make_engine(schema=SCHEMA, size_ms=MIN, lateness_ms=5_000, idle_ms=2_000, partitions=(0, 1))
+    start = (NOW_MS - 3_600_000) // MIN * MIN
+    stream = Stream()
+    for p in (0, 1):
+        stream.add(event(f"first-{p}", start + 1_000), partition=p, timestamp_ms=start + 1_000)
+    engine.process(stream.batch())
+    # Partition 1 delivers 30 minutes of backlog over 10 s of wall clock; partition 0 is slow to fetch.
+    for k in range(10):
+        clock.now_ms += 1_000
+        if hold_open:
+            engine.hold_open([0])  # what the worker does when the consumer lags behind partition 0's end
+        first = len(stream.values)
+        for m in range(3):
+            t = start + (3 * k + m + 1) * MIN
+            stream.add(event(f"b{k}-{m}", t), partition=1, timestamp_ms=t)
+        engine.process(stream.batch(first))
+        engine.tick()
+    first = len(stream.values)
+    for i in range(10):  # partition 0's waiting records finally arrive: on time for their windows
+        stream.add(event(f"a{i}", start + 2_000 + i), partition=0, timestamp_ms=start + 2_000 + i)
+    result = engine.process(stream.batch(first))
+    return result.accepted, result.late
+
+
+def test_a_slow_partition_with_records_waiting_is_not_idle():
+    assert _backlog_on_two_partitions(hold_open=True) == (10, 0)
+    # Without hold_open the slow partition looks idle, the fast one's clock closes its windows: all late.
+    assert _backlog_on_two_partitions(hold_open=False) == (0, 10)
