@@ -189,6 +189,11 @@ class WindowEngine:
         return {p: pr.next_offset for p, pr in self._progress.items() if pr.next_offset is not None}
 
     @property
+    def replay_until_offsets(self) -> dict[int, int]:
+        """Per owned partition restored with one, the first offset its earlier owner had not processed."""
+        return {p: pr.replay_until_offset for p, pr in self._progress.items() if pr.replay_until_offset is not None}
+
+    @property
     def open_windows(self) -> list[tuple[int, int]]:
         return sorted((w.start_ms, w.end_ms) for w in self._windows.values())
 

@@ -36,6 +36,7 @@ from stream_dp.windows import RawBatch, RejectReason
 from stream_dp.windows.batch import NO_TIMESTAMP
 from stream_dp.worker.combiner import window_home
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
+from stream_dp.worker.positions import PartitionPositions
 from stream_dp.worker.records import PartialAggregate, Progress, encode_partial, encode_progress, partial_key
 from stream_dp.worker.runtime import QueryRuntime
 
@@ -102,7 +103,7 @@ class IngestStage:
         self._last_commit_s = 0.0
         self._last_progress_s = 0.0
         self._sent_progress: dict[tuple[str, int], int] = {}
-        self._consumed: dict[TopicPartition, int] = {}
+        self.positions = PartitionPositions(consumer)
         self._charge_attempts = 0
         self._next_charge_s = 0.0
 
@@ -145,6 +146,7 @@ class IngestStage:
                         closed, next_offset, clock = _restored_progress(metadata.get(tp), query.name)
                         if closed is not None:
                             restored[tp.partition] = closed
+                            self.positions.restored(query.name, tp, closed)
                         if next_offset is not None:
                             replay_until[tp.partition] = next_offset
                         if clock is not None:
@@ -170,8 +172,8 @@ class IngestStage:
                     if not (h.query.config.input_topic == topic and h.partial.partition in lost)
                 ]
             self._set_pending_gauge()
+            self.positions.forget(revoked)
             for tp in revoked:
-                self._consumed.pop(tp, None)
                 try:
                     self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
                 except KeyError:
@@ -207,10 +209,12 @@ class IngestStage:
                     self._count(query, result)
                     await self._dead_letters(query, topic, result.rejections)
                     closed += [_HeldPartial(query, p, now_ms) for p in result.partials]
-            lagging = self._lagging(batches)
+            self.positions.note_batches(batches)
+            await self.positions.learn_starts()
+            not_idle = self.positions.not_idle()
             for query in self.queries:
                 # A partition with records waiting is slow, not idle: the wall clock must not close its windows.
-                query.engine.hold_open(lagging.get(query.config.input_topic, ()))
+                query.engine.hold_open(not_idle.get(query.config.input_topic, ()))
                 closed += [_HeldPartial(query, p, now_ms) for p in query.engine.tick()]
                 self.metrics.windows_open.labels(query.name).set(len(query.engine.open_windows))
                 self.metrics.open_rows.labels(query.name).set(query.engine.open_rows)
@@ -219,9 +223,10 @@ class IngestStage:
                     self.metrics.watermark.labels(query.name).set(min(closed_through.values()) / 1000)
             self._held += closed
             await self._emit_held()
-            await self._send_progress()
             await self._commit()
-            self._update_lag(batches)
+            # After the commit: progress vouches only for closure that later owners of the partition keep.
+            await self._send_progress()
+            self._update_lag()
 
     # -- pieces --------------------------------------------------------------------------
 
@@ -387,8 +392,10 @@ class IngestStage:
         for tp in self.consumer.assignment():
             for query in self.by_topic.get(tp.topic, ()):
                 through = self._progress_through(query, tp.partition)
-                if through is None:
+                durable = self.positions.durable_through(query.name, tp)
+                if through is None or durable is None:
                     continue
+                through = min(through, durable)
                 key = (query.name, tp.partition)
                 if not heartbeat and self._sent_progress.get(key) == through:
                     continue
@@ -403,9 +410,11 @@ class IngestStage:
         if sends:
             await asyncio.gather(*sends)
 
-    def committable(self) -> dict[TopicPartition, tuple[int, str]]:
-        """Offsets (with metadata) safe to commit: nothing before them is still needed."""
+    def committable(self) -> tuple[dict[TopicPartition, tuple[int, str]], list[tuple[str, TopicPartition, int]]]:
+        """Offsets (with metadata) safe to commit: nothing before them is still needed;
+        and the (query, partition, closed through) that the metadata makes durable."""
         offsets: dict[TopicPartition, tuple[int, str]] = {}
+        closures: list[tuple[str, TopicPartition, int]] = []
         assigned = self.consumer.assignment()
         for topic, queries in self.by_topic.items():
             per_partition: dict[int, int] = {}
@@ -416,6 +425,13 @@ class IngestStage:
                 if held.query.config.input_topic == topic and held.partial.partition in per_partition:
                     first = held.partial.first_offset
                     per_partition[held.partial.partition] = min(per_partition[held.partial.partition], first)
+            for tp in assigned:
+                # Nothing processed here (an empty or idle partition): commit where reading stands,
+                # so that windows closed on it stay closed for the next owner.
+                position = self.positions.position(tp)
+                if tp.topic == topic and tp.partition not in per_partition and position is not None:
+                    if any(self._progress_through(q, tp.partition) is not None for q in queries):
+                        per_partition[tp.partition] = position
             for partition, offset in per_partition.items():
                 tp = TopicPartition(topic, partition)
                 if tp in assigned:
@@ -423,23 +439,27 @@ class IngestStage:
                     # events must be rebuilt, not skipped as replayed.
                     closed = {q.name: self._progress_through(q, partition) for q in queries}
                     processed = [q.engine.next_offsets.get(partition) for q in queries]
+                    if not any(o is not None for o in processed):  # nothing read: keep what the earlier owner had
+                        processed = [q.engine.replay_until_offsets.get(partition) for q in queries]
                     clocks = [q.engine.record_clock_ms.get(partition) for q in queries]
+                    closed = {k: v for k, v in closed.items() if v is not None}
+                    closures.extend((name, tp, through) for name, through in closed.items())
                     metadata = orjson.dumps({
-                        "closed_through_ms": {k: v for k, v in closed.items() if v is not None},
+                        "closed_through_ms": closed,
                         # Offsets from here on were never processed: their events in
                         # closed windows are late, not replays, for the next owner.
-                        "next_offset": min((o for o in processed if o is not None), default=None),
+                        "next_offset": min((o for o in processed if o is not None), default=offset),
                         # The partition's window clock, which records before the offset also moved.
                         "record_clock_ms": max((c for c in clocks if c is not None), default=None),
                     })
                     offsets[tp] = (offset, metadata.decode())
-        return offsets
+        return offsets, closures
 
     async def _commit(self, *, force: bool = False) -> None:
         now_s = time.monotonic()
         if not force and now_s - self._last_commit_s < self.commit_interval_s:
             return
-        offsets = self.committable()
+        offsets, closures = self.committable()
         if not offsets:
             return
         # Dead letters and partials sent so far must be durable before the
@@ -450,32 +470,15 @@ class IngestStage:
         except Exception as exc:  # a rebalance in progress: the next commit catches up
             log.warning("offset commit failed (%s); will retry", exc)
             return
+        self.positions.committed(closures)
         self._last_commit_s = now_s
 
-    def _lagging(self, batches: dict) -> dict[str, set[int]]:
-        """Per topic, the assigned partitions whose end (as the last fetch saw it) is past what was read."""
-        for tp, records in batches.items():
-            if records:
-                self._consumed[tp] = records[-1].offset + 1
-        out: dict[str, set[int]] = defaultdict(set)
-        for tp in self.consumer.assignment():
-            highwater = self.consumer.highwater(tp)
-            position = self._consumed.get(tp)
-            if highwater is not None and position is not None and highwater > position:
-                out[tp.topic].add(tp.partition)
-        return out
-
-    def _update_lag(self, batches: dict) -> None:
+    def _update_lag(self) -> None:
         """Lag of every assigned partition, also of those that returned nothing (a stuck one shows)."""
-        for tp, records in batches.items():
-            if records:
-                self._consumed[tp] = records[-1].offset + 1
         for tp in self.consumer.assignment():
-            highwater = self.consumer.highwater(tp)
-            position = self._consumed.get(tp)
-            if highwater is None or position is None:
-                continue
-            self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, highwater - position))
+            lag = self.positions.lag(tp)
+            if lag is not None:
+                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
 
     def _set_pending_gauge(self) -> None:
         for query in self.queries:

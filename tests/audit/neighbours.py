@@ -67,9 +67,7 @@ SCENARIOS = (
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": 1.0}),
     # Every FUTURE_EVERY windows the target sends one event dated 4 minutes ahead.
     Scenario("future_timestamp", "clock", "count", ("a",),
-             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": 1.0,
-              # waiting between segments must not make the partition idle (idle closes by wall clock)
-              "window": {"size": "1s", "allowed_lateness": "500ms", "idle_timeout": "20s"}}),
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": 1.0}),
 )
 TOPIC_PARTITIONS = {"main": 3, "spread": 3, "clock": 1}
 
@@ -78,8 +76,23 @@ def _event(unit: str, ts: int, group: str, value: float) -> bytes:
     return orjson.dumps({"user_id": unit, "ts": ts, "group": group, "value": value})
 
 
+def _closer_key(partition: int, partitions: int) -> bytes:
+    """A unit id that the default partitioner (murmur2, as the producer's) puts on ``partition``."""
+    from kafka.partitioner.default import murmur2
+
+    i = 0
+    while (murmur2(key := f"closer-{partition}-{i}".encode()) & 0x7FFFFFFF) % partitions != partition:
+        i += 1
+    return key
+
+
 def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> list[tuple[bytes, bytes, int, int | None]]:
-    """(key, value, record timestamp, explicit partition or None) in sending order."""
+    """(key, value, record timestamp, explicit partition or None) in sending order.
+
+    The stream ends with one record per partition dated past the last window's
+    end plus lateness: its record timestamp closes every audited window, in D
+    as in D', without waiting for the idle rule.
+    """
     out: list[tuple[bytes, bytes, int, int | None]] = []
     for w in range(windows):
         t = start_ms + w * 1000
@@ -98,6 +111,10 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> li
         elif topic == "clock" and w % FUTURE_EVERY == FUTURE_EVERY - 1:
             # The last record of a segment (see ``produce``): stamped now, dated 4 minutes ahead.
             out.append((b"target", _event("target", t + FUTURE_AHEAD_MS, "a", 1.0), t + 900, None))
+    closes_all = start_ms + (windows + 1) * 1000 + 600
+    for partition in range(TOPIC_PARTITIONS[topic]):
+        key = _closer_key(partition, TOPIC_PARTITIONS[topic])
+        out.append((key, _event(key.decode(), closes_all, "a", 0.0), closes_all, None))
     return out
 
 
@@ -113,10 +130,14 @@ def _config(run: str, topics: dict[str, str], outputs: dict[str, str]) -> dict:
             "name": f"{run}_{s.name}", "input_topic": topics[s.topic], "output_topic": outputs[s.name],
             "privacy_unit": {"namespace": f"{run}-{s.name}", "field": "user_id"},
             "timestamp_field": "ts",
-            "window": {"size": "1s", "allowed_lateness": "500ms", "idle_timeout": "2s"},
+            # Idle partitions follow the wall clock, 30 minutes ahead of these records: no partition may
+            # go idle before its records arrive (the first worker to join owns every partition for a
+            # few seconds before any is sent), nor between the clock topic's segments. Record
+            # timestamps close every window (see ``records``).
+            "window": {"size": "1s", "allowed_lateness": "500ms", "idle_timeout": "10m"},
             "group_by": ["group"], "groups": {"public": list(s.groups)},
             "aggregations": {"count": {}},
-            "release_timeout": "60s",
+            "release_timeout": "300s",  # a busy worker's partials are waited for, not released without
         }
         query.update(s.settings)
         queries.append(query)
@@ -198,8 +219,9 @@ class Deployment:
                 seen: set[int] = set()
                 for first in range(0, self.windows, FUTURE_EVERY):
                     lo, hi = self.start_ms + first * 1000, self.start_ms + (first + FUTURE_EVERY) * 1000
+                    last = first + FUTURE_EVERY >= self.windows  # with the record that closes the stream
                     for key, value, stamp, partition in clock:
-                        if lo <= stamp < hi:
+                        if lo <= stamp and (stamp < hi or last):
                             producer.send(self.topics["clock"], key=key, value=value, timestamp_ms=stamp,
                                           partition=partition)
                     producer.flush(timeout=60)
@@ -277,9 +299,12 @@ class Deployment:
                     out[f"{labels.get('query', '').split('_', 1)[-1]}:{labels.get('reason')}"] += value
                 elif name == "stream_dp_events_total" and labels.get("outcome") == "late":
                     out[f"{labels.get('query', '').split('_', 1)[-1]}:late"] += value
-                elif name in ("stream_dp_windows_withheld_total", "stream_dp_release_partitions_missing_total"):
+                elif name in ("stream_dp_windows_withheld_total", "stream_dp_release_partitions_missing_total",
+                              "stream_dp_late_partials_total"):
                     # windows released without (some) data: timing, not the target, would differ D from D'
                     out[f"{labels.get('query', '').split('_', 1)[-1]}:{name[10:-6]}"] += value
+                elif name == "stream_dp_budget_failures_total":  # windows dropped unreleased, or held
+                    out[f"{labels.get('query', '').split('_', 1)[-1]}:budget_{labels.get('kind')}"] += value
         return dict(out)
 
     def stop(self) -> None:
