@@ -13,6 +13,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from stream_dp.budget.store import DEFAULT_INPUT_RETENTION_MS, StoreOptions
 
 HOUR_MS = 3_600_000
+LEDGER_CLOCK_MARGIN_MS = HOUR_MS
+"""How far apart the workers' clocks may be before the release age rule could let through a window
+whose ledger entry expired (``Settings.release_age_limit_ms``)."""
 
 
 class Settings(BaseSettings):
@@ -71,6 +74,16 @@ class Settings(BaseSettings):
                 f"{needed_s} or lower the input retention"
             )
         return self
+
+    @property
+    def release_age_limit_ms(self) -> int:
+        """The release stage draws no noise for a window older than this (see ``stream_dp.worker.release``).
+
+        The ledger TTL less a margin for clock skew between workers: older
+        than that, the window's ledger entry may have expired, so whether it
+        was released can no longer be known.
+        """
+        return self.ledger_ttl_s * 1000 - LEDGER_CLOCK_MARGIN_MS
 
     def budget_store_options(self) -> StoreOptions:
         """The budget store's options: it accepts charges as late as a backlog the input topics hold."""

@@ -238,7 +238,8 @@ class Worker:
         )
         release = ReleaseStage(
             self.runtimes, release_consumer, producer, self.ledger, OpenDPNoise(executor=noise_pool), self.metrics,
-            partials_topic=settings.partials_topic, clock_ms=self.clock_ms,
+            partials_topic=settings.partials_topic, release_age_limit_ms=settings.release_age_limit_ms,
+            clock_ms=self.clock_ms,
         )
         release_consumer.subscribe([settings.partials_topic], listener=release.rebalance_listener())
         ingest_consumer.subscribe(sorted({q.config.input_topic for q in self.runtimes}), listener=ingest.rebalance_listener())
