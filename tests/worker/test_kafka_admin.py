@@ -97,7 +97,7 @@ def test_the_broker_reports_the_configs_in_force_and_the_worker_refuses_a_bad_to
         worker = Worker(load_config(config_path), settings, registry=CollectorRegistry(), ledger=MemoryReleaseLedger(),
                         serve_metrics=False)
         with pytest.raises(WorkerConfigError, match=rf"'{existing}' has retention.ms=-1") as refused:
-            asyncio.run(worker.run())
+            asyncio.run(asyncio.wait_for(worker.run(), 60))  # a worker that starts instead runs until stopped
         assert f"--entity-name {existing} --add-config cleanup.policy=delete,retention.ms=" in str(refused.value)
     finally:
         names = [created, existing, f"{unique_name}.alerts", f"{unique_name}.dead-letter", f"{unique_name}-out"]
