@@ -116,9 +116,9 @@ def new_topic(kafka_bootstrap: str, unique_name: str):
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="stream-dp-tests")
     created: list[str] = []
 
-    def create(suffix: str = "", partitions: int = 1) -> str:
+    def create(suffix: str = "", partitions: int = 1, configs: dict[str, str] | None = None) -> str:
         name = f"{unique_name}{'-' + suffix if suffix else ''}"
-        admin.create_topics([NewTopic(name, partitions, 1)])
+        admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs or {})])
         created.append(name)
         return name
 

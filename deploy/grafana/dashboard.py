@@ -136,7 +136,8 @@ def windows() -> list[Panel]:
               unit="s"),
         Panel("Replays and late data", "Zero when healthy. Republished: a stored release published again after "
               "a retry or replay (same values, no new noise). Late partials: dropped after their window was "
-              "released. Missing partitions: released after the release timeout without them. Charge replays: "
+              "released. Expired partials and windows: older than the release ledger keeps entries, so never "
+              "released (again). Missing partitions: released after the release timeout without them. Charge replays: "
               "a charge id already charged (after a restart). Withheld: windows released noise-only because "
               "their partitions were checked against different partition counts. Partition count changes: "
               "an input topic gained partitions.",
@@ -144,6 +145,10 @@ def windows() -> list[Panel]:
                       "{{query}} republished"),
                Target(f"sum by (query) (increase(stream_dp_late_partials_total{{{Q}}}{RATE}))",
                       "{{query}} late partials"),
+               Target(f"sum by (query) (increase(stream_dp_partials_expired_total{{{Q}}}{RATE}))",
+                      "{{query}} expired partials"),
+               Target(f"sum by (query) (increase(stream_dp_windows_expired_total{{{Q}}}{RATE}))",
+                      "{{query}} expired windows"),
                Target(f"sum by (query) (increase(stream_dp_release_partitions_missing_total{{{Q}}}{RATE}))",
                       "{{query}} missing partitions"),
                Target(f"sum by (namespace) (increase(stream_dp_budget_charge_replays_total{{{NS}}}{RATE}))",

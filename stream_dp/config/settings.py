@@ -13,6 +13,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from stream_dp.budget.store import DEFAULT_INPUT_RETENTION_MS, StoreOptions
 
 HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+LEDGER_CLOCK_MARGIN_MS = HOUR_MS
+"""How far apart the workers' clocks may be before the release age rule could let through a window
+whose ledger entry expired (``Settings.release_age_limit_ms``)."""
 
 
 class Settings(BaseSettings):
@@ -43,6 +47,19 @@ class Settings(BaseSettings):
     """Lifetime of a release-ledger entry. It must outlive every window a replay can still charge
     (input retention + an hour + the store's lead, see ``_ledger_outlives_replays``): the default is
     the default retention plus a day."""
+    partials_retention_ms: int | None = Field(None, alias="STREAM_DP_PARTIALS_RETENTION_MS")
+    """``retention.ms`` of the partials topic the worker creates (see ``partials_topic_configs``)."""
+
+    @field_validator("partials_retention_ms")
+    @classmethod
+    def _partials_kept_an_hour_or_more(cls, value: int | None) -> int | None:
+        # Partials wait in the topic while their release is held (e.g. Redis down); an hour is the floor.
+        if value is not None and value < HOUR_MS:
+            raise ValueError(
+                f"STREAM_DP_PARTIALS_RETENTION_MS={value} is under an hour; partials must wait in their topic "
+                "while a release is held: set it to at least 3600000, or unset it for the default"
+            )
+        return value
 
     @field_validator("input_retention_ms")
     @classmethod
@@ -71,6 +88,51 @@ class Settings(BaseSettings):
                 f"{needed_s} or lower the input retention"
             )
         return self
+
+    @model_validator(mode="after")
+    def _partials_gone_before_the_ledger_forgets(self) -> Settings:
+        """Kafka may keep a record for retention.ms + segment.ms (it deletes whole segments)."""
+        kept_ms = self.partials_topic_retention_ms + self.partials_segment_ms
+        if kept_ms > self.ledger_ttl_s * 1000:
+            ttl_ms = self.ledger_ttl_s * 1000
+            longest = ttl_ms - HOUR_MS if ttl_ms - HOUR_MS >= 4 * HOUR_MS else ttl_ms * 4 // 5
+            raise ValueError(
+                f"STREAM_DP_PARTIALS_RETENTION_MS={self.partials_topic_retention_ms} plus the partials topic's "
+                f"segment.ms ({self.partials_segment_ms}) is longer than the release ledger keeps its entries "
+                f"(STREAM_DP_LEDGER_TTL_S={self.ledger_ttl_s}); set it to at most {longest} or raise the ledger TTL"
+            )
+        return self
+
+    @property
+    def partials_topic_retention_ms(self) -> int:
+        """``STREAM_DP_PARTIALS_RETENTION_MS``; by default the ledger TTL less a day (half the TTL if longer)."""
+        if self.partials_retention_ms is not None:
+            return self.partials_retention_ms
+        ttl_ms = self.ledger_ttl_s * 1000
+        return max(ttl_ms - DAY_MS, ttl_ms // 2)
+
+    @property
+    def partials_segment_ms(self) -> int:
+        """Kafka deletes whole segments once their newest record is past retention: short ones keep it close."""
+        return min(HOUR_MS, self.partials_topic_retention_ms // 4)
+
+    def partials_topic_configs(self) -> dict[str, str]:
+        """Topic configs of the partials topic: its records are gone before the release ledger forgets a window."""
+        return {
+            "cleanup.policy": "delete",
+            "retention.ms": str(self.partials_topic_retention_ms),
+            "segment.ms": str(self.partials_segment_ms),
+        }
+
+    @property
+    def release_age_limit_ms(self) -> int:
+        """The release stage draws no noise for a window older than this (see ``stream_dp.worker.release``).
+
+        The ledger TTL less a margin for clock skew between workers: older
+        than that, the window's ledger entry may have expired, so whether it
+        was released can no longer be known.
+        """
+        return self.ledger_ttl_s * 1000 - LEDGER_CLOCK_MARGIN_MS
 
     def budget_store_options(self) -> StoreOptions:
         """The budget store's options: it accepts charges as late as a backlog the input topics hold."""

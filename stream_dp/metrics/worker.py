@@ -70,6 +70,20 @@ class WorkerMetrics:
             ["query"],
             registry=registry,
         )
+        self.partials_expired = Counter(
+            "stream_dp_partials_expired_total",
+            "Partials dropped unreleased because they are older than the release ledger keeps entries (less a "
+            "margin): whether their window was released can no longer be known, so it is never noised again.",
+            ["query"],
+            registry=registry,
+        )
+        self.windows_expired = Counter(
+            "stream_dp_windows_expired_total",
+            "Windows (mostly empty public-group windows after a long stop) not released because they ended "
+            "longer ago than the release ledger keeps entries (less a margin).",
+            ["query"],
+            registry=registry,
+        )
         self.partition_count_changes = Counter(
             "stream_dp_partition_count_changes_total",
             "Changes of an input topic's partition count seen by this worker; windows open across one are withheld.",

@@ -25,7 +25,13 @@ from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import BoundingSpec, EventSchema, WindowEngine, WindowSpec
 from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.ingest import IngestStage
-from stream_dp.worker.kafka_admin import ensure_topics, read_commit_metadata
+from stream_dp.worker.kafka_admin import (
+    RETENTION_CONFIGS,
+    ensure_topics,
+    partials_retention_problem,
+    read_commit_metadata,
+    read_topic_config,
+)
 from stream_dp.worker.ledger import RedisReleaseLedger, ReleaseLedger
 from stream_dp.worker.release import ReleaseStage
 from stream_dp.worker.runtime import QueryRuntime
@@ -312,14 +318,37 @@ class Worker:
     def request_stop(self) -> None:
         self.stop_event.set()
 
-    async def run(self) -> None:
+    async def _prepare_topics(self, options: dict[str, Any]) -> int:
+        """Create missing topics, refuse a partials topic that outlives the ledger; returns its partition count."""
         settings = self.settings
-        options = settings.kafka_client_options()
         topics = {settings.partials_topic: settings.partials_partitions, settings.alerts_topic: 1,
                   settings.dead_letter_topic: 1}
         topics.update({q.config.output_topic: settings.output_partitions for q in self.runtimes})
-        partition_counts = await asyncio.to_thread(ensure_topics, options, topics)
-        partials_partitions = partition_counts[settings.partials_topic]
+        partition_counts = await asyncio.to_thread(
+            ensure_topics, options, topics, configs={settings.partials_topic: settings.partials_topic_configs()}
+        )
+        in_force = await asyncio.to_thread(read_topic_config, options, settings.partials_topic, RETENTION_CONFIGS)
+        problem = partials_retention_problem(
+            settings.partials_topic, in_force, ledger_ttl_s=settings.ledger_ttl_s,
+            wanted=settings.partials_topic_configs(), bootstrap=settings.kafka_bootstrap_servers,
+        )
+        if problem is not None:
+            raise WorkerConfigError(problem)
+        return partition_counts[settings.partials_topic]
+
+    def _close_stores(self) -> None:
+        if self._redis is not None:
+            self._redis.close()
+        self.budget.close()
+
+    async def run(self) -> None:
+        settings = self.settings
+        options = settings.kafka_client_options()
+        try:
+            partials_partitions = await self._prepare_topics(options)
+        except BaseException:
+            self._close_stores()
+            raise
         for runtime in self.runtimes:
             runtime.combiner.partials_partitions = partials_partitions
         if self.serve_metrics:
@@ -346,7 +375,8 @@ class Worker:
         )
         release = ReleaseStage(
             self.runtimes, release_consumer, producer, self.ledger, OpenDPNoise(executor=noise_pool), self.metrics,
-            partials_topic=settings.partials_topic, clock_ms=self.clock_ms,
+            partials_topic=settings.partials_topic, release_age_limit_ms=settings.release_age_limit_ms,
+            clock_ms=self.clock_ms,
         )
         release_consumer.subscribe([settings.partials_topic], listener=release.rebalance_listener())
         ingest_consumer.subscribe(sorted({q.config.input_topic for q in self.runtimes}), listener=ingest.rebalance_listener())
@@ -370,9 +400,7 @@ class Worker:
             if self._metrics_server is not None:
                 server, _thread = self._metrics_server
                 server.shutdown()
-            if self._redis is not None:
-                self._redis.close()
-            self.budget.close()
+            self._close_stores()
 
 
 def run_worker(config: PipelineConfig, settings: Settings, *, config_source: str = "query configuration") -> int:

@@ -1,10 +1,13 @@
-"""Topic creation and commit-metadata reads, through kafka-python's admin client (blocking; run in a thread)."""
+"""Topic creation, topic-config and commit-metadata reads, through kafka-python's admin client
+(blocking; run in a thread), and the check that the partials topic forgets before the release ledger does.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from aiokafka.structs import TopicPartition
@@ -19,18 +22,30 @@ def _admin(options: dict[str, Any]):
     return KafkaAdminClient(**options, client_id="stream-dp-admin")
 
 
-def ensure_topics(options: dict[str, Any], topics: dict[str, int], *, timeout_s: float = 30.0) -> dict[str, int]:
-    """Create the topics that do not exist yet (name -> partitions); existing ones are left as they are.
+def ensure_topics(
+    options: dict[str, Any],
+    topics: dict[str, int],
+    *,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
+    timeout_s: float = 30.0,
+) -> dict[str, int]:
+    """Create the topics that do not exist yet (name -> partitions, with ``configs[name]`` if given);
+    existing ones are left as they are.
 
     Returns the partition count each topic actually has.
     """
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
+    configs = configs or {}
     admin = _admin(options)
     try:
         existing = set(admin.list_topics())
-        missing = [NewTopic(name, partitions, 1) for name, partitions in topics.items() if name not in existing]
+        missing = [
+            NewTopic(name, partitions, 1, topic_configs=dict(configs.get(name, {})))
+            for name, partitions in topics.items()
+            if name not in existing
+        ]
         if missing:
             try:
                 admin.create_topics(missing)
@@ -67,3 +82,69 @@ def read_commit_metadata(options: dict[str, Any], group_id: str, partitions: lis
         for tp, meta in offsets.items()
         if meta is not None and meta.offset >= 0 and meta.metadata
     }
+
+
+RETENTION_CONFIGS = ("cleanup.policy", "retention.ms", "segment.ms")
+
+
+def read_topic_config(options: dict[str, Any], topic: str, names: tuple[str, ...]) -> dict[str, str]:
+    """The values in force (the topic's own, else the broker's defaults) of the named configs of ``topic``."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    admin = _admin(options)
+    try:
+        # "all": without it the broker reports only values set on the topic itself, not defaults in force.
+        described = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, configs=dict.fromkeys(names))], config_filter="all"
+        )
+    finally:
+        admin.close()
+    entries = described.get("topic", {}).get(topic, {})
+    return {name: entry["value"] for name, entry in entries.items() if entry.get("value") is not None}
+
+
+def partials_retention_problem(
+    topic: str, config: Mapping[str, str], *, ledger_ttl_s: int, wanted: Mapping[str, str], bootstrap: str
+) -> str | None:
+    """Why the partials topic could keep a partial longer than the release ledger keeps entries, or None.
+
+    ``config``: the topic's ``cleanup.policy``, ``retention.ms`` and ``segment.ms``
+    in force. Kafka deletes whole segments once their newest record is past
+    ``retention.ms``, and rolls a segment after ``segment.ms``, so a record may
+    stay up to their sum. ``wanted``: the configs the worker would create the
+    topic with, for the fix. (The release stage also drops partials that old,
+    whatever the topic keeps: this check keeps the two guards independent.)
+    """
+    limit_ms = ledger_ttl_s * 1000
+    fix = (
+        f"fix it with `kafka-configs.sh --bootstrap-server {bootstrap} --alter --entity-type topics "
+        f"--entity-name {topic} --add-config {','.join(f'{k}={v}' for k, v in wanted.items())}` "
+        "(add --command-config for a secured cluster)"
+    )
+    absent = [name for name in RETENTION_CONFIGS if name not in config]
+    if absent:
+        return (
+            f"the broker did not report {', '.join(absent)} of the partials topic {topic!r}, so the worker cannot "
+            "check that partials are deleted before the release ledger forgets their windows; grant the worker's "
+            "Kafka user DescribeConfigs on the topic"
+        )
+    policy = config["cleanup.policy"]
+    if "delete" not in {p.strip() for p in policy.split(",")}:
+        return (
+            f"the partials topic {topic!r} has cleanup.policy={policy}, which never deletes old partials, while the "
+            f"release ledger forgets a window after STREAM_DP_LEDGER_TTL_S={ledger_ttl_s} s; {fix}"
+        )
+    retention_ms, segment_ms = int(config["retention.ms"]), int(config["segment.ms"])
+    if retention_ms < 0:
+        return (
+            f"the partials topic {topic!r} has retention.ms={retention_ms} (kept forever), while the release ledger "
+            f"forgets a window after STREAM_DP_LEDGER_TTL_S={ledger_ttl_s} s; {fix}"
+        )
+    if retention_ms + segment_ms > limit_ms:
+        return (
+            f"the partials topic {topic!r} may keep a partial for retention.ms + segment.ms = {retention_ms} + "
+            f"{segment_ms} = {retention_ms + segment_ms} ms (Kafka deletes whole segments), longer than the "
+            f"{limit_ms} ms the release ledger remembers a window (STREAM_DP_LEDGER_TTL_S={ledger_ttl_s}); {fix}, "
+            f"or raise STREAM_DP_LEDGER_TTL_S to at least {-(-(retention_ms + segment_ms) // 1000)}"
+        )
+    return None

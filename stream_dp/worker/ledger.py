@@ -7,9 +7,14 @@ publishes the stored values, never fresh draws. If the process dies after
 drawing noise but before the ledger write, those draws were never seen by
 anyone, and drawing again is harmless.
 
-The ledger is kept in Redis beside the budget store (same durability). Entries
-expire after ``ttl_s`` (default 7 days): keep it longer than the input topics'
-retention, so a replay can never reach a window whose entry has expired.
+The ledger is kept in Redis beside the budget store (same durability). Window
+entries expire after ``ttl_s`` (the worker's ``STREAM_DP_LEDGER_TTL_S``): keep
+it longer than the input topics' retention, so a replay can never reach a
+window whose entry has expired. Past that age the release stage refuses to
+noise a window at all (see ``stream_dp.worker.release``), since whether it was
+released can no longer be known. The released-through mark of each (query,
+partials partition) never expires: it is one small key per pair, and losing it
+would turn every old partial into one "never released".
 """
 
 from __future__ import annotations
@@ -34,13 +39,15 @@ redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
 return {false, 'written', 1}
 """
 
+# SET without EX drops any TTL; PERSIST drops the TTL that marks written by
+# earlier versions (which expired with the ledger entries) still carry.
 _RAISE_MARK = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
 if tonumber(ARGV[1]) > current then
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
+  redis.call('SET', KEYS[1], ARGV[1])
   return tonumber(ARGV[1])
 end
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
+redis.call('PERSIST', KEYS[1])
 return current
 """
 
@@ -128,7 +135,11 @@ class RedisReleaseLedger:
         return StoredRelease(_unpack(payload), state == PUBLISHED, False)
 
     def released_through(self, query: str, home: int) -> int | None:
-        """End of the latest window released from partials partition ``home`` (windows are homed there)."""
+        """End of the latest window released from partials partition ``home`` (windows are homed there).
+
+        Durable (no TTL): a partial of a window at or before it is looked up in the
+        ledger instead of being combined as new.
+        """
         try:
             value = self._redis.get(f"{self._prefix}:{{{query}}}:released-through:{home}")
         except redis.RedisError as exc:
@@ -168,7 +179,7 @@ class RedisReleaseLedger:
 
     def raise_released_through(self, query: str, home: int, window_end_ms: int) -> None:
         try:
-            self._raise(keys=[f"{self._prefix}:{{{query}}}:released-through:{home}"], args=[window_end_ms, self._ttl_s])
+            self._raise(keys=[f"{self._prefix}:{{{query}}}:released-through:{home}"], args=[window_end_ms])
         except redis.RedisError as exc:
             raise LedgerUnavailable(f"release ledger update failed ({type(exc).__name__})") from exc
 

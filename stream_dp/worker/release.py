@@ -4,6 +4,25 @@ Each window of each query is noised once: the records are written to the
 release ledger before they are published, and a retried or replayed window
 publishes what the ledger holds. Partials-topic offsets are committed only
 past partials whose window is published, so a crash replays the pending ones.
+
+A window is released at most once, ever, and the ledger only remembers a
+release for its TTL, so no window is noised once the ledger could have
+forgotten it (``too_old_to_release``). Why that suffices: a window's ledger
+entry is written when it is released, at time t_r, and expires at t_r + TTL.
+A partial's Kafka record timestamp t_p (the producing worker's CreateTime or
+the broker's LogAppendTime) is at or before t_r, since the partial is in the
+topic before any release reads it; the window's end t_e is at or before t_r
+too, since no window closes, let alone is released, before the wall clock
+passes its end -- and unlike t_p this still holds for a partial written again
+by an ingest replay after the release. So with t = min(t_p, t_e), the entry
+expires at t_r + TTL >= t + TTL: while now < t + TTL - margin (the margin
+covers clock skew between workers) a window that was ever claimed still has
+its entry, and the ledger answers for it. An older partial is dropped
+(``stream_dp_partials_expired_total``), never combined as "never released";
+a window taken without partials (an empty window of public groups) is held
+to the same rule by its end (``stream_dp_windows_expired_total``). Whatever
+the partials topic's retention or the release group's committed offsets, a
+replay therefore never releases a window a second time.
 """
 
 from __future__ import annotations
@@ -25,6 +44,21 @@ from stream_dp.worker.records import PartialAggregate, WireFormatError, decode_i
 from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
+
+_EXPIRED_LOGGED_MAX = 10_000  # windows remembered so that each expired window is logged once
+
+
+def too_old_to_release(window_end_ms: int, record_timestamp_ms: int | None, now_ms: int, age_limit_ms: int) -> bool:
+    """Whether a window (or one of its partials) is past the age at which its ledger entry may have expired.
+
+    ``record_timestamp_ms`` is the partial's Kafka record timestamp; None or
+    negative (no timestamp) leaves the window's end alone to decide. Both
+    are at or before the window's release: see the module docstring.
+    """
+    oldest = window_end_ms
+    if record_timestamp_ms is not None and record_timestamp_ms >= 0:
+        oldest = min(oldest, record_timestamp_ms)
+    return now_ms - oldest >= age_limit_ms
 
 
 @dataclass
@@ -52,6 +86,7 @@ class ReleaseStage:
         metrics: WorkerMetrics,
         *,
         partials_topic: str,
+        release_age_limit_ms: int,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         poll_timeout_ms: int = 200,
         commit_interval_s: float = 1.0,
@@ -65,6 +100,9 @@ class ReleaseStage:
         self.noise = noise
         self.metrics = metrics
         self.partials_topic = partials_topic
+        if release_age_limit_ms <= 0:
+            raise ValueError(f"release_age_limit_ms must be positive, got {release_age_limit_ms}")
+        self.release_age_limit_ms = release_age_limit_ms
         self.clock_ms = clock_ms
         self.poll_timeout_ms = poll_timeout_ms
         self.commit_interval_s = commit_interval_s
@@ -75,6 +113,7 @@ class ReleaseStage:
         self._last_commit_s = 0.0
         self._lock = asyncio.Lock()
         self._next_start_lookup_s = 0.0
+        self._expired_logged: set[tuple[str, int]] = set()
 
     def rebalance_listener(self) -> ConsumerRebalanceListener:
         stage = self
@@ -132,14 +171,26 @@ class ReleaseStage:
         await self._learn_query_starts()
         for tp, records in batches.items():
             for record in records:
-                await self._take_record(tp.partition, record.offset, record.value, now_ms)
+                await self._take_record(tp.partition, record.offset, record.value, now_ms, record.timestamp)
             if records:
                 self._positions[tp.partition] = records[-1].offset + 1
         for query in self.queries.values():
+            expired: list[int] = []
             for start in query.combiner.ready(now_ms, owned):
                 window = query.combiner.take(start)
+                # Empty windows had no partial to check: their end alone decides (see the module docstring).
+                if too_old_to_release(window.window_end_ms, None, now_ms, self.release_age_limit_ms):
+                    expired.append(start)
+                    continue
                 self._unpublished.append(
                     _Unpublished(query, start, window.window_end_ms, window=window, sources=window.source_offsets)
+                )
+            if expired:
+                self.metrics.windows_expired.labels(query.name).inc(len(expired))
+                log.warning(
+                    "not releasing %d windows of %s starting %d..%d: they ended more than %d s ago (the release "
+                    "ledger TTL less a margin for clock skew), so whether they were released can no longer be known",
+                    len(expired), query.name, expired[0], expired[-1], self.release_age_limit_ms // 1000,
                 )
         await self._publish_pending()
         await self._commit()
@@ -157,7 +208,9 @@ class ReleaseStage:
                 except LedgerUnavailable:
                     self.metrics.internal_errors.labels("ledger_unavailable").inc()
 
-    async def _take_record(self, partition: int, offset: int, value: bytes, now_ms: int) -> None:
+    async def _take_record(
+        self, partition: int, offset: int, value: bytes, now_ms: int, timestamp_ms: int | None = None
+    ) -> None:
         try:
             message = decode_internal(value)
         except WireFormatError as exc:
@@ -170,6 +223,9 @@ class ReleaseStage:
             return
         if not isinstance(message, PartialAggregate):
             query.combiner.add_progress(message, partition)
+            return
+        if too_old_to_release(message.window_end_ms, timestamp_ms, now_ms, self.release_age_limit_ms):
+            self._drop_expired(message, partition, offset, timestamp_ms, now_ms)
             return
         if query.combiner.add_partial(message, now_ms, (partition, offset)):
             return
@@ -190,6 +246,24 @@ class ReleaseStage:
             )
         else:
             self.metrics.late_partials.labels(query.name).inc()
+
+    def _drop_expired(
+        self, message: PartialAggregate, partition: int, offset: int, timestamp_ms: int | None, now_ms: int
+    ) -> None:
+        self.metrics.partials_expired.labels(message.query).inc()
+        window = (message.query, message.window_start_ms)
+        if window in self._expired_logged:
+            return  # one line per window, not per input partition's partial
+        if len(self._expired_logged) >= _EXPIRED_LOGGED_MAX:
+            self._expired_logged.clear()
+        self._expired_logged.add(window)
+        log.warning(
+            "dropping the partials of window %d of %s (first at %s[%d]@%d, window end %d, record time %s, now %d): "
+            "older than %d s (STREAM_DP_LEDGER_TTL_S less a margin for clock skew), so its release-ledger entry may "
+            "have expired and whether it was released can no longer be known; it is not released",
+            message.window_start_ms, message.query, self.partials_topic, partition, offset, message.window_end_ms,
+            timestamp_ms, now_ms, self.release_age_limit_ms // 1000,
+        )
 
     async def _publish_pending(self) -> None:
         now_s = time.monotonic()

@@ -58,3 +58,29 @@ def test_release_ledger_must_outlive_what_can_be_replayed(monkeypatch):
         Settings()
     monkeypatch.setenv("STREAM_DP_INPUT_RETENTION_MS", str(3 * 86_400_000))
     assert Settings().ledger_ttl_s == 7 * 86_400
+
+
+DAY, HOUR = 86_400_000, 3_600_000
+
+
+def test_default_partials_retention_and_segments_fit_in_the_ledger_ttl(monkeypatch):
+    settings = Settings()
+    assert settings.partials_topic_configs() == {
+        "cleanup.policy": "delete", "retention.ms": str(7 * DAY), "segment.ms": str(HOUR),
+    }
+    monkeypatch.setenv("STREAM_DP_INPUT_RETENTION_MS", str(HOUR))
+    monkeypatch.setenv("STREAM_DP_LEDGER_TTL_S", "8200")  # under two days: half the TTL
+    settings = Settings()
+    assert settings.partials_topic_retention_ms == 4_100_000 and settings.partials_segment_ms == 1_025_000
+    assert settings.partials_topic_retention_ms + settings.partials_segment_ms <= 8_200_000
+
+
+def test_a_partials_retention_setting_longer_than_the_ledger_ttl_is_refused(monkeypatch):
+    monkeypatch.setenv("STREAM_DP_PARTIALS_RETENTION_MS", str(8 * DAY))
+    with pytest.raises(ValidationError, match=r"STREAM_DP_PARTIALS_RETENTION_MS=691200000 .* at most 687600000"):
+        Settings()
+    monkeypatch.setenv("STREAM_DP_PARTIALS_RETENTION_MS", "600000")
+    with pytest.raises(ValidationError, match="STREAM_DP_PARTIALS_RETENTION_MS=600000 is under an hour"):
+        Settings()
+    monkeypatch.setenv("STREAM_DP_PARTIALS_RETENTION_MS", str(8 * DAY - 2 * HOUR))
+    assert Settings().partials_topic_configs()["retention.ms"] == str(8 * DAY - 2 * HOUR)

@@ -31,7 +31,7 @@ import yaml
 
 from stream_dp.budget import RedisBudgetStore
 from stream_dp.budget import policy_from_config
-from stream_dp.config import load_config
+from stream_dp.config import Settings, load_config
 
 from .promql import alert_rules, load_dashboard, panels, selectors, substitute
 from .stack import PrometheusServer, finite_values, free_port, processes, rules_with_short_for, scrape, wait_for
@@ -55,6 +55,8 @@ INVALID_EVENTS = 400
 FAULT_ONLY_SERIES = {
     "stream_dp_windows_republished_total",
     "stream_dp_late_partials_total",
+    "stream_dp_partials_expired_total",
+    "stream_dp_windows_expired_total",
     "stream_dp_release_partitions_missing_total",
     "stream_dp_budget_charge_replays_total",
     "stream_dp_windows_withheld_total",
@@ -129,14 +131,6 @@ def test_dashboard_queries_return_data_and_alerts_fire(
     # Every topic a worker uses is created up front, so that the fixture deletes
     # them afterwards and a worker never reads the partition count of a topic
     # the broker has only just created (it may report none yet).
-    for side in ("ok", "broken"):
-        new_topic(f"{side}-out", partitions=3)
-        new_topic(f"{side}-partials", partitions=4)
-        new_topic(f"{side}-alerts", partitions=1)
-        new_topic(f"{side}-dead-letter", partitions=1)
-    healthy_config = _config(tmp_path / "healthy.yaml", healthy_name, healthy_topic)
-    broken_config = _config(tmp_path / "broken.yaml", broken_name, broken_topic)
-    healthy_port, broken_port = free_port(), free_port()
     common = {
         "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
         "STREAM_DP_CONTRIBUTION_SECRET": "test-secret-0123456789abcdef",
@@ -144,6 +138,16 @@ def test_dashboard_queries_return_data_and_alerts_fire(
         "STREAM_DP_INPUT_RETENTION_MS": "3600000",
         "STREAM_DP_LEDGER_TTL_S": "8200",
     }
+    # The partials topic as the worker would create it: gone before the ledger forgets (or it refuses to start).
+    partials_configs = Settings(**common).partials_topic_configs()
+    for side in ("ok", "broken"):
+        new_topic(f"{side}-out", partitions=3)
+        new_topic(f"{side}-partials", partitions=4, configs=partials_configs)
+        new_topic(f"{side}-alerts", partitions=1)
+        new_topic(f"{side}-dead-letter", partitions=1)
+    healthy_config = _config(tmp_path / "healthy.yaml", healthy_name, healthy_topic)
+    broken_config = _config(tmp_path / "broken.yaml", broken_name, broken_topic)
+    healthy_port, broken_port = free_port(), free_port()
     healthy_env = {**common, "REDIS_URL": redis_url, "STREAM_DP_METRICS_PORT": str(healthy_port),
                    "STREAM_DP_GROUP_ID": f"{unique_name}-ok", "STREAM_DP_INTERNAL_TOPIC_PREFIX": f"{unique_name}-ok-"}
     broken_env = {**common, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",  # nothing listens there

@@ -54,3 +54,25 @@ def test_charge_journal_keeps_the_first_unit_list(ledger):
     assert ledger.remember_units("q/0/1", ["u1", "u3", "u4"]) == ["u1", "u2"]
     assert ledger.remember_units("q/0/2", []) == []
     assert ledger.remember_units("q/0/2", ["u9"]) == []
+
+
+def test_released_through_mark_never_expires(redis_url, unique_name):
+    """Window entries expire with the ledger TTL; the mark that says "released through" must not."""
+    client = redis.Redis.from_url(redis_url)
+    prefix = f"{unique_name}:ledger"
+    ledger = RedisReleaseLedger(client, prefix=prefix, ttl_s=3_600)
+    mark = f"{prefix}:{{q}}:released-through:0"
+    try:
+        ledger.claim("q", 0, [])
+        ledger.raise_released_through("q", 0, 60_000)
+        assert 0 < client.ttl(f"{prefix}:{{q}}:0") <= 3_600  # the window entry does expire
+        assert client.ttl(mark) == -1
+        # A mark written by an earlier version carries a TTL: the next raise, even one
+        # that does not move it, makes it durable.
+        client.expire(mark, 100)
+        ledger.raise_released_through("q", 0, 30_000)
+        assert client.ttl(mark) == -1 and ledger.released_through("q", 0) == 60_000
+    finally:
+        for key in client.scan_iter(f"{unique_name}:*"):
+            client.delete(key)
+        client.close()
