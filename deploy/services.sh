@@ -2,12 +2,14 @@
 # Local services on loopback, without Docker: Apache Kafka (KRaft, Maven jars),
 # Redis and Prometheus (Debian packages).
 #
-#   deploy/services.sh start [kafka|redis|prometheus|all]   idempotent: finds running ones
-#   deploy/services.sh stop  [kafka|redis|prometheus|all]
+#   deploy/services.sh start [kafka|redis|redis-cluster|prometheus|all]   idempotent: finds running ones
+#   deploy/services.sh stop  [kafka|redis|redis-cluster|prometheus|all]
 #   deploy/services.sh status
 #   deploy/services.sh env        print the variables clients need (eval "$(deploy/services.sh env)")
 #
-# Ports: KAFKA_PORT (9092), REDIS_PORT (6379), PROMETHEUS_PORT (9090).
+# Ports: KAFKA_PORT (9092), REDIS_PORT (6379), PROMETHEUS_PORT (9090); the Redis Cluster
+# (3 masters + 3 replicas, Debian's redis-server) takes REDIS_CLUSTER_PORT (7000) to +5,
+# and those plus 10000 for its cluster bus.
 # State, logs and pid files live under STREAM_DP_RUN_DIR (default: repo/.run, git-ignored).
 set -euo pipefail
 
@@ -16,6 +18,8 @@ repo="$(cd "$here/.." && pwd)"
 run_dir="${STREAM_DP_RUN_DIR:-$repo/.run}"
 redis_port="${REDIS_PORT:-6379}"
 prom_port="${PROMETHEUS_PORT:-9090}"
+cluster_port="${REDIS_CLUSTER_PORT:-7000}"
+cluster_ports=$(seq "$cluster_port" $((cluster_port + 5)))
 export STREAM_DP_RUN_DIR="$run_dir"
 
 log() { echo "[services] $*" >&2; }
@@ -45,6 +49,51 @@ stop_redis() {
     log "redis stopped"
   fi
   rm -f "$run_dir/redis/redis.pid"
+}
+
+cluster_ok() { redis-cli -h 127.0.0.1 -p "$cluster_port" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; }
+
+start_redis_cluster() {
+  command -v redis-server >/dev/null || { log "redis-server is missing: run deploy/install.sh (apt-get install redis-server)"; exit 1; }
+  if cluster_ok; then log "redis cluster already answers on 127.0.0.1:$cluster_port"; return 0; fi
+  local dir="$run_dir/redis-cluster" fresh=0
+  for port in $cluster_ports; do
+    mkdir -p "$dir/$port"
+    [ -f "$dir/$port/nodes.conf" ] || fresh=1
+    redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG && continue
+    # As the single Redis: AOF fsynced on every write, no eviction. A short node timeout
+    # makes a replica take over from a dead master within seconds.
+    redis-server --port "$port" --bind 127.0.0.1 --protected-mode yes --dir "$dir/$port" \
+      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout "${REDIS_CLUSTER_NODE_TIMEOUT_MS:-2000}" \
+      --appendonly yes --appendfsync always --maxmemory-policy noeviction --lazyfree-lazy-expire yes --save "" \
+      --daemonize yes --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log"
+  done
+  for port in $cluster_ports; do
+    for _ in $(seq 1 50); do redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+    redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG || { log "redis on $port did not answer; see $dir/$port/redis.log"; exit 1; }
+  done
+  if [ "$fresh" = 1 ]; then
+    local nodes=()
+    for port in $cluster_ports; do nodes+=("127.0.0.1:$port"); done
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 \
+      || { log "redis-cli --cluster create failed; see $dir/create.log"; exit 1; }
+  fi
+  for _ in $(seq 1 100); do cluster_ok && break; sleep 0.2; done
+  cluster_ok || { log "redis cluster did not reach cluster_state:ok; see $dir/*/redis.log"; exit 1; }
+  log "redis cluster ready on 127.0.0.1:$cluster_port-$((cluster_port + 5))"
+}
+
+stop_redis_cluster() {
+  local dir="$run_dir/redis-cluster" stopped=0
+  for port in $cluster_ports; do
+    if pid_alive "$dir/$port/redis.pid"; then
+      redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || kill "$(cat "$dir/$port/redis.pid")" || true
+      for _ in $(seq 1 50); do pid_alive "$dir/$port/redis.pid" || break; sleep 0.1; done
+      stopped=1
+    fi
+    rm -f "$dir/$port/redis.pid"
+  done
+  [ "$stopped" = 0 ] || log "redis cluster stopped"
 }
 
 prom_ready() { curl -fsS "http://127.0.0.1:$prom_port/-/ready" >/dev/null 2>&1; }
@@ -79,29 +128,33 @@ case "${1:-}" in
     case "$what" in
       kafka) "$here/kafka/broker.sh" start ;;
       redis) start_redis ;;
+      redis-cluster) start_redis_cluster ;;
       prometheus) start_prometheus ;;
-      all) start_redis; start_prometheus; "$here/kafka/broker.sh" start ;;
-      *) log "unknown service '$what': use kafka, redis, prometheus or all"; exit 2 ;;
+      all) start_redis; start_redis_cluster; start_prometheus; "$here/kafka/broker.sh" start ;;
+      *) log "unknown service '$what': use kafka, redis, redis-cluster, prometheus or all"; exit 2 ;;
     esac ;;
   stop)
     case "$what" in
       kafka) "$here/kafka/broker.sh" stop ;;
       redis) stop_redis ;;
+      redis-cluster) stop_redis_cluster ;;
       prometheus) stop_prometheus ;;
-      all) "$here/kafka/broker.sh" stop; stop_prometheus; stop_redis ;;
-      *) log "unknown service '$what': use kafka, redis, prometheus or all"; exit 2 ;;
+      all) "$here/kafka/broker.sh" stop; stop_prometheus; stop_redis_cluster; stop_redis ;;
+      *) log "unknown service '$what': use kafka, redis, redis-cluster, prometheus or all"; exit 2 ;;
     esac ;;
   status)
     rc=0
     "$here/kafka/broker.sh" status || rc=1
     if redis_ping; then log "redis answers on 127.0.0.1:$redis_port"; else log "redis not answering"; rc=1; fi
+    if cluster_ok; then log "redis cluster answers on 127.0.0.1:$cluster_port"; else log "redis cluster not answering"; rc=1; fi
     if prom_ready; then log "prometheus answers on 127.0.0.1:$prom_port"; else log "prometheus not answering"; rc=1; fi
     exit $rc ;;
   env)
     echo "export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:${KAFKA_PORT:-9092}"
     echo "export REDIS_URL=redis://127.0.0.1:$redis_port/0"
+    echo "export REDIS_CLUSTER_URL=redis+cluster://127.0.0.1:$cluster_port,127.0.0.1:$((cluster_port + 1)),127.0.0.1:$((cluster_port + 2))"
     echo "export PROMETHEUS_URL=http://127.0.0.1:$prom_port"
     echo "export PROMTOOL=$(command -v promtool || echo promtool)"
     echo "export PROMETHEUS=$(command -v prometheus || echo prometheus)" ;;
-  *) echo "usage: $0 {start|stop|status|env} [kafka|redis|prometheus|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 {start|stop|status|env} [kafka|redis|redis-cluster|prometheus|all]" >&2; exit 2 ;;
 esac

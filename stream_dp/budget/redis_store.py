@@ -291,7 +291,12 @@ class RedisBudgetStore:
         the first batch did not touch would be charged before another group's
         conflict came back.
         """
-        digest = hashlib.blake2b(",".join(str(p.args[6]) for p in parts).encode(), digest_size=16).hexdigest()
+        # The parts' digests, and where each part's units stand in the batch (its order is part of the call).
+        h = hashlib.blake2b(digest_size=16)
+        for p in parts:
+            h.update(f"{p.group}|{p.chunk}|{p.args[6]}|{len(p.positions)}|".encode())
+            h.update(p.positions.astype("<u4").tobytes())
+        digest = h.hexdigest()
         key = self._keys.manifest(namespace, charge_id)
         ttl_ms = self._ledgers[namespace].options.record_ttl_ms
         stored = self._redis.call(
@@ -410,6 +415,9 @@ class RedisBudgetStore:
             if score > 0:
                 scored.append((unit, score))
         scored.sort(key=lambda item: (-item[1], item[0]))
+        if self._keys.clustered:
+            # Each group keeps top_capacity units; together they still track only that many.
+            return scored[: min(n, self._options.top_capacity)]
         return scored[:n]
 
     def reset(self, namespace: str, unit: str) -> bool:

@@ -26,6 +26,8 @@ from typing import Protocol
 
 import redis
 
+from stream_dp.budget.redis_nodes import Call, NodeRunner, ReplicaWait
+
 WRITTEN = b"written"
 PUBLISHED = b"published"
 
@@ -91,12 +93,21 @@ class ReleaseLedger(Protocol):
 
 
 class RedisReleaseLedger:
+    """The ledger on one Redis or a Redis Cluster: each key carries its query's (or charge's) hash tag.
+
+    ``wait``: replicas that must hold a stored release before it is published
+    (``WAIT``, see :mod:`stream_dp.budget.redis_nodes`); without it a failover
+    could forget a published window and a replay would noise it again.
+    """
+
     def __init__(
-        self, client: redis.Redis, *, prefix: str = "stream-dp:ledger", ttl_s: int = 7 * 86_400, journal_ttl_s: int = 7_200
+        self, client: redis.Redis, *, prefix: str = "stream-dp:ledger", ttl_s: int = 7 * 86_400, journal_ttl_s: int = 7_200,
+        wait: ReplicaWait | None = None,
     ) -> None:
         if ttl_s < 3_600:
             raise ValueError(f"ledger ttl_s={ttl_s} is under an hour; keep entries longer than the input topics' retention")
         self._redis = client
+        self._wait = wait
         self._prefix = prefix
         self._ttl_s = ttl_s
         # Unit lists are only needed while a replay can still rebuild the window, which is
@@ -111,8 +122,14 @@ class RedisReleaseLedger:
         return f"{self._prefix}:{{{query}}}:{window_start_ms}"
 
     def claim(self, query: str, window_start_ms: int, records: list[Record]) -> StoredRelease:
+        keys, args = [self._key(query, window_start_ms)], [_pack(records), self._ttl_s]
         try:
-            payload, state, new = self._claim(keys=[self._key(query, window_start_ms)], args=[_pack(records), self._ttl_s])
+            if self._wait is None:
+                payload, state, new = self._claim(keys=keys, args=args)
+            else:
+                sync = f"{self._prefix}:{{{query}}}:sync"
+                call = Call(self._claim.sha, self._claim.script, keys, args, sync)
+                ((payload, state, new),) = NodeRunner(self._redis, [call], self._wait).run_pending()
         except redis.RedisError as exc:
             raise LedgerUnavailable(f"release ledger write failed ({type(exc).__name__}); not publishing") from exc
         if new:
