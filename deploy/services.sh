@@ -8,7 +8,7 @@
 #   deploy/services.sh env        print the variables clients need (eval "$(deploy/services.sh env)")
 #
 # Ports: KAFKA_PORT (9092), REDIS_PORT (6379), PROMETHEUS_PORT (9090); the Redis Cluster
-# (3 masters + 3 replicas, Debian's redis-server) takes REDIS_CLUSTER_PORT (7000) to +5,
+# (3 masters + 3 replicas, Debian's redis-server) takes REDIS_CLUSTER_PORT (7300) to +5,
 # and those plus 10000 for its cluster bus.
 # State, logs and pid files live under STREAM_DP_RUN_DIR (default: repo/.run, git-ignored).
 set -euo pipefail
@@ -18,7 +18,7 @@ repo="$(cd "$here/.." && pwd)"
 run_dir="${STREAM_DP_RUN_DIR:-$repo/.run}"
 redis_port="${REDIS_PORT:-6379}"
 prom_port="${PROMETHEUS_PORT:-9090}"
-cluster_port="${REDIS_CLUSTER_PORT:-7000}"
+cluster_port="${REDIS_CLUSTER_PORT:-7300}"
 cluster_ports=$(seq "$cluster_port" $((cluster_port + 5)))
 export STREAM_DP_RUN_DIR="$run_dir"
 
@@ -52,15 +52,29 @@ stop_redis() {
 }
 
 cluster_ok() { redis-cli -h 127.0.0.1 -p "$cluster_port" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; }
+node_ping() { redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null | grep -q PONG; }
+# Nodes that know only themselves: started, never joined to a cluster.
+node_alone() { redis-cli -h 127.0.0.1 -p "$1" cluster info 2>/dev/null | grep -q '^cluster_known_nodes:1\b'; }
+
+# Every master has a replica online and every replica's link is up: charges wait for one.
+node_synced() {
+  local info; info="$(redis-cli -h 127.0.0.1 -p "$1" info replication 2>/dev/null | tr -d '\r')"
+  case "$info" in
+    *role:master*) grep -q '^slave0:.*state=online' <<<"$info" ;;
+    *role:slave*) grep -q '^master_link_status:up' <<<"$info" ;;
+    *) return 1 ;;
+  esac
+}
+cluster_synced() { local port; for port in $cluster_ports; do node_synced "$port" || return 1; done; }
 
 start_redis_cluster() {
   command -v redis-server >/dev/null || { log "redis-server is missing: run deploy/install.sh (apt-get install redis-server)"; exit 1; }
-  if cluster_ok; then log "redis cluster already answers on 127.0.0.1:$cluster_port"; return 0; fi
-  local dir="$run_dir/redis-cluster" fresh=0
+  local dir="$run_dir/redis-cluster" port alone=0
+  # Every node not answering is started, also when the cluster answers without it (a node
+  # killed by a test or a crash rejoins with its nodes.conf, as a replica if it was failed over).
   for port in $cluster_ports; do
+    node_ping "$port" && continue
     mkdir -p "$dir/$port"
-    [ -f "$dir/$port/nodes.conf" ] || fresh=1
-    redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG && continue
     # As the single Redis: AOF fsynced on every write, no eviction. A short node timeout
     # makes a replica take over from a dead master within seconds.
     redis-server --port "$port" --bind 127.0.0.1 --protected-mode yes --dir "$dir/$port" \
@@ -69,17 +83,24 @@ start_redis_cluster() {
       --daemonize yes --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log"
   done
   for port in $cluster_ports; do
-    for _ in $(seq 1 50); do redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-    redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG || { log "redis on $port did not answer; see $dir/$port/redis.log"; exit 1; }
+    for _ in $(seq 1 50); do node_ping "$port" && break; sleep 0.1; done
+    node_ping "$port" || { log "redis on $port did not answer; see $dir/$port/redis.log"; exit 1; }
+    if node_alone "$port"; then alone=$((alone + 1)); fi
   done
-  if [ "$fresh" = 1 ]; then
+  if [ "$alone" = 6 ]; then
     local nodes=()
     for port in $cluster_ports; do nodes+=("127.0.0.1:$port"); done
     redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 \
       || { log "redis-cli --cluster create failed; see $dir/create.log"; exit 1; }
+  elif [ "$alone" != 0 ]; then
+    log "$alone of the 6 nodes on ports $cluster_port-$((cluster_port + 5)) belong to no cluster and the others do;"
+    log "run '$0 stop redis-cluster', remove $dir and start again (this forgets the cluster's data)"
+    exit 1
   fi
-  for _ in $(seq 1 100); do cluster_ok && break; sleep 0.2; done
+  for _ in $(seq 1 150); do cluster_ok && break; sleep 0.2; done
   cluster_ok || { log "redis cluster did not reach cluster_state:ok; see $dir/*/redis.log"; exit 1; }
+  for _ in $(seq 1 150); do cluster_synced && break; sleep 0.2; done
+  cluster_synced || { log "redis cluster replicas did not come online; see $dir/*/redis.log"; exit 1; }
   log "redis cluster ready on 127.0.0.1:$cluster_port-$((cluster_port + 5))"
 }
 

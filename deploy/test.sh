@@ -21,7 +21,7 @@ eval "$("$here/services.sh" env)"
 for service in redis redis-cluster prometheus kafka; do
   case "$service" in
     redis) redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && continue ;;
-    redis-cluster) redis-cli -h 127.0.0.1 -p "${REDIS_CLUSTER_PORT:-7000}" cluster info 2>/dev/null | grep -q '^cluster_state:ok' && continue ;;
+    redis-cluster) redis-cli -h 127.0.0.1 -p "${REDIS_CLUSTER_PORT:-7300}" cluster info 2>/dev/null | grep -q '^cluster_state:ok' && continue ;;
     prometheus) curl -fsS "$PROMETHEUS_URL/-/ready" >/dev/null 2>&1 && continue ;;
     kafka) "$here/kafka/broker.sh" status >/dev/null 2>&1 && continue ;;
   esac

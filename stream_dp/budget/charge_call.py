@@ -18,6 +18,7 @@ import numpy as np
 from stream_dp.budget import batch
 from stream_dp.budget.ledger import NamespaceLedger
 from stream_dp.budget.store import ChargeConflict, ChargeOutcome, ChargeOutOfRange, StoreLayoutMismatch
+from stream_dp.metrics.budget import BudgetMetrics
 
 LAYOUT_MISMATCH = -4
 
@@ -180,3 +181,31 @@ def combine(ledger: NamespaceLedger, units: list[str], results: list[PartResult]
         replayed=all(r.replayed for r in results),
         excluded_by_horizon={p.label: c for p, c in zip(ledger.horizons, refusals, strict=True)},
     )
+
+
+def record_metrics(
+    metrics: BudgetMetrics, ledger: NamespaceLedger, outcome: ChargeOutcome, results: list[PartResult], elapsed: float
+) -> None:
+    """Count a charge made of ``results`` (its replayed parts are not counted again)."""
+    namespace = ledger.policy.name
+    if outcome.replayed:
+        metrics.record_replay(namespace, elapsed)
+    else:
+        fresh = [r for r in results if not r.replayed]
+        refusals = {p.label: sum(r.refusals[i] for r in fresh) for i, p in enumerate(ledger.horizons)}
+        metrics.record_charge(
+            namespace,
+            charged=outcome.charged,
+            excluded=int(outcome.excluded.sum()),
+            refusals=refusals,
+            latency_s=elapsed,
+        )
+    for r in results:
+        if r.replayed or r.histogram is None or r.sums is None:
+            continue
+        metrics.enter_levels(namespace, batch.level_entries(ledger, r.transitions))
+        width = len(metrics.fraction_buckets) + 1
+        hist = np.asarray(r.histogram, dtype=np.int64).reshape(len(ledger.horizons), width)
+        for i, plan in enumerate(ledger.horizons):
+            metrics.spend_fraction.observe_counts((namespace, plan.label), hist[i], r.sums[i] / plan.limit_units)
+    metrics.expire_levels(max(r.now_ms for r in results))

@@ -61,6 +61,10 @@ def split_by_group(shards: np.ndarray, groups: int) -> list[tuple[int, np.ndarra
     return [(int(g), order[bounds[i] : bounds[i + 1]]) for i, g in enumerate(present.tolist())]
 
 
+def _charge_tag(charge_id: str) -> str:
+    return hashlib.blake2b(charge_id.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+
+
 class KeyNames:
     """The store's key names: ``groups=None`` for one Redis (as ever), an integer for a cluster.
 
@@ -122,8 +126,11 @@ class KeyNames:
 
     def manifest(self, namespace: str, charge_id: str) -> str:
         """Digest of a whole charge on a cluster, written before its group calls (one slot, by charge id)."""
-        tag = hashlib.blake2b(charge_id.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
-        return f"{self.prefix}c:{namespace}:{{{tag}}}:{charge_id}"
+        return f"{self.prefix}c:{namespace}:{{{_charge_tag(charge_id)}}}:{charge_id}"
+
+    def manifest_sync(self, namespace: str, charge_id: str) -> str:
+        """The WAIT write beside a manifest (same slot)."""
+        return f"{self.prefix}w:{namespace}:{{{_charge_tag(charge_id)}}}"
 
     def sync(self, namespace: str, group: int) -> str:
         """A key written right before WAIT, so that WAIT also covers a replayed call that wrote nothing."""

@@ -15,10 +15,17 @@ Works on a plain ``redis.Redis`` (one node) and on a ``redis.cluster.RedisCluste
 routing by hash slot from the client's slot map; MOVED refreshes the map, ASK
 sends the call once to the importing master with ASKING, and a dead master's
 connection errors leave calls pending for the caller's retry after a refresh.
+
+While a slot migrates, Redis runs a multi-key call only on a node holding all
+of its declared keys, and answers TRYAGAIN (or ASK) otherwise. A charge's record
+key never exists before its first run, so a new charge of a migrating slot is
+refused until the migration ends (retried, fail closed), and never runs on a
+node holding only part of the slot's budgets.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +43,15 @@ from redis.exceptions import (
 from stream_dp.budget.keys import key_slot_of
 
 SYNC_TTL_MS = 60_000
+
+SET_ONCE = """
+local stored = redis.call('GET', KEYS[1])
+if stored then return stored end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
+"""
+"""Store ARGV[1] in KEYS[1] for ARGV[2] ms unless it holds a value; returns the held value (nil if it stored)."""
+SET_ONCE_SHA = hashlib.sha1(SET_ONCE.encode()).hexdigest()
 
 
 class ReplicationShortfall(redis.RedisError):
@@ -198,3 +214,14 @@ class NodeRunner:
             if i in done:
                 self.replies[i] = reply
         return error
+
+
+def set_once(client: Any, key: str, value: bytes | str, ttl_ms: int, sync_key: str, wait: ReplicaWait | None) -> Any:
+    """``SET key value NX PX ttl_ms``, then the held value (None if this call stored it), durable as charges are.
+
+    With ``wait``, returns only once that many replicas hold the key (whether
+    this call or an earlier one wrote it), else raises a retryable error.
+    """
+    call = Call(SET_ONCE_SHA, SET_ONCE, [key], [value, int(ttl_ms)], sync_key)
+    (held,) = NodeRunner(client, [call], wait).run_pending()
+    return held

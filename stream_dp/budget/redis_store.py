@@ -20,8 +20,8 @@ carry the hash tag of their shard's slot group after the namespace
 (``{prefix}s:{namespace}:{tag}:{generation}:{shard}`` and so on, see
 :mod:`stream_dp.budget.keys`): a batch is charged by one call per slot group,
 each atomic and idempotent on its own, and a charge's manifest (the digest of
-the whole batch, by charge id) makes a charge id reused for another batch fail
-before any group is charged.
+the whole batch, by charge id, see :mod:`stream_dp.budget.redis_marks`) makes a
+charge id reused for another batch fail before any group is charged.
 
 Redis must keep what it acknowledged: run it with ``appendonly yes`` and
 ``appendfsync always`` (with ``everysec`` a crash of Redis can forget up to a
@@ -37,26 +37,23 @@ stall Redis.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import redis
 
-from stream_dp.budget import batch, charge_call
+from stream_dp.budget import batch, charge_call, redis_marks
 from stream_dp.budget.charge_call import LAYOUT_MISMATCH, Part, PartResult
 from stream_dp.budget.keys import DEFAULT_GROUPS, KeyNames
-from stream_dp.budget.layout import StorageLayout, key_layout_mismatch, legacy_layout
+from stream_dp.budget.layout import StorageLayout, legacy_layout
 from stream_dp.budget.ledger import NamespaceLedger
 from stream_dp.budget.policy import BudgetPolicy, NamespacePolicy
 from stream_dp.budget.redis_calls import RedisCaller, Script
 from stream_dp.budget.redis_nodes import Call, NodeRunner, ReplicaWait, is_cluster
 from stream_dp.budget.redis_url import client_from_url
 from stream_dp.budget.store import (
-    ChargeConflict,
     ChargeOutcome,
     HorizonSpend,
     StoreLayoutMismatch,
@@ -215,7 +212,7 @@ class RedisBudgetStore:
         results, ledger = self._charge_parts(ledger, charge_id, unit_list, cost_units, time_ms)
         outcome = charge_call.combine(ledger, unit_list, results, time_ms)
         if self._metrics is not None:
-            self._record_metrics(ledger, outcome, results, time.perf_counter() - started)
+            charge_call.record_metrics(self._metrics, ledger, outcome, results, time.perf_counter() - started)
         return outcome
 
     def _charge_parts(
@@ -224,14 +221,16 @@ class RedisBudgetStore:
         namespace = ledger.policy.name
         layout = self._layouts[namespace]
         shards = layout.shard_of(units)
-        if self._keys.clustered:
-            self._claim_layout(namespace, layout)
+        if self._keys.clustered and namespace not in self._claimed:
+            redis_marks.claim_layout(self._redis, self._keys, namespace, layout.fingerprint)
+            self._claimed.add(namespace)
         parts = [
             self._part(ledger, charge_id, group, chunk, positions, units, shards, cost_units, time_ms)
             for group, chunk, positions in charge_call.plan_parts(units, shards, self._groups, self._max_units)
         ]
         if self._keys.clustered:
-            self._check_manifest(namespace, charge_id, parts)
+            ttl_ms = ledger.options.record_ttl_ms
+            redis_marks.check_manifest(self._redis, self._keys, namespace, charge_id, parts, ttl_ms, self._wait)
         script = self._scripts["charge"]
         calls = [
             Call(script.sha, script.source, p.keys, p.args, self._keys.sync(namespace, p.group)) for p in parts
@@ -271,69 +270,6 @@ class RedisBudgetStore:
             self._keys.meta(namespace, group if self._keys.clustered else None),
         ]
         return Part(group, chunk, positions, part_units, order, keys, args)
-
-    def _claim_layout(self, namespace: str, layout: StorageLayout) -> None:
-        """On a cluster, mark the namespace's key layout once (its group calls cannot read this key)."""
-        if namespace in self._claimed:
-            return
-        key = self._keys.meta(namespace)
-        stored = self._redis.call(
-            namespace, "charge", lambda: self._client.set(key, layout.fingerprint, nx=True, get=True)
-        )
-        if stored is not None and stored.decode() != layout.fingerprint:
-            raise StoreLayoutMismatch(key_layout_mismatch(namespace, stored.decode(), layout.fingerprint))
-        self._claimed.add(namespace)
-
-    def _check_manifest(self, namespace: str, charge_id: str, parts: list[Part]) -> None:
-        """Refuse a charge id reused for another batch before any of its groups is charged.
-
-        Each group's record catches a changed sub-batch on its own, but a group
-        the first batch did not touch would be charged before another group's
-        conflict came back.
-        """
-        # The parts' digests, and where each part's units stand in the batch (its order is part of the call).
-        h = hashlib.blake2b(digest_size=16)
-        for p in parts:
-            h.update(f"{p.group}|{p.chunk}|{p.args[6]}|{len(p.positions)}|".encode())
-            h.update(p.positions.astype("<u4").tobytes())
-        digest = h.hexdigest()
-        key = self._keys.manifest(namespace, charge_id)
-        ttl_ms = self._ledgers[namespace].options.record_ttl_ms
-        stored = self._redis.call(
-            namespace, "charge", lambda: self._client.set(key, digest, nx=True, get=True, px=ttl_ms)
-        )
-        if stored is not None and stored.decode() != digest:
-            raise ChargeConflict(
-                f"charge id {charge_id!r} was already charged with different units, cost or event time; a retry "
-                "must repeat the original call, a new window needs a new charge id"
-            )
-
-    def _record_metrics(
-        self, ledger: NamespaceLedger, outcome: ChargeOutcome, results: list[PartResult], elapsed: float
-    ) -> None:
-        assert self._metrics is not None
-        namespace = ledger.policy.name
-        if outcome.replayed:
-            self._metrics.record_replay(namespace, elapsed)
-        else:
-            fresh = [r for r in results if not r.replayed]
-            refusals = {p.label: sum(r.refusals[i] for r in fresh) for i, p in enumerate(ledger.horizons)}
-            self._metrics.record_charge(
-                namespace,
-                charged=outcome.charged,
-                excluded=int(outcome.excluded.sum()),
-                refusals=refusals,
-                latency_s=elapsed,
-            )
-        for r in results:
-            if r.replayed or r.histogram is None or r.sums is None:
-                continue
-            self._metrics.enter_levels(namespace, batch.level_entries(ledger, r.transitions))
-            width = len(self._metrics.fraction_buckets) + 1
-            hist = np.asarray(r.histogram, dtype=np.int64).reshape(len(ledger.horizons), width)
-            for i, plan in enumerate(ledger.horizons):
-                self._metrics.spend_fraction.observe_counts((namespace, plan.label), hist[i], r.sums[i] / plan.limit_units)
-        self._metrics.expire_levels(max(r.now_ms for r in results))
 
     def _adopt_legacy_layout(self, ledger: NamespaceLedger, stored: str) -> bool:
         """Keep writing budgets stored before the delay followed the retention as they were (see legacy_layout)."""

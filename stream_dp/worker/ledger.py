@@ -26,7 +26,7 @@ from typing import Protocol
 
 import redis
 
-from stream_dp.budget.redis_nodes import Call, NodeRunner, ReplicaWait
+from stream_dp.budget.redis_nodes import Call, NodeRunner, ReplicaWait, set_once
 
 WRITTEN = b"written"
 PUBLISHED = b"published"
@@ -95,9 +95,13 @@ class ReleaseLedger(Protocol):
 class RedisReleaseLedger:
     """The ledger on one Redis or a Redis Cluster: each key carries its query's (or charge's) hash tag.
 
-    ``wait``: replicas that must hold a stored release before it is published
-    (``WAIT``, see :mod:`stream_dp.budget.redis_nodes`); without it a failover
-    could forget a published window and a replay would noise it again.
+    ``wait``: replicas that must hold a stored release before it is published,
+    and a charge's unit list before it is charged (``WAIT``, see
+    :mod:`stream_dp.budget.redis_nodes`); without it a failover could forget a
+    published window and a replay would noise it again. The published mark,
+    the released-through marks and the query start do not wait: losing one
+    can make a replay publish a window's stored records again (the same
+    values), never draw new noise for it.
     """
 
     def __init__(
@@ -173,6 +177,13 @@ class RedisReleaseLedger:
         """
         key = f"{self._prefix}:units:{{{charge_id}}}"
         try:
+            if self._wait is not None:
+                # Durable before the charge it guards: a failover that forgot it would let a
+                # replay charge a rebuilt unit list.
+                sync = f"{self._prefix}:units:{{{charge_id}}}:sync"
+                ttl_ms = self._journal_ttl_s * 1000
+                stored = set_once(self._redis, key, _pack_units(units), ttl_ms, sync, self._wait)
+                return units if stored is None else _unpack_units(stored)
             if self._redis.set(key, _pack_units(units), nx=True, ex=self._journal_ttl_s):
                 return units
             stored = self._redis.get(key)
