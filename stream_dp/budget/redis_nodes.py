@@ -162,11 +162,17 @@ class NodeRunner:
                 if call.ask is not None:
                     pipe.execute_command("ASKING")
                 pipe.evalsha(call.sha, len(call.keys), *call.keys, *call.args)
+            tail = 0
             if self._wait is not None:
-                pipe.set(self._calls[indices[-1]].sync_key, b"1", px=SYNC_TTL_MS)
+                last = self._calls[indices[-1]]
+                if last.ask is not None:  # the sync key is of the same migrating slot as the last call
+                    pipe.execute_command("ASKING")
+                    tail += 1
+                pipe.set(last.sync_key, b"1", px=SYNC_TTL_MS)
                 pipe.execute_command("WAIT", self._wait.replicas, self._wait.timeout_ms)
+                tail += 2
             out = pipe.execute(raise_on_error=False)
-            replies = self._strip_asking(indices, out[: len(out) - (2 if self._wait else 0)])
+            replies = self._strip_asking(indices, out[: len(out) - tail])
             missing = [i for i, r in zip(indices, replies, strict=True) if isinstance(r, NoScriptError)]
             if missing:
                 for source in {self._calls[i].source for i in missing}:
@@ -202,9 +208,12 @@ class NodeRunner:
                 done.append(i)
         if self._wait is not None and done:
             sync, acked = out[-2], out[-1]
+            if isinstance(sync, RETRYABLE_CLUSTER):  # the sync key's slot moved or is moving: go where it is
+                return error or sync
             if isinstance(sync, BaseException) or isinstance(acked, BaseException) or int(acked) < self._wait.replicas:
                 where = node_client.connection_pool.connection_kwargs
-                detail = acked if isinstance(acked, BaseException) else f"{acked} of {self._wait.replicas} replicas"
+                problem = next((r for r in (sync, acked) if isinstance(r, BaseException)), None)
+                detail = f"{problem}" if problem is not None else f"{acked} of {self._wait.replicas} replicas"
                 return error or ReplicationShortfall(
                     f"WAIT on {where.get('host')}:{where.get('port')}: {detail} acknowledged within "
                     f"{self._wait.timeout_ms} ms; the charge may not survive a failover, so it is not released. "

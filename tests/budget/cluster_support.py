@@ -142,6 +142,49 @@ class PrivateCluster:
             client.close()
         return replica
 
+    def masters(self) -> list[int]:
+        client = self.node(self._alive_port())
+        try:
+            return sorted({int(master[1]) for _, _, master, *_ in client.cluster("slots")})
+        finally:
+            client.close()
+
+    def node_id(self, port: int) -> str:
+        client = self.node(port)
+        try:
+            return client.execute_command("CLUSTER", "MYID").decode()
+        finally:
+            client.close()
+
+    def begin_migration(self, slot: int, source: int, target: int) -> None:
+        """Mark ``slot`` migrating from ``source`` to ``target`` (keys stay put until ``migrate_keys``)."""
+        self.node(target).execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", self.node_id(source))
+        self.node(source).execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", self.node_id(target))
+
+    def migrate_keys(self, slot: int, source: int, target: int) -> int:
+        """Move every key of ``slot`` from ``source`` to ``target``; how many moved."""
+        client = self.node(source)
+        try:
+            keys = client.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100_000)
+            if keys:
+                client.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+            return len(keys)
+        finally:
+            client.close()
+
+    def keys_in_slot(self, port: int, slot: int) -> int:
+        client = self.node(port)
+        try:
+            return int(client.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot))
+        finally:
+            client.close()
+
+    def end_migration(self, slot: int, target: int) -> None:
+        """Give ``slot`` to ``target`` on every master (as ``redis-cli --cluster reshard`` does)."""
+        target_id = self.node_id(target)
+        for port in [target, *(p for p in self.masters() if p != target)]:
+            self.node(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
     def pause(self, port: int) -> None:
         os.kill(self.pid(port), signal.SIGSTOP)
         self.stopped.add(port)

@@ -19,6 +19,7 @@ from stream_dp.budget.redis_nodes import ReplicaWait
 from stream_dp.budget.redis_url import client_from_url
 from stream_dp.metrics.budget import BudgetMetrics
 
+from .cluster_support import PrivateCluster
 from .support import HOUR_MS, Clock, StoreFactory, standard_policy
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -168,3 +169,17 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def private_cluster(tmp_path: Path) -> Iterator[PrivateCluster]:
+    """A Redis Cluster of this test's own (3 masters + 3 replicas, random ports), for killing or resharding it."""
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        message = "redis-server and redis-cli are not on PATH (install Debian's redis-server package)"
+        if IN_CI:
+            pytest.fail(f"{message} (CI=true: a missing service is a failure, not a skip)")
+        pytest.skip(message)
+    cluster = PrivateCluster(tmp_path)
+    cluster.start()
+    yield cluster
+    cluster.stop()

@@ -21,13 +21,8 @@ without WAIT that charge would return, be released, and vanish with the master.
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from stream_dp.budget import BudgetUnavailable, ChargeOutcome, RedisBudgetStore
 from stream_dp.budget.keys import key_slot_of
@@ -36,24 +31,10 @@ from stream_dp.budget.redis_url import client_from_url
 from stream_dp.worker.ledger import LedgerUnavailable, RedisReleaseLedger
 
 from .cluster_support import PrivateCluster
-from .conftest import IN_CI
 from .support import standard_policy
 
 WAIT = ReplicaWait(replicas=1, timeout_ms=500)
 COST = 0.2  # the 1 h limit is 1.0: five charges fit, the sixth is refused
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[PrivateCluster]:
-    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
-        message = "redis-server and redis-cli are not on PATH (install Debian's redis-server package)"
-        if IN_CI:
-            pytest.fail(f"{message} (CI=true: a missing service is a failure, not a skip)")
-        pytest.skip(message)
-    private = PrivateCluster(tmp_path)
-    private.start()
-    yield private
-    private.stop()
 
 
 def retry_until_charged(store: RedisBudgetStore, charge_id: str, units: list[str], t: int) -> ChargeOutcome:
@@ -76,7 +57,8 @@ def query_on(cluster: PrivateCluster, port: int, on: bool) -> str:
     )
 
 
-def test_a_master_killed_mid_charge_loses_no_released_charge_and_charges_none_twice(cluster: PrivateCluster) -> None:
+def test_a_master_killed_mid_charge_loses_no_released_charge_and_charges_none_twice(private_cluster: PrivateCluster) -> None:
+    cluster = private_cluster
     client = client_from_url(cluster.url, timeout_s=2.0, own_retries=False)
     store = RedisBudgetStore(client, standard_policy(), key_prefix="failover:", wait=WAIT, retries=2, backoff_s=0.05)
     ledger = RedisReleaseLedger(client_from_url(cluster.url, timeout_s=2.0), prefix="failover:ledger", wait=WAIT)
