@@ -104,6 +104,7 @@ class IngestStage:
         self._last_progress_s = 0.0
         self._sent_progress: dict[tuple[str, int], int] = {}
         self.positions = PartitionPositions(consumer)
+        self._joined = False  # an assignment (possibly empty) arrived from the group
         self._charge_attempts = 0
         self._next_charge_s = 0.0
 
@@ -153,6 +154,7 @@ class IngestStage:
                             clocks[tp.partition] = clock
                     query.engine.assign(partitions, closed_through_ms=restored or None,
                                         replay_until_offset=replay_until or None, record_clock_ms=clocks or None)
+            self._joined = True
             log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
@@ -179,6 +181,10 @@ class IngestStage:
                 except KeyError:
                     pass  # never reported
             log.info("revoked %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in revoked))
+
+    def assigned_partitions(self) -> int | None:
+        """Input partitions owned now; None until the group first assigned this worker (for readiness)."""
+        return len(self.consumer.assignment()) if self._joined else None
 
     # -- the loop ------------------------------------------------------------------------
 
