@@ -45,7 +45,12 @@ def make_app(registry: CollectorRegistry, health: Health) -> Callable[..., Itera
 
 def serve(port: int, host: str, registry: CollectorRegistry, health: Health) -> tuple[WSGIServer, threading.Thread]:
     """Serve the three endpoints from a daemon thread; call ``server.shutdown()`` to stop."""
-    server = make_server(host, port, make_app(registry, health), _Server, handler_class=_QuietHandler)
+    return serve_app(port, host, make_app(registry, health))
+
+
+def serve_app(port: int, host: str, app: Callable[..., Iterable[bytes]]) -> tuple[WSGIServer, threading.Thread]:
+    """Serve a WSGI ``app`` from a daemon thread, one thread per request."""
+    server = make_server(host, port, app, _Server, handler_class=_QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
     thread.start()
     return server, thread
