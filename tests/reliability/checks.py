@@ -196,6 +196,32 @@ def check_partials(observed: Observed, truth: Truth, partitions: int, report: Ch
                         f"partial {key}: says {found[0].input_partitions} input partitions, the topic has {partitions}")
 
 
+def check_partials_before_release(observed: Observed, truth: Truth, report: CheckReport) -> None:
+    """No partial of the model first reached the partials topic after its window's release was published
+    (both topics stamped by the broker): such a window was released without that partition's data."""
+    first_copy: dict[tuple[str, int, int], int] = {}
+    for record in observed.partials:
+        if (record.partition, record.offset) in observed.planted_partials:
+            continue
+        try:
+            message = decode_internal(record.value)
+        except WireFormatError:
+            continue
+        if isinstance(message, PartialAggregate):
+            key = (message.query, message.window_start_ms, message.partition)
+            first_copy[key] = min(record.timestamp, first_copy.get(key, record.timestamp))
+    published: dict[tuple[str, int], int] = {}
+    for query, records in observed.outputs.items():
+        for record in records:
+            key = (query, orjson.loads(record.value)["window"]["start_ms"])
+            published[key] = min(record.timestamp, published.get(key, record.timestamp))
+    for (query, start, partition) in sorted(truth.partials):
+        arrived, released = first_copy.get((query, start, partition)), published.get((query, start))
+        if arrived is not None and released is not None and arrived > released:
+            report.fail("partial after release", f"{query}: the partial of window {start} partition {partition} "
+                        f"reached the partials topic {arrived - released} ms after the window was published")
+
+
 def check_accounting(observed: Observed, truth: Truth, report: CheckReport) -> None:
     """Late and rejected messages exactly the model's, dead letters unaltered, nothing unaccounted for."""
     sources = dead_letter_sources(observed)

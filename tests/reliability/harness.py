@@ -32,6 +32,7 @@ from tests.reliability.checks import (
     check_metrics_text,
     check_outputs,
     check_partials,
+    check_partials_before_release,
     check_release_records,
 )
 from tests.reliability.model import compute_truth
@@ -214,6 +215,13 @@ class FaultRun:
         outputs = write_config(config_path, self.name.replace("-", "_"), input_topic, spec)
         prefix = f"{self.name}."
         topics += list(outputs.values()) + [f"{prefix}partials", f"{prefix}alerts", f"{prefix}dead-letter"]
+        # The broker stamps partials and releases (LogAppendTime): one clock, whatever the workers' clocks say,
+        # tells whether a partial reached the partials topic after its window was released.
+        broker_time = {"message.timestamp.type": "LogAppendTime"}
+        for topic in outputs.values():
+            create_topic(self.bootstrap, topic, 1, configs=broker_time)
+        create_topic(self.bootstrap, f"{prefix}partials", self.partials_partitions, configs={
+            **broker_time, "cleanup.policy": "delete", "retention.ms": "604800000", "segment.ms": "3600000"})
         env = _worker_env(self.bootstrap, f"{self.name}-g", prefix, self.partials_partitions)
         events = schedule(spec)
         producer = LiveProducer(self.bootstrap, input_topic, events)
@@ -321,6 +329,7 @@ class FaultRun:
                 report.fail("model", f"{query}: events sent late on purpose are not late by the model's clock rule")
         check_outputs(observed, truth, report)
         check_partials(observed, truth, self.stream.partitions, report)
+        check_partials_before_release(observed, truth, report)
         check_accounting(observed, truth, report)
         check_completeness(completeness_counts(metrics_pages, list(truth.namespace)), report)
         unit_ids = {u for p in truth.partials.values() for u in p.units}

@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -214,7 +215,7 @@ class PrivateKafka:
 
     def wait_ready(self, timeout_s: float) -> None:
         ready = subprocess.run(
-            [str(REPO / ".venv" / "bin" / "python"), str(REPO / "deploy" / "kafka" / "wait_ready.py"),
+            [sys.executable, str(REPO / "deploy" / "kafka" / "wait_ready.py"),
              self.bootstrap, str(timeout_s)],
             capture_output=True, text=True,
         )

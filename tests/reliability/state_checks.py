@@ -12,8 +12,10 @@ kept apart from judging it (the ``check_*`` functions, pure), so that
   entry is left claimed but unpublished, and every record on an output topic
   is byte for byte one the ledger stored for its window.
 * **Completeness**: no window released without an input partition's partial
-  (``stream_dp_release_partitions_missing_total``) and no partial arriving
-  after its window was released (``stream_dp_late_partials_total``).
+  (``stream_dp_release_partitions_missing_total``); the count of partials
+  that came after their window's release (``stream_dp_late_partials_total``)
+  is reported, not judged, since it includes copies re-sent after a restart
+  (``checks.check_partials_before_release`` judges arrival times instead).
 """
 
 from __future__ import annotations
@@ -129,11 +131,11 @@ def completeness_counts(pages: list[str], queries: list[str]) -> dict[str, tuple
 
 def check_completeness(counts: dict[str, tuple[float, float]], report: CheckReport, *,
                        withheld_partitions: bool = False) -> None:
-    """Every window released with every input partition's partial, and no partial after its release;
-    ``withheld_partitions``: the scenario withholds a partition on purpose, so windows may go without it."""
+    """Every window released with every input partition's partial; ``withheld_partitions``: the scenario withholds a partition on purpose, so windows may go without it."""
     for query, (missing, late) in sorted(counts.items()):
         if missing and not withheld_partitions:
             report.fail("partitions missing", f"{query}: windows were released without the partials of {missing:.0f} "
                                               "input partitions")
-        if late:
-            report.fail("late partials", f"{query}: {late:.0f} partials arrived after their window was released")
+        # Not a violation by itself: the worker counts a partial re-sent by a restarted ingest stage, whose
+        # data the release did hold, as late too. ``check_partials_before_release`` tells the two apart.
+        report.stats[f"{query}: late partials counted"] = int(late)

@@ -24,6 +24,7 @@ from tests.reliability.checks import (
     check_metrics_text,
     check_outputs,
     check_partials,
+    check_partials_before_release,
     check_release_records,
 )
 from tests.reliability.model import FIXED_POINT, compute_truth
@@ -204,6 +205,20 @@ def test_outputs_check_rejects_noise_drawn_twice_a_lost_window_and_a_value_off_t
         assert report.kinds[kind] >= 1, (kind, report.violations)
 
 
+def test_arrival_check_rejects_a_partial_that_reached_the_topic_after_its_window_was_published(world):
+    observed, truth, _ = world
+    stamped = copy.copy(observed)
+    stamped.partials = [TopicRecord(r.partition, r.offset, r.key, r.value, r.headers, 1_000) for r in observed.partials]
+    stamped.outputs = {q: [TopicRecord(0, 0, None, r.value, {}, 2_000) for r in rs] for q, rs in observed.outputs.items()}
+    report = CheckReport()
+    check_partials_before_release(stamped, truth, report)
+    assert not report.violations, report.violations
+    late = stamped.partials[0]
+    stamped.partials = [TopicRecord(0, late.offset, None, late.value, {}, 2_001)] + stamped.partials[1:]
+    check_partials_before_release(stamped, truth, report)
+    assert report.kinds == {"partial after release": 1}, report.violations
+
+
 def _doctored_evidence(evidence: RedisEvidence) -> RedisEvidence:
     return copy.deepcopy(evidence)
 
@@ -247,10 +262,11 @@ def test_ledger_check_rejects_an_unpublished_entry_and_an_output_not_stored(worl
     assert report.kinds["output not in ledger"] == 3, report.violations
 
 
-def test_completeness_check_rejects_a_window_released_without_a_partition_and_a_late_partial():
+def test_completeness_check_rejects_a_window_released_without_a_partition():
     report = CheckReport()
     check_completeness({"q": (1.0, 0.0), "r": (0.0, 2.0)}, report)
-    assert report.kinds == {"partitions missing": 1, "late partials": 1}, report.violations
+    assert report.kinds == {"partitions missing": 1}, report.violations
+    assert report.stats["r: late partials counted"] == 2
     report = CheckReport()
     check_completeness({"q": (1.0, 0.0)}, report, withheld_partitions=True)
     assert not report.violations
