@@ -10,11 +10,6 @@ Two questions the window clock and the release stage depend on:
   partition nothing was read from yet, "read up to" is where reading starts:
   the group's committed offset, else the log start (``auto_offset_reset``
   earliest), looked up once per assignment.
-  The end is only known while the broker answers: the highwater mark comes
-  with each fetch response (one at least every ``fetch_max_wait_ms``, 500 ms,
-  data or not), so a highwater older than ``END_FRESH_MS`` is stale -- the
-  broker is away, and the records producers stamped meanwhile will arrive
-  when it returns -- and the partition is slow, not idle.
 * **Which closure is durable?** A progress marker tells the release stage
   that an input partition has closed every window through some time, so a
   window may be released without waiting for that partition's partial. That
@@ -29,16 +24,12 @@ Two questions the window clock and the release stage depend on:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 log = logging.getLogger(__name__)
-
-END_FRESH_MS = 5_000
-"""A highwater mark older than this (ten fetch waits) no longer says where the partition ends."""
 
 
 class PartitionPositions:
@@ -76,17 +67,13 @@ class PartitionPositions:
         except Exception as exc:  # the broker is slow or away: ask again next step; meanwhile nothing is idle
             log.warning("cannot look up start offsets of %s yet (%s)", sorted(map(str, unknown)), exc)
 
-    def not_idle(self, now_ms: int | None = None) -> dict[str, set[int]]:
-        """Per topic, the assigned partitions not known to be read up to their end (``now_ms``: the wall
-        clock, as aiokafka stamps fetch responses with it)."""
-        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    def not_idle(self) -> dict[str, set[int]]:
+        """Per topic, the assigned partitions not known to be read up to their end."""
         out: dict[str, set[int]] = {}
         for tp in self.consumer.assignment():
             highwater = self.consumer.highwater(tp)
             position = self.position(tp)
-            fetched_ms = self.consumer.last_poll_timestamp(tp)
-            stale = fetched_ms is None or now_ms - fetched_ms > END_FRESH_MS
-            if highwater is None or position is None or highwater > position or stale:
+            if highwater is None or position is None or highwater > position:
                 out.setdefault(tp.topic, set()).add(tp.partition)
         return out
 

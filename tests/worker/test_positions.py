@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 
 from aiokafka.structs import TopicPartition
@@ -27,16 +26,12 @@ class _Consumer:
     beginnings: dict[TopicPartition, int] = field(default_factory=dict)
     fail_lookups: bool = False
     lookups: int = 0
-    fetched_ms: dict[TopicPartition, int | None] = field(default_factory=dict)  # last fetch response; default now
 
     def assignment(self):
         return set(self.highwaters)
 
     def highwater(self, tp):
         return self.highwaters[tp]
-
-    def last_poll_timestamp(self, tp):
-        return self.fetched_ms.get(tp, int(time.time() * 1000))
 
     async def beginning_offsets(self, tps):
         self.lookups += 1
@@ -102,17 +97,3 @@ def test_durable_closure_only_rises_and_is_forgotten_with_the_partition():
     assert (positions.durable_through("q", _tp(0)), positions.durable_through("r", _tp(0))) == (9_000, 1_000)
     positions.forget([_tp(0)])
     assert positions.durable_through("q", _tp(0)) is None
-
-
-def test_a_partition_read_to_an_end_the_broker_last_reported_long_ago_is_not_idle():
-    # The broker went away: the highwater is the one of the last fetch response, and records
-    # producers stamp meanwhile arrive when it returns; closing windows by the wall clock now
-    # would make them late.
-    from stream_dp.worker.positions import END_FRESH_MS
-
-    now = int(time.time() * 1000)
-    consumer = _Consumer({_tp(0): 10, _tp(1): 10, _tp(2): 10},
-                         fetched_ms={_tp(0): now - END_FRESH_MS - 1, _tp(1): now - 100, _tp(2): None})
-    positions = PartitionPositions(consumer)
-    positions.note_batches({tp: [_Record(9)] for tp in consumer.highwaters})
-    assert positions.not_idle(now).get(T, set()) == {0, 2}
