@@ -97,8 +97,8 @@ def ci_catalogue() -> list[PlannedRun]:
     """A few runs that together inject every kind: the worker stages in one run, one after the other."""
     return [
         PlannedRun("worker kill at every stage", EveryStage(), 11, duration_s=40.0),
-        PlannedRun("redis down + broker down between claim and publish",
-                   Together((RedisOutage(crash=True), BrokerStopAtClaim())), 12),
+        PlannedRun("redis down", RedisOutage(crash=True), 15),
+        PlannedRun("broker down between claim and publish", BrokerStopAtClaim(), 12),
         PlannedRun("rebalance, 12 partitions + poison partials", Together((KillDuringIngest(), AddWorker(),
                                                                           PoisonPartials())), 13, workers=3, partitions=12),
         PlannedRun("clock skew", ClockSkew(), 14, skewed_worker=True),

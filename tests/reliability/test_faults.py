@@ -1,6 +1,6 @@
 """The CI subset of the seeded fault runs (the full set: ``tests/reliability/run_faults.py``).
 
-Four runs that together inject every kind of fault -- a worker killed at
+Five runs that together inject every kind of fault -- a worker killed at
 every stage, Redis down, the broker down between ledger claim and publish,
 a rebalance on 12 partitions with a worker killed and one added, poison
 records on the partials topic, a worker clock ten minutes ahead -- each
@@ -29,7 +29,20 @@ def private_kafka(tmp_path_factory):
     kafka.stop()
 
 
-@pytest.mark.parametrize("planned", ci_catalogue(), ids=lambda p: p.kind.replace(" ", "-"))
+# A broker outage turns on-time events late: records producers stamped while the broker was away are
+# dead-lettered as late when it returns (the README promises on-time events of a backlog stay on time).
+# Strict: once fixed, this run passes and the marker must go.
+BROKER_OUTAGE_MAKES_EVENTS_LATE = "a broker outage turns on-time events late (README: backlog events stay on time)"
+
+
+def _cases():
+    for planned in ci_catalogue():
+        marks = [pytest.mark.xfail(strict=True, reason=BROKER_OUTAGE_MAKES_EVENTS_LATE)] if planned.needs_private_broker \
+            else []
+        yield pytest.param(planned, marks=marks, id=planned.kind.replace(" ", "-"))
+
+
+@pytest.mark.parametrize("planned", list(_cases()))
 def test_fault_run_keeps_every_invariant(planned, tmp_path, kafka_bootstrap, request):
     kafka = request.getfixturevalue("private_kafka") if planned.needs_private_broker else None
     result = FaultRun(planned.fault, planned.seed, tmp_path, bootstrap=kafka.bootstrap if kafka else kafka_bootstrap,
