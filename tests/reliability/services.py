@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -44,12 +45,16 @@ class PrivateRedis:
     ``admin`` names the user and password the harness itself connects with then.
     """
 
-    def __init__(self, directory: Path, *, acl: str | None = None, admin: tuple[str, str] | None = None) -> None:
+    def __init__(self, directory: Path, *, acl: str | None = None, admin: tuple[str, str] | None = None,
+                 fsync: str = "always") -> None:
+        """``fsync``: the ``appendfsync`` policy (``always`` as the README asks; ``everysec`` to see a worker
+        run on a Redis that may forget its last second)."""
         if acl is not None and admin is None:
             raise ValueError("an ACL file turns the default user off: pass admin=(user, password) for the harness")
         self.directory = directory
         self.port = free_port()
         self.admin = admin
+        self.fsync = fsync
         self._acl = acl
         self._process: subprocess.Popen | None = None
         directory.mkdir(parents=True, exist_ok=True)
@@ -72,7 +77,7 @@ class PrivateRedis:
             return
         args = [
             "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-            "--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction",
+            "--appendonly", "yes", "--appendfsync", self.fsync, "--maxmemory-policy", "noeviction",
             "--save", "", "--daemonize", "no", "--logfile", str(self.directory / "redis.log"),
         ]
         if self._acl is not None:
@@ -210,7 +215,7 @@ class PrivateKafka:
 
     def wait_ready(self, timeout_s: float) -> None:
         ready = subprocess.run(
-            [str(REPO / ".venv" / "bin" / "python"), str(REPO / "deploy" / "kafka" / "wait_ready.py"),
+            [sys.executable, str(REPO / "deploy" / "kafka" / "wait_ready.py"),
              self.bootstrap, str(timeout_s)],
             capture_output=True, text=True,
         )
