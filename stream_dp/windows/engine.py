@@ -234,6 +234,13 @@ class WindowEngine:
             if progress is not None:
                 progress.last_active_wall_ms = now
 
+    def note_read_position(self, partition: int, offset: int) -> None:
+        """Reading ``partition`` starts at ``offset`` (nothing read yet): at or past the earlier
+        owner's processed offset, there is nothing to replay and its windows may close."""
+        progress = self._progress.get(partition)
+        if progress is not None and progress.next_offset is None:
+            progress.read_from_offset = offset
+
     def tick(self) -> list[WindowPartial]:
         """Advance the watermark by the idle rule and return newly closed partials."""
         return self._advance(self._clock_ms())
@@ -450,7 +457,8 @@ class WindowEngine:
         self._watermark_ms = mark
         boundary = self.spec.boundary_at_or_before(mark)
         for progress in self._progress.values():
-            progress.close_through(boundary)
+            if not progress.replaying:
+                progress.close_through(boundary)
         partials: list[WindowPartial] = []
         for start in sorted(self._windows):
             window = self._windows[start]

@@ -29,7 +29,11 @@ The rule:
 * each owned partition keeps a ``closed_through_ms`` that never goes back:
   the latest window boundary at or below any engine watermark seen while it
   was owned (or its restored value); the partition's part of a window
-  ``[start, end)`` closes once ``end <= closed_through_ms``. The engine's
+  ``[start, end)`` closes once ``end <= closed_through_ms``. A partition
+  assigned with a restored closure stays at it while it *replays*: until it
+  has read up to the first offset its earlier owner had not processed, its
+  windows past that closure are only partly rebuilt, and closing them (by
+  other partitions' clocks) would drop the rest of their events as replays. The engine's
   watermark itself can drop when a lagging partition is assigned, which
   keeps that partition's windows open until it catches up rather than
   calling its replayed events late.
@@ -58,10 +62,21 @@ class PartitionProgress:
     #: Offsets below this were processed by an earlier owner: their events in
     #: restored-closed windows are replays. At or above it they are new, and late.
     replay_until_offset: int | None = None
+    #: Where reading starts, when known before any record was read (the committed offset).
+    read_from_offset: int | None = None
 
     def __post_init__(self) -> None:
         if self.closed_through_ms is None:
             self.closed_through_ms = self.restored_through_ms
+
+    @property
+    def replaying(self) -> bool:
+        """Still short of the offset the earlier owner had processed to (see the module docstring)."""
+        if self.replay_until_offset is None:
+            return False
+        read = max(-1 if self.next_offset is None else self.next_offset,
+                   -1 if self.read_from_offset is None else self.read_from_offset)
+        return read < self.replay_until_offset
 
     def close_through(self, boundary_ms: int) -> None:
         """Raise ``closed_through_ms`` to ``boundary_ms`` (never lowers it)."""

@@ -217,6 +217,11 @@ class IngestStage:
                     closed += [_HeldPartial(query, p, now_ms) for p in result.partials]
             self.positions.note_batches(batches)
             await self.positions.learn_starts()
+            for tp in self.consumer.assignment():
+                start = self.positions.start_offset(tp)
+                if start is not None:
+                    for query in self.by_topic.get(tp.topic, ()):
+                        query.engine.note_read_position(tp.partition, start)
             not_idle = self.positions.not_idle()
             for query in self.queries:
                 # A partition with records waiting is slow, not idle: the wall clock must not close its windows.

@@ -67,6 +67,10 @@ class PartitionPositions:
         consumed = self._consumed.get(tp)
         return consumed if consumed is not None else self._start.get(tp)
 
+    def start_offset(self, tp: TopicPartition) -> int | None:
+        """Where reading starts on a partition nothing was read from yet (None once read from, or unknown)."""
+        return None if tp in self._consumed else self._start.get(tp)
+
     async def learn_starts(self) -> None:
         """Look up where reading starts on assigned partitions nothing was read from (once per assignment)."""
         unknown = [tp for tp in self.consumer.assignment() if tp not in self._consumed and tp not in self._start]

@@ -158,3 +158,44 @@ def test_a_slow_partition_with_records_waiting_is_not_idle():
     assert _backlog_on_two_partitions(hold_open=True) == (10, 0)
     # Without hold_open the slow partition looks idle, the fast one's clock closes its windows: all late.
     assert _backlog_on_two_partitions(hold_open=False) == (0, 10)
+
+
+def _replay_in_two_batches(read_from: int | None = None) -> tuple[int, int, list[int]]:
+    """Partition 0 is reassigned: its earlier owner had read offsets 0..4 (all in window W) and a
+    record three minutes later, closed W on its clock but held W's partial (its budget charge had
+    not gone through), so it committed offset 2 with W still open. The new owner replays 2..5 in
+    two batches: offsets 2, 3, then 4 and the later record 5.
+
+    Returns (closure after the first replay batch, late events over the replay, counts of
+    partition 0's partials of W).
+    """
+    engine, _ = make_engine(schema=SCHEMA, size_ms=MIN, lateness_ms=5_000, idle_ms=10**9, partitions=())
+    w = (NOW_MS - 30 * MIN) // MIN * MIN
+    engine.assign([0], closed_through_ms={0: w}, replay_until_offset={0: 6}, record_clock_ms={0: w + 3 * MIN})
+    if read_from is not None:
+        engine.note_read_position(0, read_from)
+    stream = Stream()
+    for i in range(5):
+        stream.add(event(f"u{i}", w + 1_000 + i), partition=0, timestamp_ms=w + 1_000 + i)
+    stream.add(event("later", w + 3 * MIN), partition=0, timestamp_ms=w + 3 * MIN)
+    first = engine.process(stream.batch(2, 4))
+    closure = engine.closed_through_ms[0]
+    second = engine.process(stream.batch(4, 6))
+    partials = first.partials + second.partials
+    counts = [int(p.aggregate().count.sum()) for p in partials if p.window_start_ms == w]
+    return closure, first.late + second.late, counts
+
+
+def test_a_replaying_partition_keeps_its_restored_closure_until_it_has_caught_up():
+    w = (NOW_MS - 30 * MIN) // MIN * MIN
+    closure, late, counts = _replay_in_two_batches()
+    # The restored record clock is minutes past W, but offsets 2..5 are still to be read again:
+    # W stays open, and the replay rebuilds it whole, as the first run had it.
+    assert closure == w
+    assert late == 0 and counts == [3]
+
+
+def test_reading_from_past_the_processed_offset_is_caught_up_at_once():
+    w = (NOW_MS - 30 * MIN) // MIN * MIN
+    closure, _, _ = _replay_in_two_batches(read_from=6)  # nothing left to replay: the clock may close W
+    assert closure > w
