@@ -29,17 +29,9 @@ def private_kafka(tmp_path_factory):
     kafka.stop()
 
 
-# A broker outage turns on-time events late: records producers stamped while the broker was away are
-# dead-lettered as late when it returns (the README promises on-time events of a backlog stay on time).
-# Strict: once fixed, this run passes and the marker must go.
-BROKER_OUTAGE_MAKES_EVENTS_LATE = "a broker outage turns on-time events late (README: backlog events stay on time)"
-
-
 def _cases():
     for planned in ci_catalogue():
-        marks = [pytest.mark.xfail(strict=True, reason=BROKER_OUTAGE_MAKES_EVENTS_LATE)] if planned.needs_private_broker \
-            else []
-        yield pytest.param(planned, marks=marks, id=planned.kind.replace(" ", "-"))
+        yield pytest.param(planned, id=planned.kind.replace(" ", "-"))
 
 
 @pytest.mark.parametrize("planned", list(_cases()))
