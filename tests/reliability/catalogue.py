@@ -94,7 +94,8 @@ def full_catalogue() -> list[PlannedRun]:
 
 
 def ci_catalogue() -> list[PlannedRun]:
-    """A few runs that together inject every kind: the worker stages in one run, one after the other."""
+    """Runs that together inject every kind of ``_kinds``: the worker stages in one run, one after
+    the other; other kinds two at a time (``test_ci_subset_covers_every_kind`` keeps it so)."""
     return [
         PlannedRun("worker kill at every stage", EveryStage(), 11, duration_s=40.0),
         PlannedRun("redis down", RedisOutage(crash=True), 15),
@@ -102,6 +103,11 @@ def ci_catalogue() -> list[PlannedRun]:
         PlannedRun("rebalance, 12 partitions + poison partials", Together((KillDuringIngest(), AddWorker(),
                                                                           PoisonPartials())), 13, workers=3, partitions=12),
         PlannedRun("clock skew", ClockSkew(), 14, skewed_worker=True),
+        PlannedRun("broker down", BrokerOutage(crash=True), 16),
+        PlannedRun("kill all + output topic deleted", Together((KillAll(), OutputTopicDeleted())), 17),
+        PlannedRun("rebalance (removed, rejoined) + combined (kill while held)",
+                   Together((RemoveWorker(rejoin=True), KillWhileHeld())), 18, workers=3),
+        PlannedRun("redis everysec + worker killed", RedisAndWorkerKilled(), 19, redis_fsync="everysec"),
     ]
 
 
