@@ -22,6 +22,7 @@ from tests.reliability.faults import (
     RemoveWorker,
     Together,
 )
+from tests.reliability.faults_cluster import LeaderKilled
 from tests.reliability.faults_hosts import ClockSkew, RedisAndWorkerKilled, faked_clock_env
 from tests.reliability.faults_topics import BrokerStopAtClaim, OutputTopicDeleted, PoisonPartials
 from tests.reliability.workload import StreamSpec
@@ -45,8 +46,16 @@ class PlannedRun:
 
     @property
     def needs_private_broker(self) -> bool:
-        parts = self.fault.parts if isinstance(self.fault, Together) else (self.fault,)
-        return any(isinstance(p, (BrokerOutage, BrokerStopAtClaim)) for p in parts)
+        return any(isinstance(p, (BrokerOutage, BrokerStopAtClaim)) for p in self._parts)
+
+    @property
+    def needs_cluster(self) -> bool:
+        """Runs on a 3-broker cluster of its own (``PrivateKafkaCluster``)."""
+        return any(isinstance(p, LeaderKilled) for p in self._parts)
+
+    @property
+    def _parts(self) -> tuple:
+        return self.fault.parts if isinstance(self.fault, Together) else (self.fault,)
 
 
 def _stages() -> list[tuple[str, object]]:
@@ -81,12 +90,15 @@ def _kinds() -> list[PlannedRun]:
         PlannedRun("output topic deleted", OutputTopicDeleted(), 170),
         PlannedRun("clock skew", ClockSkew(), 180, skewed_worker=True),
         PlannedRun("redis everysec + worker killed", RedisAndWorkerKilled(), 190, redis_fsync="everysec"),
+        PlannedRun("3 brokers, leader killed", LeaderKilled("partials"), 195),
+        PlannedRun("3 brokers, leader killed", LeaderKilled("output"), 196),
+        PlannedRun("3 brokers, leader killed", LeaderKilled("input"), 197),
     ]
     return runs
 
 
 def full_catalogue() -> list[PlannedRun]:
-    """Every kind under two seeds, the worker kills under three: 53 runs."""
+    """Every kind under two seeds, the worker kills under three: 59 runs."""
     base = _kinds()
     runs = list(base) + [replace(r, seed=r.seed + 100) for r in base]
     runs += [replace(r, seed=r.seed + 200) for r in base if r.kind.startswith("kill")]
@@ -108,6 +120,7 @@ def ci_catalogue() -> list[PlannedRun]:
         PlannedRun("rebalance (removed, rejoined) + combined (kill while held)",
                    Together((RemoveWorker(rejoin=True), KillWhileHeld())), 18, workers=3),
         PlannedRun("redis everysec + worker killed", RedisAndWorkerKilled(), 19, redis_fsync="everysec"),
+        PlannedRun("3 brokers, leader of a partials partition killed mid-release", LeaderKilled("partials"), 20),
     ]
 
 

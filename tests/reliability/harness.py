@@ -44,7 +44,7 @@ from tests.reliability.state_checks import (
     completeness_counts,
     read_redis_evidence,
 )
-from tests.reliability.services import PrivateKafka, PrivateRedis
+from tests.reliability.services import PrivateKafka, PrivateKafkaCluster, PrivateRedis
 from tests.reliability.topics import create_topic, delete_topics, read_topic, wait_until
 from tests.reliability.workers import WorkerProcess
 from tests.reliability.workload import PAGES, LiveProducer, StreamSpec, encode_event, schedule, write_config
@@ -73,7 +73,7 @@ class RunContext:
     rng: np.random.Generator
     stream: StreamSpec
     redis: PrivateRedis
-    kafka: PrivateKafka | None
+    kafka: PrivateKafka | PrivateKafkaCluster | None
     producer: LiveProducer
     workers: list[WorkerProcess]
     proxies: list[FaultProxy]
@@ -84,6 +84,7 @@ class RunContext:
     injections: list[str] = field(default_factory=list)  # the faults that really happened
     planted_partials: set[tuple[int, int]] = field(default_factory=set)  # partials-topic records a fault wrote
     bootstrap: str = ""
+    input_topic: str = ""
     partials_topic: str = ""
     output_topics: dict[str, str] = field(default_factory=dict)
     removed_outputs: dict[str, list] = field(default_factory=dict)  # query -> records of a deleted output topic
@@ -162,7 +163,7 @@ class RunResult:
 
 
 class FaultRun:
-    def __init__(self, fault: Fault, seed: int, work_dir: Path, *, bootstrap: str, kafka: PrivateKafka | None = None,
+    def __init__(self, fault: Fault, seed: int, work_dir: Path, *, bootstrap: str, kafka: PrivateKafka | PrivateKafkaCluster | None = None,
                  workers: int = 2, partials_partitions: int = 2, stream: StreamSpec | None = None,
                  completion_timeout_s: float = 150.0, redis_fsync: str = "always",
                  worker_env: dict[int, dict[str, str]] | None = None) -> None:
@@ -210,7 +211,11 @@ class FaultRun:
     def _run(self, redis_server: PrivateRedis, topics: list[str], started: float) -> RunResult:
         spec = self.stream
         input_topic = topics[0]
-        create_topic(self.bootstrap, input_topic, spec.partitions)
+        # On a cluster every topic is replicated (min.insync.replicas one less) and the worker's own
+        # topics exist before it starts; on one broker the worker creates alerts and dead letters itself.
+        rf = getattr(self.kafka, "replication", 1)
+        replicated = {"min.insync.replicas": str(max(1, rf - 1))} if rf > 1 else {}
+        create_topic(self.bootstrap, input_topic, spec.partitions, configs=replicated, replication=rf)
         config_path = self.work_dir / "queries.yaml"
         outputs = write_config(config_path, self.name.replace("-", "_"), input_topic, spec)
         prefix = f"{self.name}."
@@ -219,9 +224,13 @@ class FaultRun:
         # tells whether a partial reached the partials topic after its window was released.
         broker_time = {"message.timestamp.type": "LogAppendTime"}
         for topic in outputs.values():
-            create_topic(self.bootstrap, topic, 1, configs=broker_time)
-        create_topic(self.bootstrap, f"{prefix}partials", self.partials_partitions, configs={
-            **broker_time, "cleanup.policy": "delete", "retention.ms": "604800000", "segment.ms": "3600000"})
+            create_topic(self.bootstrap, topic, 1, configs={**broker_time, **replicated}, replication=rf)
+        create_topic(self.bootstrap, f"{prefix}partials", self.partials_partitions, replication=rf, configs={
+            **broker_time, **replicated, "cleanup.policy": "delete", "retention.ms": "604800000",
+            "segment.ms": "3600000"})
+        if rf > 1:
+            for topic in (f"{prefix}alerts", f"{prefix}dead-letter"):
+                create_topic(self.bootstrap, topic, 1, configs=replicated, replication=rf)
         env = _worker_env(self.bootstrap, f"{self.name}-g", prefix, self.partials_partitions)
         events = schedule(spec)
         producer = LiveProducer(self.bootstrap, input_topic, events)
@@ -240,7 +249,8 @@ class FaultRun:
             return worker
 
         ctx = self.ctx = RunContext(np.random.default_rng(self.seed), spec, redis_server, self.kafka, producer, workers,
-                                    proxies, new_worker, bootstrap=self.bootstrap, partials_topic=f"{prefix}partials",
+                                    proxies, new_worker, bootstrap=self.bootstrap, input_topic=input_topic,
+                                    partials_topic=f"{prefix}partials",
                                     output_topics=dict(outputs))
         for _ in range(self.worker_count):
             new_worker()

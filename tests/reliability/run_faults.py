@@ -1,6 +1,6 @@
 """The full reliability suite: seeded fault runs on a private Kafka broker, then a table of what survived.
 
-    .venv/bin/python tests/reliability/run_faults.py                 # all 53 runs (about an hour)
+    .venv/bin/python tests/reliability/run_faults.py                 # all 59 runs (about an hour)
     .venv/bin/python tests/reliability/run_faults.py --only 3 --only 11   # runs by number
     .venv/bin/python tests/reliability/run_faults.py --fuzz 100000   # also the worker fuzz run, 1e5 messages
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.reliability.catalogue import full_catalogue
     from tests.reliability.harness import FaultRun, RunResult
     from tests.reliability.report import describe, format_kinds, format_table
-    from tests.reliability.services import PrivateKafka
+    from tests.reliability.services import PrivateKafka, PrivateKafkaCluster
 
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="stream-dp-faults-"))
     runs = list(enumerate(full_catalogue(), 1))
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [(i, run) for i, run in runs if i in set(args.only)]
     print(f"{len(runs)} fault runs; work dir {work_dir}", flush=True)
     kafka = PrivateKafka(work_dir / "kafka")
+    cluster: PrivateKafkaCluster | None = None  # started for the first run that needs three brokers
     started = time.monotonic()
     kafka.start()
     print(f"private broker on {kafka.bootstrap} ready after {time.monotonic() - started:.1f}s", flush=True)
@@ -46,9 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     kinds: list[str] = []
     try:
         for number, planned in runs:
-            kafka.start()  # a broker fault leaves it running, but a failed restart must not sink later runs
+            if planned.needs_cluster:
+                if cluster is None:
+                    cluster = PrivateKafkaCluster(work_dir / "kafka-cluster")
+                target = cluster
+            else:
+                target = kafka
+            target.start()  # a broker fault leaves it running, but a failed restart must not sink later runs
             run = FaultRun(planned.fault, planned.seed + args.seed_offset, work_dir / f"run{number:02d}",
-                           bootstrap=kafka.bootstrap, kafka=kafka, **planned.options())
+                           bootstrap=target.bootstrap, kafka=target, **planned.options())
             result = run.run()
             results.append(result)
             kinds.append(planned.kind)
@@ -62,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             fuzz_ok = outcome.passed
     finally:
         kafka.stop()
+        if cluster is not None:
+            cluster.stop()
     print()
     print(format_table(results))
     print()

@@ -1,11 +1,13 @@
 """The CI subset of the seeded fault runs (the full set: ``tests/reliability/run_faults.py``).
 
-Five runs that together inject every kind of fault -- a worker killed at
-every stage, Redis down, the broker down between ledger claim and publish,
-a rebalance on 12 partitions with a worker killed and one added, poison
-records on the partials topic, a worker clock ten minutes ahead -- each
-checked against the model for every invariant of ``checks`` and
-``state_checks``. A run whose fault was not really injected fails.
+Runs that together inject every kind of fault -- a worker killed at every
+stage, Redis down (also with ``appendfsync everysec`` and a worker killed),
+the broker down (also between ledger claim and publish), rebalances on 12
+partitions and with a worker removed and rejoining, every worker killed,
+poison records on the partials topic, the output topic deleted, a worker
+clock ten minutes ahead, the leader broker of a partials partition killed in
+a 3-broker cluster -- each checked against the model for every invariant of
+``checks`` and ``state_checks``. A run whose fault was not really injected fails.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 from tests.reliability.catalogue import ci_catalogue
 from tests.reliability.harness import FaultRun
 from tests.reliability.report import describe
-from tests.reliability.services import PrivateKafka
+from tests.reliability.services import PrivateKafka, PrivateKafkaCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 
@@ -29,6 +31,17 @@ def private_kafka(tmp_path_factory):
     kafka.stop()
 
 
+@pytest.fixture(scope="module")
+def private_cluster(tmp_path_factory):
+    """Three brokers of the module's own, for the runs that kill one."""
+    cluster = PrivateKafkaCluster(tmp_path_factory.mktemp("kafka-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 def _cases():
     for planned in ci_catalogue():
         yield pytest.param(planned, id=planned.kind.replace(" ", "-"))
@@ -36,7 +49,8 @@ def _cases():
 
 @pytest.mark.parametrize("planned", list(_cases()))
 def test_fault_run_keeps_every_invariant(planned, tmp_path, kafka_bootstrap, request):
-    kafka = request.getfixturevalue("private_kafka") if planned.needs_private_broker else None
+    kafka = (request.getfixturevalue("private_cluster") if planned.needs_cluster
+             else request.getfixturevalue("private_kafka") if planned.needs_private_broker else None)
     result = FaultRun(planned.fault, planned.seed, tmp_path, bootstrap=kafka.bootstrap if kafka else kafka_bootstrap,
                       kafka=kafka, completion_timeout_s=90, **planned.options()).run()
     assert result.error is None, describe(result)
