@@ -35,6 +35,7 @@ from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import RawBatch, RejectReason
 from stream_dp.windows.batch import NO_TIMESTAMP
 from stream_dp.worker.combiner import window_home
+from stream_dp.worker.commit_metadata import encode_commit_metadata, restored_progress
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.positions import PartitionPositions
 from stream_dp.worker.records import PartialAggregate, Progress, encode_partial, encode_progress, partial_key
@@ -104,6 +105,7 @@ class IngestStage:
         self._last_progress_s = 0.0
         self._sent_progress: dict[tuple[str, int], int] = {}
         self.positions = PartitionPositions(consumer)
+        self._joined = False  # an assignment (possibly empty) arrived from the group
         self._charge_attempts = 0
         self._next_charge_s = 0.0
 
@@ -140,19 +142,24 @@ class IngestStage:
                     restored: dict[int, int] = {}
                     replay_until: dict[int, int] = {}
                     clocks: dict[int, int] = {}
+                    steps: dict[int, tuple[tuple[int, int], ...]] = {}
                     for tp in assigned:
                         if tp.topic != topic:
                             continue
-                        closed, next_offset, clock = _restored_progress(metadata.get(tp), query.name)
-                        if closed is not None:
-                            restored[tp.partition] = closed
-                            self.positions.restored(query.name, tp, closed)
-                        if next_offset is not None:
-                            replay_until[tp.partition] = next_offset
-                        if clock is not None:
-                            clocks[tp.partition] = clock
+                        earlier = restored_progress(metadata.get(tp), query.name)
+                        if earlier.closed_through_ms is not None:
+                            restored[tp.partition] = earlier.closed_through_ms
+                            self.positions.restored(query.name, tp, earlier.closed_through_ms)
+                        if earlier.next_offset is not None:
+                            replay_until[tp.partition] = earlier.next_offset
+                        if earlier.record_clock_ms is not None:
+                            clocks[tp.partition] = earlier.record_clock_ms
+                        if earlier.closure_steps:
+                            steps[tp.partition] = earlier.closure_steps
                     query.engine.assign(partitions, closed_through_ms=restored or None,
-                                        replay_until_offset=replay_until or None, record_clock_ms=clocks or None)
+                                        replay_until_offset=replay_until or None, record_clock_ms=clocks or None,
+                                        closure_steps=steps or None)
+            self._joined = True
             log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
@@ -179,6 +186,10 @@ class IngestStage:
                 except KeyError:
                     pass  # never reported
             log.info("revoked %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in revoked))
+
+    def assigned_partitions(self) -> int | None:
+        """Input partitions owned now; None until the group first assigned this worker (for readiness)."""
+        return len(self.consumer.assignment()) if self._joined else None
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -211,6 +222,11 @@ class IngestStage:
                     closed += [_HeldPartial(query, p, now_ms) for p in result.partials]
             self.positions.note_batches(batches)
             await self.positions.learn_starts()
+            for tp in self.consumer.assignment():
+                start = self.positions.start_offset(tp)
+                if start is not None:
+                    for query in self.by_topic.get(tp.topic, ()):
+                        query.engine.note_read_position(tp.partition, start)
             not_idle = self.positions.not_idle()
             for query in self.queries:
                 # A partition with records waiting is slow, not idle: the wall clock must not close its windows.
@@ -444,15 +460,13 @@ class IngestStage:
                     clocks = [q.engine.record_clock_ms.get(partition) for q in queries]
                     closed = {k: v for k, v in closed.items() if v is not None}
                     closures.extend((name, tp, through) for name, through in closed.items())
-                    metadata = orjson.dumps({
-                        "closed_through_ms": closed,
-                        # Offsets from here on were never processed: their events in
-                        # closed windows are late, not replays, for the next owner.
-                        "next_offset": min((o for o in processed if o is not None), default=offset),
-                        # The partition's window clock, which records before the offset also moved.
-                        "record_clock_ms": max((c for c in clocks if c is not None), default=None),
-                    })
-                    offsets[tp] = (offset, metadata.decode())
+                    metadata = encode_commit_metadata(
+                        closed,
+                        {q.name: q.engine.closure_steps.get(partition, ()) for q in queries},
+                        min((o for o in processed if o is not None), default=offset),
+                        max((c for c in clocks if c is not None), default=None),
+                    )
+                    offsets[tp] = (offset, metadata)
         return offsets, closures
 
     async def _commit(self, *, force: bool = False) -> None:
@@ -502,21 +516,6 @@ def _raw_batch(items: list[tuple[TopicPartition, list]]) -> RawBatch:
         values=values, partitions=np.concatenate(partitions), offsets=np.concatenate(offsets),
         timestamps=np.concatenate(timestamps), keys=keys,
     )
-
-
-def _restored_progress(metadata: str | None, query: str) -> tuple[int | None, int | None, int | None]:
-    """(closed_through_ms of ``query``, next unprocessed offset, record clock) from a partition's commit metadata."""
-    if not metadata:
-        return None, None, None
-    try:
-        data = orjson.loads(metadata)
-        closed = data.get("closed_through_ms", {}).get(query)
-        next_offset = data.get("next_offset")
-        clock = data.get("record_clock_ms")
-    except (orjson.JSONDecodeError, AttributeError):
-        log.warning("ignoring unreadable commit metadata %r", metadata[:100])
-        return None, None, None
-    return tuple(v if isinstance(v, int) and not isinstance(v, bool) else None for v in (closed, next_offset, clock))  # type: ignore[return-value]
 
 
 def _alert_json(alert: Any) -> bytes:
