@@ -234,3 +234,41 @@ def set_once(client: Any, key: str, value: bytes | str, ttl_ms: int, sync_key: s
     call = Call(SET_ONCE_SHA, SET_ONCE, [key], [value, int(ttl_ms)], sync_key)
     (held,) = NodeRunner(client, [call], wait).run_pending()
     return held
+
+
+def ping(client: Any, replicas: int = 0) -> bool:
+    """True if Redis can take charges: it answers ``PING``, and with ``replicas`` has that many connected.
+
+    On a Redis Cluster every master of the slot map must answer (the map is
+    refreshed once if one does not, as after a failover). Raises a
+    ``redis.RedisError`` naming the node and what is missing otherwise.
+    """
+    if not is_cluster(client):
+        _ping_node(client, "Redis", replicas)
+        return True
+    for attempt in range(2):
+        try:
+            for node in client.get_primaries():
+                _ping_node(client.get_redis_connection(node), f"Redis Cluster master {node.name}", replicas)
+            return True
+        except (redis.ConnectionError, redis.TimeoutError, ReplicationShortfall):
+            if attempt:
+                raise
+            NodeRunner(client, [], None)._refresh()
+    return True  # not reached
+
+
+def _ping_node(node: Any, name: str, replicas: int) -> None:
+    try:
+        if replicas == 0:
+            node.ping()
+            return
+        role = node.execute_command("ROLE")
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise type(exc)(f"{name} does not answer: {exc}") from exc
+    connected = len(role[2]) if role and role[0] in (b"master", "master") else 0
+    if connected < replicas:
+        raise ReplicationShortfall(
+            f"{name} has {connected} replicas connected and charges wait for {replicas}: they fail closed until "
+            "a replica is back (or lower STREAM_DP_REDIS_WAIT_REPLICAS)"
+        )

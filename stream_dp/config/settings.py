@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     redis_wait_replicas: int | None = Field(None, alias="STREAM_DP_REDIS_WAIT_REPLICAS", ge=0, le=16)
     """Replicas that must acknowledge a charge and a stored release before it is used (``WAIT``); unset: 1 on a
     Redis Cluster, 0 on one Redis. A failover loses what no replica acknowledged (README, budget store)."""
-    redis_wait_timeout_ms: int = Field(1000, alias="STREAM_DP_REDIS_WAIT_TIMEOUT_MS", gt=0)
+    redis_wait_timeout_ms: int = Field(500, alias="STREAM_DP_REDIS_WAIT_TIMEOUT_MS", gt=0)
     """How long a charge waits for those replicas; then it fails closed and is retried."""
     metrics_host: str = Field("127.0.0.1", alias="STREAM_DP_METRICS_HOST")
     metrics_port: int = Field(9108, alias="STREAM_DP_METRICS_PORT", ge=0, le=65535)
@@ -71,9 +71,9 @@ class Settings(BaseSettings):
     def _wait_within_the_socket_timeout(self) -> Settings:
         # WAIT blocks the connection: a socket timeout shorter than it would turn every slow
         # acknowledgement into a dropped connection.
-        if self.replica_wait() is not None and self.redis_wait_timeout_ms >= self.redis_timeout_s * 1000 / 2:
+        if self.replica_wait() is not None and self.redis_wait_timeout_ms > self.redis_timeout_s * 1000 / 2:
             raise ValueError(
-                f"STREAM_DP_REDIS_WAIT_TIMEOUT_MS={self.redis_wait_timeout_ms} is not under half of "
+                f"STREAM_DP_REDIS_WAIT_TIMEOUT_MS={self.redis_wait_timeout_ms} is over half of "
                 f"STREAM_DP_REDIS_TIMEOUT_S={self.redis_timeout_s}; a charge's WAIT must end well before its socket "
                 "times out: lower the first or raise the second"
             )

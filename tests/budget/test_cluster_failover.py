@@ -24,9 +24,12 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+import redis
+
 from stream_dp.budget import BudgetUnavailable, ChargeOutcome, RedisBudgetStore
 from stream_dp.budget.keys import key_slot_of
-from stream_dp.budget.redis_nodes import ReplicaWait, ReplicationShortfall
+from stream_dp.budget.redis_nodes import ReplicaWait, ReplicationShortfall, ping
 from stream_dp.budget.redis_url import client_from_url
 from stream_dp.worker.ledger import LedgerUnavailable, RedisReleaseLedger
 
@@ -160,3 +163,23 @@ def test_a_master_killed_mid_charge_loses_no_released_charge_and_charges_none_tw
     assert not over, f"{len(over)} units over the 1h limit, e.g. {over[:3]}"
     store.close()
     reader.close()
+
+
+def test_readiness_ping_sees_a_dead_master_and_a_master_without_replicas(private_cluster: PrivateCluster) -> None:
+    """The worker's /readyz check (``redis_nodes.ping``) on a cluster: every master answers, with its replicas."""
+    cluster = private_cluster
+    client = client_from_url(cluster.url, timeout_s=1.0)
+    assert ping(client, replicas=1)
+    victim = cluster.masters()[1]
+    replica = cluster.replica_of(victim)
+    cluster.kill(victim)
+    with pytest.raises(redis.ConnectionError, match=f"Redis Cluster master 127.0.0.1:{victim} does not answer"):
+        ping(client, replicas=1)
+    cluster.wait_promoted(replica)
+    assert ping(client)  # the slot map is refreshed: every master answers ...
+    with pytest.raises(ReplicationShortfall, match=f"127.0.0.1:{replica} has 0 replicas connected"):
+        ping(client, replicas=1)  # ... but charges on the promoted one cannot be acknowledged by a replica
+    cluster.restart(victim)
+    cluster.wait_replicated(replica)
+    assert ping(client, replicas=1)
+    client.close()
