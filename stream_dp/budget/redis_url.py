@@ -4,18 +4,21 @@ A cluster URL names one or more of its nodes; the client learns the rest from
 them (``CLUSTER SLOTS``), so listing a few survives any one being down::
 
     redis+cluster://[user:password@]host:port[,host:port...][/0]
-    rediss+cluster://...       (TLS)
+    rediss+cluster://...[?ssl_ca_certs=/ca.pem&ssl_certfile=/c.pem&ssl_keyfile=/k.pem]   (TLS)
 
-A cluster has only database 0.
+A cluster has only database 0. Over TLS the server certificates are verified
+(against the system's CAs unless ``ssl_ca_certs`` names a file);
+``ssl_certfile`` and ``ssl_keyfile`` give a client certificate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 SINGLE_SCHEMES = ("redis", "rediss", "unix")
 
 
@@ -25,6 +28,7 @@ class ClusterURL:
     username: str | None
     password: str | None
     tls: bool
+    tls_options: tuple[tuple[str, str], ...] = ()
 
 
 def is_cluster_url(url: str) -> bool:
@@ -49,8 +53,14 @@ def parse_cluster_url(url: str) -> ClusterURL:
     if scheme.lower() not in CLUSTER_SCHEMES:
         raise ValueError(f"not a Redis Cluster URL (scheme {scheme!r}); use redis+cluster://host:port[,host:port...]")
     rest, _, query = rest.partition("?")
-    if query:
-        raise ValueError("a redis+cluster:// URL takes no ?options; set timeouts with STREAM_DP_REDIS_TIMEOUT_S")
+    tls = scheme.lower() == "rediss+cluster"
+    options = parse_qsl(query, keep_blank_values=True)
+    for name, value in options:
+        if name not in TLS_OPTIONS or not tls or not value:
+            raise ValueError(
+                f"cluster URL option {name!r} is not one of {', '.join(TLS_OPTIONS)} with a file path, on a "
+                "rediss+cluster:// URL; set timeouts with STREAM_DP_REDIS_TIMEOUT_S"
+            )
     netloc, _, path = rest.partition("/")
     if path not in ("", "0"):
         raise ValueError(f"a Redis Cluster has only database 0, the URL asks for /{path}; drop it or use /0")
@@ -70,7 +80,7 @@ def parse_cluster_url(url: str) -> ClusterURL:
                 "redis+cluster://host:port[,host:port...]"
             )
         nodes.append((host, int(port)))
-    return ClusterURL(tuple(nodes), username, password, scheme.lower() == "rediss+cluster")
+    return ClusterURL(tuple(nodes), username, password, tls, tuple(options))
 
 
 def client_from_url(url: str, *, timeout_s: float, own_retries: bool = True, **kwargs: Any) -> Any:
@@ -97,5 +107,6 @@ def client_from_url(url: str, *, timeout_s: float, own_retries: bool = True, **k
         username=parsed.username,
         password=parsed.password,
         ssl=parsed.tls,
+        **dict(parsed.tls_options),
         **options,
     )
