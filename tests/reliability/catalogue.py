@@ -40,7 +40,10 @@ class PlannedRun:
     duration_s: float = 14.0
 
     def options(self) -> dict:
-        stream = StreamSpec(seed=self.seed, partitions=self.partitions, duration_s=self.duration_s)
+        # After a broker comes back (or a leader moves) producers take a few seconds to deliver what they
+        # buffered; the worker's idle rule must wait longer than that (README), on a loaded machine too.
+        idle_ms = 8_000 if self.needs_private_broker or self.needs_cluster else StreamSpec.idle_ms
+        stream = StreamSpec(seed=self.seed, partitions=self.partitions, duration_s=self.duration_s, idle_ms=idle_ms)
         return dict(workers=self.workers, stream=stream,
                     redis_fsync=self.redis_fsync, worker_env={1: faked_clock_env()} if self.skewed_worker else {})
 
