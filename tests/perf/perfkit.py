@@ -93,27 +93,60 @@ class SyntheticEvents:
 
 
 def synthetic_events(
-    events: int, *, units: int, groups: int, windows: int, partitions: int, seed: int, first_window_ms: int | None = None
+    events: int, *, units: int, groups: int, windows: int, partitions: int, seed: int, first_window_ms: int | None = None,
+    closers_after_ms: int | None = None,
 ) -> SyntheticEvents:
     """``events`` events of ``units`` units over ``groups`` groups, spread evenly over
     ``windows`` one-minute windows that end at least a minute before the wall clock.
 
     Units are uniform, so about ``units * (1 - exp(-events / windows / units))`` of
-    them are active in each window; each unit's events go to one partition.
+    them are active in each window; each unit's events go to the partition Kafka's default
+    (murmur2) partitioner gives its key, which is where the worker checks they are.
+    ``produce`` stamps each record with its event time, as a live producer would, so
+    the worker's record clock (which closes windows) follows the data.
+
+    ``closers_after_ms``: also one event per partition (a unit of its own, group 0) that
+    much after the end of the last window, appended at the end: the stream going on, whose
+    record timestamps close the last window without waiting for the idle timeout.
     """
+    from stream_dp.windows.partitioning import expected_partitions
+
     rng = np.random.default_rng(seed)  # synthetic data only; noise never comes from numpy
     if first_window_ms is None:
         first_window_ms = (int(time.time() * 1000) // WINDOW_MS - windows - 1) * WINDOW_MS
     unit = rng.integers(0, units, events)
+    group = rng.integers(0, groups, events)
+    ts_ms = first_window_ms + np.sort(rng.integers(0, windows * WINDOW_MS, events))
+    value = np.round(rng.gamma(2.0, 20.0, events), 2)
+    if closers_after_ms is not None:
+        closer_units = _units_on_each_partition(partitions, first=max(units, 10**9))
+        unit = np.concatenate([unit, closer_units])
+        group = np.concatenate([group, np.zeros(partitions, dtype=group.dtype)])
+        end_ms = first_window_ms + windows * WINDOW_MS + closers_after_ms
+        ts_ms = np.concatenate([ts_ms, np.full(partitions, end_ms, dtype=ts_ms.dtype)])
+        value = np.concatenate([value, np.zeros(partitions)])
     return SyntheticEvents(
         unit=unit,
-        group=rng.integers(0, groups, events),
-        ts_ms=first_window_ms + np.sort(rng.integers(0, windows * WINDOW_MS, events)),
-        value=np.round(rng.gamma(2.0, 20.0, events), 2),
-        partition=(unit * 2_654_435_761 % 2**32) % partitions,
+        group=group,
+        ts_ms=ts_ms,
+        value=value,
+        partition=expected_partitions(_unit_keys(unit), partitions, "murmur2"),
         first_window_ms=first_window_ms,
         windows=windows,
     )
+
+
+def _unit_keys(unit: np.ndarray) -> np.ndarray:
+    return np.char.add(b"u", unit.astype("S20"))
+
+
+def _units_on_each_partition(partitions: int, first: int) -> np.ndarray:
+    """One unit number per partition, from ``first`` on, whose key murmur2 puts on that partition."""
+    from stream_dp.windows.partitioning import expected_partitions
+
+    candidates = np.arange(first, first + 64 * partitions)
+    placed = expected_partitions(_unit_keys(candidates), partitions, "murmur2")
+    return np.array([candidates[np.flatnonzero(placed == p)[0]] for p in range(partitions)])
 
 
 def group_names(groups: int) -> list[str]:
@@ -163,7 +196,8 @@ def delete_groups(bootstrap: str, groups: Iterable[str]) -> None:
 
 
 def produce(bootstrap: str, topic: str, events: SyntheticEvents, *, chunk: int = 200_000) -> float:
-    """Publish ``events`` (keyed by unit, to their partition); returns the seconds it took."""
+    """Publish ``events`` (keyed by unit, to their partition, the record stamped with the event
+    time); returns the seconds it took."""
     from confluent_kafka import Producer
 
     producer = Producer({
@@ -173,10 +207,12 @@ def produce(bootstrap: str, topic: str, events: SyntheticEvents, *, chunk: int =
     started = time.perf_counter()
     for base in range(0, len(events), chunk):
         stop = min(base + chunk, len(events))
-        for key, value, part in zip(events.keys(base, stop), events.payloads(base, stop), events.partition[base:stop].tolist()):
+        rows = zip(events.keys(base, stop), events.payloads(base, stop), events.partition[base:stop].tolist(),
+                   events.ts_ms[base:stop].tolist())
+        for key, value, part, ts in rows:
             while True:
                 try:
-                    producer.produce(topic, value=value, key=key, partition=part)
+                    producer.produce(topic, value=value, key=key, partition=part, timestamp=ts)
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -220,11 +256,15 @@ def worker_config(
 
 
 class WorkerProcess:
-    """``stream-dp run`` as a subprocess with its own metrics port; stopped with SIGTERM."""
+    """``stream-dp run`` as a subprocess with its own metrics port; stopped with SIGTERM.
+
+    ``processes``: ``stream-dp run --processes N`` (N workers under one supervisor, one
+    metrics endpoint). Logs at INFO: the worker logs a few lines only, among them when its
+    partitions are assigned, where end-to-end clocks start."""
 
     def __init__(self, config_path: Path, *, services: Services, group_id: str, internal_prefix: str,
                  metrics_port: int, log_path: Path, secret: str = "bench-secret-0123456789abcdef",
-                 pythonpath: Path | None = None) -> None:
+                 pythonpath: Path | None = None, processes: int = 1, log_level: str = "INFO") -> None:
         env = dict(
             os.environ, KAFKA_BOOTSTRAP_SERVERS=services.bootstrap, REDIS_URL=services.redis_url,
             STREAM_DP_GROUP_ID=group_id, STREAM_DP_INTERNAL_TOPIC_PREFIX=internal_prefix,
@@ -236,7 +276,8 @@ class WorkerProcess:
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(config_path), "--log-level", "WARNING"],
+            [sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(config_path), "--log-level", log_level,
+             "--processes", str(processes)],
             env=env, stdout=subprocess.DEVNULL, stderr=self._log,
         )
 
@@ -257,6 +298,12 @@ class WorkerProcess:
                 self.process.wait(10)
         self._log.close()
         return self.process.returncode
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
 
     def log_tail(self, lines: int = 20) -> str:
         try:

@@ -5,6 +5,8 @@ Polls and readers run in threads of the benchmark process; they only read.
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import re
 import signal
 import subprocess
@@ -53,6 +55,9 @@ class Poller:
     ports: Sequence[int]
     interval_s: float = 0.1
     samples: list[tuple[float, tuple[float, ...]]] = field(default_factory=list)
+    #: with ``pid``: (epoch seconds, CPU seconds of that process and its children, RSS bytes) at every poll
+    pid: int | None = None
+    usage: list[tuple[float, float, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -77,10 +82,18 @@ class Poller:
                 except OSError:
                     counts.append(0.0)  # not serving yet
             now = (before + time.monotonic()) / 2
+            if self.pid is not None:
+                tree = process_tree(self.pid)
+                self.usage.append((time.time(), cpu_seconds(tree), rss_bytes(tree)))
             if tuple(counts) != last:
                 last = tuple(counts)
                 self.samples.append((now, last))
             self._stop.wait(self.interval_s)
+
+    def cpu_at(self, wall: float) -> float:
+        """CPU seconds used by ``pid`` at epoch time ``wall`` (the last poll at or before it)."""
+        before = [cpu for t, cpu, _ in self.usage if t <= wall]
+        return before[-1] if before else (self.usage[0][1] if self.usage else float("nan"))
 
     def total(self) -> float:
         return sum(self.samples[-1][1]) if self.samples else 0.0
@@ -122,6 +135,68 @@ class Poller:
         return (sum(c1) - sum(c0)) / (t1 - t0)
 
 
+# -- processes --------------------------------------------------------------------------
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (``stream-dp run --processes N`` runs its workers as children)."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as handle:
+                    todo.extend(int(c) for c in handle.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User + system CPU seconds used so far by the live processes ``pids`` (from /proc)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / _CLOCK_TICKS
+
+
+def rss_bytes(pids: Iterable[int]) -> int:
+    """Resident set size of the live processes ``pids``, summed."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as handle:
+                for line in handle:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
+_ASSIGNED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO stream_dp\.worker\.ingest: assigned \['")
+
+
+def first_assignment_wall(log_text: str) -> float | None:
+    """Wall-clock time (epoch s) of the first non-empty input assignment a worker logged (``--log-level INFO``).
+
+    A worker's ingest loop polls from the moment its partitions are assigned: this is where a
+    worker's end-to-end clock starts, as a raw consumer's starts once it is assigned."""
+    for line in log_text.splitlines():
+        match = _ASSIGNED.match(line)
+        if match:
+            return dt.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    return None
+
+
 # -- output topics ----------------------------------------------------------------------
 
 _WINDOW_START = re.compile(rb'"start_ms":\s*(\d+)')
@@ -129,7 +204,8 @@ _WINDOW_START = re.compile(rb'"start_ms":\s*(\d+)')
 
 class OutputReader:
     """Reads a query's output topic in a thread: records per window, and when each
-    window's count first reached ``expected_per_window`` (monotonic seconds)."""
+    window's count first reached ``expected_per_window`` (monotonic seconds; ``completed_wall``:
+    epoch seconds)."""
 
     def __init__(self, bootstrap: str, topic: str, expected_per_window: int) -> None:
         from confluent_kafka import Consumer
@@ -138,6 +214,7 @@ class OutputReader:
         self.expected = expected_per_window
         self.counts: dict[int, int] = {}
         self.completed_at: dict[int, float] = {}
+        self.completed_wall: dict[int, float] = {}
         self.samples: dict[int, bytes] = {}
         self.records = 0
         self._consumer = Consumer({
@@ -166,6 +243,7 @@ class OutputReader:
                 self.samples.setdefault(start, value)
                 if count >= self.expected and start not in self.completed_at:
                     self.completed_at[start] = now
+                    self.completed_wall[start] = time.time()
 
     def wait_windows(self, starts: Iterable[int], timeout_s: float) -> bool:
         starts = list(starts)
