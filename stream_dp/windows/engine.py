@@ -23,7 +23,8 @@ import numpy as np
 
 from stream_dp.windows.batch import BatchResult, RawBatch
 from stream_dp.windows.bounding import ContributionRows
-from stream_dp.windows.decoding import DecodedEvents, EventDecoder, Problem
+from stream_dp.windows.bulk_decoding import BulkEventDecoder
+from stream_dp.windows.decoding import DecodedEvents, Problem
 from stream_dp.windows.hashing import ContributionHasher
 from stream_dp.windows.interning import GroupTable
 from stream_dp.windows.open_window import OffsetStats, OpenWindow
@@ -62,7 +63,7 @@ class WindowEngine:
         self.schema, self.spec, self.bounding = schema, spec, bounding
         self._clock_ms = clock_ms
         self._compact_min_rows = compact_min_rows
-        self._decoder = EventDecoder(schema)
+        self._decoder = BulkEventDecoder(schema)
         self._hasher = ContributionHasher(bounding.secret)
         self._groups = GroupTable(self._hasher)
         self._windows: dict[int, OpenWindow] = {}
@@ -522,7 +523,11 @@ def _differs(keys: list[bytes | None], units: np.ndarray) -> np.ndarray:
     except TypeError:  # a null key, or a key that is not bytes
         as_array = np.array([k if isinstance(k, bytes) else b"" for k in keys], dtype=width)
     differs = as_array != units
-    if b"\x00" in b"".join(k for k in keys if isinstance(k, bytes)):
+    try:
+        joined = b"".join(keys)  # type: ignore[arg-type]
+    except TypeError:  # a null key, or a key that is not bytes
+        joined = b"".join(k for k in keys if isinstance(k, bytes))
+    if b"\x00" in joined:
         # A fixed-width array drops trailing NULs; unit ids never contain one, so such a key never matches.
         differs |= np.fromiter((isinstance(k, bytes) and b"\x00" in k for k in keys), dtype=bool, count=len(keys))
     return differs

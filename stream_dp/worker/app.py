@@ -27,7 +27,9 @@ from stream_dp.metrics.health import watch as watch_health
 from stream_dp.metrics.http import serve as serve_http
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import BoundingSpec, EventSchema, WindowEngine, WindowSpec
+from stream_dp.worker.columnar_consumer import ColumnarConsumer
 from stream_dp.worker.combiner import WindowCombiner
+from stream_dp.worker.gc_tuning import tune_garbage_collector
 from stream_dp.worker.ingest import IngestStage
 from stream_dp.worker.kafka_admin import (
     RETENTION_CONFIGS,
@@ -366,7 +368,7 @@ class Worker:
         aio = settings.aiokafka_options()
         producer = AIOKafkaProducer(**aio, client_id=f"{self.client_id}-producer", acks="all",
                                     enable_idempotence=True, linger_ms=5, max_request_size=4 * 1024 * 1024)
-        ingest_consumer = AIOKafkaConsumer(
+        ingest_consumer = ColumnarConsumer(
             **aio, client_id=f"{self.client_id}-ingest", group_id=settings.group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
         )
@@ -420,6 +422,7 @@ class Worker:
 def run_worker(config: PipelineConfig, settings: Settings, *, config_source: str = "query configuration") -> int:
     """Run until SIGINT/SIGTERM; returns the process exit code. ``config_source`` names the file in errors."""
     worker = Worker(config, settings, registry=CollectorRegistry(), config_source=config_source)
+    tune_garbage_collector()  # after start-up built its objects (see gc_tuning)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -16,7 +16,6 @@ re-published partial is identical.
 from __future__ import annotations
 
 import asyncio
-import functools
 import dataclasses
 import logging
 import time
@@ -35,9 +34,13 @@ from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import RawBatch, RejectReason
 from stream_dp.windows.batch import NO_TIMESTAMP
 from stream_dp.worker.combiner import window_home
+from stream_dp.worker.background import BackgroundRounds
+from stream_dp.worker.charge_round import WindowCharge, charge_in_order
 from stream_dp.worker.commit_metadata import encode_commit_metadata, restored_progress
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.positions import PartitionPositions
+from stream_dp.worker.record_columns import RecordColumns
+from stream_dp.worker.record_columns import raw_batch as columns_raw_batch
 from stream_dp.worker.records import PartialAggregate, Progress, encode_partial, encode_progress, partial_key
 from stream_dp.worker.runtime import QueryRuntime
 
@@ -108,6 +111,8 @@ class IngestStage:
         self._joined = False  # an assignment (possibly empty) arrived from the group
         self._charge_attempts = 0
         self._next_charge_s = 0.0
+        # Charging and publishing closed windows waits mostly on Redis: it runs beside the loop.
+        self._rounds = BackgroundRounds(self._emit_round, name="ingest-emit")
 
     # -- wiring --------------------------------------------------------------------------
 
@@ -164,6 +169,7 @@ class IngestStage:
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._lock:
+            await self._rounds.settle()  # no charge or publish of a revoked partition's window after this
             # Commit what is safe for the partitions we are losing; their open
             # windows are rebuilt by the next owner from those offsets.
             await self._commit(force=True)
@@ -197,6 +203,8 @@ class IngestStage:
         while not stop.is_set():
             await self.step()
         async with self._lock:
+            await self._rounds.settle(raise_failure=True)
+            await self._emit_held()
             await self._commit(force=True)
 
     async def step(self) -> None:
@@ -239,7 +247,7 @@ class IngestStage:
                 if closed_through:
                     self.metrics.watermark.labels(query.name).set(min(closed_through.values()) / 1000)
             self._held += closed
-            await self._emit_held()
+            self._rounds.start()  # charge and publish what is held, while the next records are read
             await self._commit()
             # After the commit: progress vouches only for closure that later owners of the partition keep.
             await self._send_progress()
@@ -285,37 +293,38 @@ class IngestStage:
             await self.producer.send(self.dead_letter_topic, value=value, headers=headers)
             self.metrics.dead_letters.labels(query.name).inc()
 
-    async def _emit_held(self) -> None:
+    async def _emit_round(self) -> None:
+        """One background round: charge and publish what is held; once windows went out, commit
+        and send progress at once (progress vouches only for committed closure), unless a step
+        or a rebalance holds the stage, which then does it."""
+        if await self._emit_held() and not self._lock.locked():
+            async with self._lock:
+                await self._commit(force=True)
+                await self._send_progress()
+
+    async def _emit_held(self) -> bool:
+        """Charge and publish the held partials (see the module docstring); whether any went out."""
         if not self._held:
             self._set_pending_gauge()
-            return
+            return False
         now_s = time.monotonic()
         if now_s < self._next_charge_s:
-            return
+            return False
         still_held: list[_HeldPartial] = []
         sends = []
         # Oldest window first, and an outage stops the round: a unit's windows are
         # always charged in window order, as they would be without the outage.
         ordered = sorted(self._held, key=lambda h: (h.partial.window_start_ms, h.partial.partition))
-        for position, held in enumerate(ordered):
-            query, partial = held.query, held.partial
-            charge_id = f"{query.name}/{partial.window_start_ms}/{partial.partition}"
-            units = list(partial.units)
-            try:
-                try:
-                    charged_units = await asyncio.to_thread(self.journal.remember_units, charge_id, units)
-                    journaled = True
-                except LedgerUnavailable:
-                    # Redis is probably down: the charge below fails closed (and is
-                    # counted as a store error); if it goes through, journal right after.
-                    charged_units, journaled = units, False
-                outcome = await asyncio.to_thread(
-                    functools.partial(self.budget.charge, delta=query.delta),
-                    query.namespace, charge_id, charged_units, query.cost, partial.window_end_ms,
-                )
-                if not journaled:
-                    await asyncio.to_thread(self.journal.remember_units, charge_id, units)
-            except (BudgetUnavailable, LedgerUnavailable) as exc:
+        windows = [
+            WindowCharge(f"{h.query.name}/{h.partial.window_start_ms}/{h.partial.partition}", h.query.namespace,
+                         h.query.cost, h.query.delta, h.partial.window_end_ms, h.partial.units)
+            for h in ordered
+        ]
+        results = await asyncio.to_thread(charge_in_order, self.journal, self.budget, windows)
+        for position, (held, window, result) in enumerate(zip(ordered, windows, results)):
+            query, partial, charge_id = held.query, held.partial, window.charge_id
+            units, charged_units, outcome, exc = result.units, result.charged_units, result.outcome, result.error
+            if isinstance(exc, (BudgetUnavailable, LedgerUnavailable)):
                 self._charge_attempts += 1
                 backoff = min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (self._charge_attempts - 1))
                 self._next_charge_s = now_s + backoff
@@ -324,16 +333,17 @@ class IngestStage:
                             charge_id, self._charge_attempts, exc, len(ordered) - position)
                 still_held.extend(ordered[position:])
                 break
-            except ChargeConflict as exc:
+            if isinstance(exc, ChargeConflict):
                 # The journal makes retries repeat the first unit list, so this means
                 # another writer used the same charge id: release nothing.
                 self.metrics.budget_failures.labels(query.name, "conflict").inc()
                 log.error("charge %s conflicts with an earlier one (%s); the window is dropped unreleased", charge_id, exc)
                 continue
-            except ChargeRejected as exc:
+            if isinstance(exc, ChargeRejected):
                 self.metrics.budget_failures.labels(query.name, "rejected").inc()
                 log.error("budget store refused %s: %s; the window is dropped unreleased", charge_id, exc)
                 continue
+            assert outcome is not None and charged_units is not None
             self._charge_attempts = 0
             excluded = np.asarray(outcome.excluded, dtype=bool)
             if charged_units != units:
@@ -372,11 +382,14 @@ class IngestStage:
                 sends.append(await self.producer.send(self.alerts_topic, key=query.namespace.encode(), value=_alert_json(alert)))
                 self.metrics.alerts_published.labels(query.namespace).inc()
             self.metrics.windows_closed.labels(query.name).inc()
-        self._held = still_held
-        self._set_pending_gauge()
         if sends:
             # Partials must be in the topic before progress says their window is closed.
             await asyncio.gather(*sends)
+        # Steps may have added partials meanwhile: keep them.
+        taken = {id(h) for h in ordered}
+        self._held = still_held + [h for h in self._held if id(h) not in taken]
+        self._set_pending_gauge()
+        return bool(sends)
 
     def _note_partition_count(self, topic: str) -> bool:
         """Tell the topic's engines its current partition count; False while it is unknown."""
@@ -508,6 +521,8 @@ class IngestStage:
 
 
 def _raw_batch(items: list[tuple[TopicPartition, list]]) -> RawBatch:
+    if all(isinstance(records, RecordColumns) for _, records in items):
+        return columns_raw_batch(items)  # the ColumnarConsumer's records: no object per record
     values: list[bytes | None] = []
     keys: list[bytes | None] = []
     partitions = []

@@ -1,0 +1,116 @@
+"""The columnar consumer returns what aiokafka's consumer returns, poll by poll, on the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+from stream_dp.worker.columnar_consumer import ColumnarConsumer, check_compatible
+from stream_dp.worker.record_columns import RecordColumns
+
+pytestmark = pytest.mark.services
+
+
+def test_the_installed_aiokafka_has_what_the_reader_uses():
+    check_compatible()
+
+
+async def _produce(bootstrap: str, topic: str, *, compression: str | None = None, partitions: int = 2) -> int:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, compression_type=compression, linger_ms=50)
+    await producer.start()
+    try:
+        sends = []
+        for i in range(300):
+            key = None if i % 17 == 0 and i % 29 else b"key-%d" % i
+            value = None if i % 29 == 0 else b'{"n": %d}' % i
+            headers = [("h", b"x")] if i % 5 == 0 else []
+            sends.append(await producer.send(topic, key=key, value=value, partition=i % partitions,
+                                             timestamp_ms=1_700_000_000_000 + i, headers=headers))
+        await asyncio.gather(*sends)
+    finally:
+        await producer.stop()
+    return 300
+
+
+async def _read(consumer_type, bootstrap: str, topic: str, *, expect: int, max_records: int, partitions: int = 2,
+                start: dict[int, int] | None = None, isolation_level: str = "read_uncommitted"):
+    """(partition, offset, timestamp, key, value) per record and the consumer's positions after every poll."""
+    consumer = consumer_type(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                             auto_offset_reset="earliest", isolation_level=isolation_level)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        for tp in tps:
+            if start and tp.partition in start:
+                consumer.seek(tp, start[tp.partition])
+            else:
+                await consumer.seek_to_beginning(tp)
+        rows, positions, polls = [], [], 0
+        while len(rows) < expect and polls < 200:
+            polls += 1
+            batches = await consumer.getmany(timeout_ms=500, max_records=max_records)
+            for tp, records in sorted(batches.items()):
+                if consumer_type is ColumnarConsumer:
+                    assert isinstance(records, RecordColumns)
+                rows += [(tp.partition, r.offset, r.timestamp, r.key, r.value) for r in records]
+            if batches:
+                positions.append(sorted([(tp.partition, await consumer.position(tp)) for tp in tps]))
+        return rows, positions
+    finally:
+        await consumer.stop()
+
+
+@pytest.mark.parametrize("compression", [None, "gzip", "lz4", "zstd"])
+@pytest.mark.parametrize("max_records", [7, 100_000])
+def test_the_same_records_and_positions_as_aiokafka(kafka_bootstrap, new_topic, compression, max_records):
+    topic = new_topic(partitions=2)
+    expect = asyncio.run(_produce(kafka_bootstrap, topic, compression=compression))
+    ours = asyncio.run(_read(ColumnarConsumer, kafka_bootstrap, topic, expect=expect, max_records=max_records))
+    theirs = asyncio.run(_read(AIOKafkaConsumer, kafka_bootstrap, topic, expect=expect, max_records=max_records))
+    assert len(ours[0]) == expect
+    assert sorted(ours[0]) == sorted(theirs[0])
+    if max_records == 7:  # the same polls, record for record, position for position
+        assert ours == theirs
+
+
+def test_reading_from_inside_a_record_batch_skips_what_lies_before(kafka_bootstrap, new_topic):
+    topic = new_topic(partitions=2)
+    expect = asyncio.run(_produce(kafka_bootstrap, topic))
+    start = {0: 33, 1: 101}  # inside batches: the broker returns them whole
+    ours = asyncio.run(_read(ColumnarConsumer, kafka_bootstrap, topic, expect=expect - 134, max_records=50, start=start))
+    theirs = asyncio.run(_read(AIOKafkaConsumer, kafka_bootstrap, topic, expect=expect - 134, max_records=50, start=start))
+    assert ours == theirs
+    assert min(o for p, o, *_ in ours[0] if p == 0) == 33 and min(o for p, o, *_ in ours[0] if p == 1) == 101
+
+
+@pytest.mark.parametrize("isolation_level", ["read_uncommitted", "read_committed"])
+def test_transactions_and_their_markers(kafka_bootstrap, new_topic, unique_name, isolation_level):
+    topic = new_topic(partitions=1)
+
+    async def produce() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=f"{unique_name}-tx")
+        await producer.start()
+        try:
+            for n, abort in enumerate((False, True, False)):
+                await producer.begin_transaction()
+                for i in range(5):
+                    await producer.send(topic, value=b"%d-%d" % (n, i))
+                if abort:
+                    await producer.abort_transaction()
+                else:
+                    await producer.commit_transaction()
+        finally:
+            await producer.stop()
+
+    asyncio.run(produce())
+    expect = 10 if isolation_level == "read_committed" else 15
+    ours = asyncio.run(_read(ColumnarConsumer, kafka_bootstrap, topic, expect=expect, max_records=4,
+                             partitions=1, isolation_level=isolation_level))
+    theirs = asyncio.run(_read(AIOKafkaConsumer, kafka_bootstrap, topic, expect=expect, max_records=4,
+                               partitions=1, isolation_level=isolation_level))
+    assert len(ours[0]) == expect
+    assert ours == theirs
