@@ -1,0 +1,197 @@
+"""Event-to-release latency at a fixed offered rate, with the worker's memory and CPU over the soak.
+
+    .venv/bin/python tests/perf/bench_latency.py [--rate 100000] [--minutes 10]
+
+One worker (``stream-dp run``) reads a topic that a producer process fills at
+``--rate`` events per second, each event stamped (record and event time) with
+the moment it is produced, as a live stream would be: one-minute windows,
+5 s allowed lateness, the same query, budget and data shape as the throughput
+runs (``perfkit``: 100,000 units, 1,000 groups, murmur2 placement).
+Production starts at once and goes on until the ``--minutes`` full windows after
+the first minute boundary have ended and their allowed lateness has passed
+(plus a second), so each measured window is closed by the records that follow
+it, never by the idle timeout.
+
+* **Event-to-release latency**, over every event of the measured windows: the
+  moment its window's last record is read from the output topic minus its
+  event time (p50, p99, max). With tumbling windows most of it is the wait
+  for the window to end; **close-to-release** is the rest, per window: last
+  output record minus (window end + allowed lateness), i.e. what the pipeline
+  adds (reading, closing, budget charges, partials, noise, publishing).
+* **Offered and achieved rate**: what the producer offered, per second of its
+  run, and whether it kept up.
+* **Memory**: the worker's RSS every 100 ms; reported at the start of the
+  measured windows, at their end, and its maximum -- the soak.
+* **CPU-s per million events**: the worker's user + system CPU over the
+  measured windows, per million events in them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import perfkit  # noqa: E402
+import watch  # noqa: E402
+from bench_worker import wait_group_stable  # noqa: E402
+
+LATENESS_MS = 5_000
+TICK_S = 0.01
+
+
+def produce_at_rate(bootstrap: str, topic: str, rate: float, stop_wall: float, units: int, groups: int,
+                    partitions: int, log_path: str) -> None:
+    """Producer process: ``rate`` events/s in 10 ms ticks until ``stop_wall`` (epoch s); writes
+    [(tick epoch ms, events)] to ``log_path``."""
+    from confluent_kafka import Producer
+
+    from stream_dp.windows.partitioning import expected_partitions
+
+    rng = np.random.default_rng(7)  # synthetic data only
+    keys = [b"u%d" % u for u in range(units)]
+    placed = expected_partitions(np.array(keys, dtype="S"), partitions, "murmur2").tolist()
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 1_000_000,
+                         "queue.buffering.max.messages": 2_000_000, "log_level": 3})
+    ticks: list[tuple[int, int]] = []
+    started = time.time()
+    sent = 0
+    try:
+        while True:
+            now = time.time()
+            if now >= stop_wall:
+                break
+            due = int((now - started) * rate) - sent
+            if due > 0:
+                ts = int(now * 1000)
+                unit = rng.integers(0, units, due).tolist()
+                group = rng.integers(0, groups, due).tolist()
+                value = np.round(rng.gamma(2.0, 20.0, due), 2).tolist()
+                for u, g, v in zip(unit, group, value):
+                    payload = b'{"user_id":"u%d","ts":%d,"page":"/g%d","value":%.2f}' % (u, ts, g, v)
+                    while True:
+                        try:
+                            producer.produce(topic, value=payload, key=keys[u], partition=placed[u], timestamp=ts)
+                            break
+                        except BufferError:
+                            producer.poll(0.01)
+                sent += due
+                ticks.append((ts, due))
+            producer.poll(0)
+            time.sleep(max(0.0, TICK_S - (time.time() - now)))
+    finally:
+        producer.flush(60)
+        Path(log_path).write_text(json.dumps(ticks))
+
+
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs: list[float]) -> list[float]:
+    order = np.argsort(values)
+    cumulative = np.cumsum(weights[order])
+    return [float(values[order][np.searchsorted(cumulative, q * cumulative[-1])]) for q in qs]
+
+
+def measure(services: perfkit.Services, *, rate: float, minutes: int, units: int = 100_000, groups: int = 1_000,
+            partitions: int = 4, workdir: Path) -> dict[str, Any]:
+    name = perfkit.unique_name("lat")
+    topic = f"{name}-in"
+    perfkit.create_topic(services.bootstrap, topic, partitions)
+    config = perfkit.write_config(workdir / f"{name}.yaml", perfkit.worker_config(
+        name, topic, groups=groups, allowed_lateness=f"{LATENESS_MS}ms", idle_timeout="10s"))
+    proc = poller = reader = producer = None
+    try:
+        proc = perfkit.WorkerProcess(config, services=services, group_id=f"{name}-g", internal_prefix=f"{name}.",
+                                     metrics_port=perfkit.free_port(), log_path=workdir / f"{name}.log")
+        poller = watch.Poller([proc.port], pid=proc.pid).start()
+        reader = watch.OutputReader(services.bootstrap, f"{name}-out", expected_per_window=groups)
+        wait_group_stable(services.bootstrap, f"{name}-g", 1, partitions)
+        start_wall = time.time()
+        first_window_ms = (int(start_wall * 1000) // perfkit.WINDOW_MS + 1) * perfkit.WINDOW_MS
+        measured = [first_window_ms + k * perfkit.WINDOW_MS for k in range(minutes)]
+        stop_wall = (measured[-1] + perfkit.WINDOW_MS + LATENESS_MS + 1_000) / 1000
+        log_path = workdir / f"{name}-ticks.json"
+        producer = multiprocessing.get_context("spawn").Process(
+            target=produce_at_rate, args=(services.bootstrap, topic, rate, stop_wall, units, groups, partitions,
+                                          str(log_path)))
+        producer.start()
+        print(f"  latency: offering {rate:,.0f} events/s for {stop_wall - start_wall:.0f} s; measuring the "
+              f"{minutes} windows from {time.strftime('%H:%M:%S', time.gmtime(first_window_ms / 1000))} UTC", flush=True)
+        producer.join(stop_wall - time.time() + 120)
+        if producer.exitcode != 0:
+            raise RuntimeError(f"the producer failed (exit {producer.exitcode})")
+        if not reader.wait_windows(measured, timeout_s=120):
+            missing = [w for w in measured if w not in reader.completed_wall]
+            raise RuntimeError(f"windows {missing} were not released; log:\n{proc.log_tail()}")
+        ticks = np.array(json.loads(log_path.read_text()), dtype=np.int64).reshape(-1, 2)
+        ts, counts = ticks[:, 0], ticks[:, 1]
+        window_of = (ts // perfkit.WINDOW_MS) * perfkit.WINDOW_MS
+        inside = (window_of >= measured[0]) & (window_of <= measured[-1])
+        released = np.array([reader.completed_wall[int(w)] for w in window_of[inside]])
+        latency = released - ts[inside] / 1000
+        p50, p99, top = weighted_percentiles(latency, counts[inside].astype(float), [0.5, 0.99, 1.0])
+        close_to_release = [reader.completed_wall[w] - (w + perfkit.WINDOW_MS + LATENESS_MS) / 1000 for w in measured]
+        span = (measured[0] / 1000, (measured[-1] + perfkit.WINDOW_MS + LATENESS_MS) / 1000)
+        usage = [(t, cpu, rss) for t, cpu, rss in poller.usage if span[0] <= t <= span[1]]
+        events = int(counts[inside].sum())
+        produced_s = (ts[-1] - ts[0]) / 1000
+        late = watch.metric_sum(watch.scrape(proc.port), "stream_dp_events_total", outcome="late")
+        watch.check_release_record(reader.samples[measured[0]])
+        return {
+            "offered_rate": rate,
+            "achieved_rate": float(counts.sum() / produced_s) if produced_s > 0 else float("nan"),
+            "windows": len(measured),
+            "events": events,
+            "late": late,
+            "latency_s": {"p50": p50, "p99": p99, "max": top},
+            "close_to_release_s": {"p50": float(np.median(close_to_release)), "max": float(max(close_to_release)),
+                                   "windows": close_to_release},
+            "rss_mb": {"start": usage[0][2] / 2**20, "end": usage[-1][2] / 2**20,
+                       "max": max(r for _, _, r in usage) / 2**20,
+                       "per_minute": [r / 2**20 for t, _, r in usage[:: max(1, int(60 / poller.interval_s))]]},
+            "cpu_s_per_million": (usage[-1][1] - usage[0][1]) / events * 1e6,
+        }
+    finally:
+        if producer is not None and producer.is_alive():
+            producer.terminate()
+        if reader is not None:
+            reader.close()
+        if poller is not None:
+            poller.stop()
+        if proc is not None:
+            proc.stop()
+        perfkit.delete_topics(services.bootstrap, f"{name}-")
+        perfkit.delete_topics(services.bootstrap, f"{name}.")
+        perfkit.delete_groups(services.bootstrap, [f"{name}-g", f"{name}-g-release", f"{name}-out-reader"])
+        perfkit.cleanup_redis(services.redis_url, name, name)
+
+
+def print_result(r: dict[str, Any]) -> None:
+    lat, ctr, rss = r["latency_s"], r["close_to_release_s"], r["rss_mb"]
+    print(f"latency at {r['offered_rate']:,.0f} events/s offered ({r['achieved_rate']:,.0f} produced), "
+          f"{r['windows']} one-minute windows, {r['events']:,} events, {r['late']:.0f} late:")
+    print(f"  event to release p50 {lat['p50']:.2f} s, p99 {lat['p99']:.2f} s, max {lat['max']:.2f} s; "
+          f"close to release median {ctr['p50']:.2f} s, max {ctr['max']:.2f} s")
+    print(f"  worker RSS {rss['start']:.0f} MB at the start, {rss['end']:.0f} MB at the end, max {rss['max']:.0f} MB; "
+          f"{r['cpu_s_per_million']:.2f} CPU-s per million events")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=100_000, help="events per second offered")
+    parser.add_argument("--minutes", type=int, default=10, help="one-minute windows measured")
+    args = parser.parse_args()
+    services = perfkit.Services.from_env()
+    services.check()
+    print_result(measure(services, rate=args.rate, minutes=args.minutes,
+                         workdir=Path(tempfile.mkdtemp(prefix="bench-latency-"))))
+
+
+if __name__ == "__main__":
+    main()
