@@ -62,7 +62,8 @@ def numpy_baseline(mechanism: str, groups: int) -> Callable[[], object]:
     return draw
 
 
-def bench_releases(sizes: list[int], mechanisms: list[str], threads: int, repeat: int) -> None:
+def bench_releases(sizes: list[int], mechanisms: list[str], threads: int, repeat: int) -> list[dict]:
+    rows = []
     print(f"{'mechanism':<9} {'groups':>9} {'mode':<12} {'seconds':>8} {'groups/s':>11} {'x numpy':>8}")
     with ThreadPoolExecutor(max_workers=threads) as executor:
         modes = {"sequential": OpenDPNoise(), f"{threads} threads": OpenDPNoise(executor=executor)}
@@ -75,9 +76,13 @@ def bench_releases(sizes: list[int], mechanisms: list[str], threads: int, repeat
                     seconds = best_of(repeat, lambda: plan.release(counts, sums, distinct, noise))
                     print(f"{mechanism:<9} {groups:>9} {mode:<12} {seconds:>8.3f} {groups / seconds:>11.0f}"
                           f" {seconds / baseline:>8.0f}")
+                    rows.append({"mechanism": mechanism, "groups": groups, "mode": mode, "seconds": seconds,
+                                 "groups_per_s": groups / seconds, "x_numpy": seconds / baseline})
+    return rows
 
 
-def bench_overhead(repeat: int) -> None:
+def bench_overhead(repeat: int) -> list[dict]:
+    rows = []
     noise = OpenDPNoise()
     for mechanism in ("laplace", "gaussian"):
         plan = build_plan(mechanism, 1_000_000)
@@ -87,6 +92,8 @@ def bench_overhead(repeat: int) -> None:
             calls = 200
             seconds = best_of(repeat, lambda: [plan.release(counts, sums, distinct, noise) for _ in range(calls)])
             print(f"per-release overhead {mechanism:<8} {groups:>4} groups: {seconds / calls * 1e6:8.0f} us")
+            rows.append({"mechanism": mechanism, "groups": groups, "us_per_release": seconds / calls * 1e6})
+    return rows
 
 
 def bench_float_grid(groups: int, repeat: int) -> None:
@@ -118,6 +125,14 @@ def bench_selection(groups: int, repeat: int) -> None:
           f"({opendp_map / vectorised:.1f}x slower)")
 
 
+def measure(sizes: list[int], mechanisms: list[str], threads: int = 2, repeat: int = 2, side_groups: int = 20_000) -> dict:
+    """Releases and per-release overhead (returned), float grid and selection (printed)."""
+    out = {"releases": bench_releases(sizes, mechanisms, threads, repeat), "overhead": bench_overhead(repeat)}
+    bench_float_grid(side_groups, repeat)
+    bench_selection(side_groups, repeat)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000], help="groups per release")
@@ -127,10 +142,7 @@ def main() -> None:
     parser.add_argument("--side-groups", type=int, default=20_000,
                         help="groups for the float-grid and selection comparisons")
     args = parser.parse_args()
-    bench_releases(args.sizes, args.mechanisms, args.threads, args.repeat)
-    bench_overhead(args.repeat)
-    bench_float_grid(args.side_groups, args.repeat)
-    bench_selection(args.side_groups, args.repeat)
+    measure(args.sizes, args.mechanisms, args.threads, args.repeat, args.side_groups)
 
 
 if __name__ == "__main__":
