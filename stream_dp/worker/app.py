@@ -29,7 +29,7 @@ from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import BoundingSpec, EventSchema, WindowEngine, WindowSpec
 from stream_dp.worker.columnar_consumer import ColumnarConsumer
 from stream_dp.worker.combiner import WindowCombiner
-from stream_dp.worker.gc_tuning import tune_garbage_collector
+from stream_dp.worker.process_tuning import tune_process
 from stream_dp.worker.ingest import IngestStage
 from stream_dp.worker.kafka_admin import (
     RETENTION_CONFIGS,
@@ -422,7 +422,7 @@ class Worker:
 def run_worker(config: PipelineConfig, settings: Settings, *, config_source: str = "query configuration") -> int:
     """Run until SIGINT/SIGTERM; returns the process exit code. ``config_source`` names the file in errors."""
     worker = Worker(config, settings, registry=CollectorRegistry(), config_source=config_source)
-    tune_garbage_collector()  # after start-up built its objects (see gc_tuning)
+    tune_process()  # after start-up built its objects: garbage collector and C heap (see process_tuning)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

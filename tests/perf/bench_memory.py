@@ -7,10 +7,13 @@
   group) pair -- every unit touches two groups once, within the bounds, so
   no event is dropped. RSS is read from /proc before the first and after the
   last batch (pending rows compacted); ``peak`` is VmHWM, which includes the
-  transient copies of compaction. Much of the RSS is heap that glibc keeps
-  after the batches are freed: the RSS after ``malloc_trim(0)`` is printed
-  too, and the engine's own count of its numpy state (``state_nbytes``). ``--pairs 10000000`` is the 10M-pair
-  case (about 2 minutes and 1.5 GB).
+  transient copies of compaction. The child fixes glibc's mmap threshold as
+  the worker process does (``process_tuning.tune_allocator``; without it much
+  of the RSS is heap glibc keeps after the batches are freed:
+  ``--default-allocator`` measures that). The RSS after ``malloc_trim(0)`` is
+  printed too, and the engine's own count of its numpy state
+  (``state_nbytes``). ``--pairs 10000000`` is the 10M-pair case (about 2
+  minutes and 1.5 GB).
 * Redis (``REDIS_URL``): ``--units`` units each charged once by a
   ``RedisBudgetStore`` with the policy of ``bench_budget.py`` (1 h and 24 h
   horizons); INFO ``used_memory`` before and after, and MEMORY USAGE of the
@@ -77,7 +80,11 @@ def _rss_after_malloc_trim() -> int | None:
     return _status_bytes("VmRSS")
 
 
-def engine_child(pairs: int, batch: int) -> dict[str, Any]:
+def engine_child(pairs: int, batch: int, default_allocator: bool = False) -> dict[str, Any]:
+    if not default_allocator:
+        from stream_dp.worker.process_tuning import tune_allocator
+
+        tune_allocator()  # as the worker process runs
     rng = np.random.default_rng(3)  # synthetic data only
     clock = [START_MS + 1_000]  # no partition goes idle and the watermark stays inside the window
     warm = make_engine(PARTITIONS, clock, 3, 2, placement=False)
@@ -109,9 +116,11 @@ def engine_child(pairs: int, batch: int) -> dict[str, Any]:
     }
 
 
-def engine_memory(pairs: int, batch: int = 200_000, timeout_s: float = 1_800) -> dict[str, Any]:
+def engine_memory(pairs: int, batch: int = 200_000, timeout_s: float = 1_800, default_allocator: bool = False) -> dict[str, Any]:
+    """``default_allocator``: without the worker's C-heap setting (``process_tuning.tune_allocator``)."""
     completed = subprocess.run(
-        [sys.executable, __file__, "--engine-child", "--pairs", str(pairs), "--batch", str(batch)],
+        [sys.executable, __file__, "--engine-child", "--pairs", str(pairs), "--batch", str(batch)]
+        + (["--default-allocator"] if default_allocator else []),
         capture_output=True, text=True, timeout=timeout_s,
     )
     lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
@@ -153,11 +162,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=200_000)
     parser.add_argument("--units", type=int, default=100_000, help="units charged for the Redis measurement (0: skip)")
     parser.add_argument("--engine-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--default-allocator", action="store_true",
+                        help="leave glibc's mmap threshold as it is (the worker fixes it, see process_tuning)")
     args = parser.parse_args()
     if args.engine_child:
-        print(json.dumps(engine_child(args.pairs, args.batch)))
+        print(json.dumps(engine_child(args.pairs, args.batch, args.default_allocator)))
         return
-    engine = engine_memory(args.pairs, args.batch)
+    engine = engine_memory(args.pairs, args.batch, default_allocator=args.default_allocator)
     trimmed = engine["trimmed_bytes_per_pair"]
     print(f"engine: {engine['pairs']:,} open pairs in {engine['seconds']:.1f} s: RSS {engine['rss_bytes_per_pair']:.1f} bytes/pair, "
           f"after malloc_trim {'n/a' if trimmed is None else f'{trimmed:.1f}'}, peak {engine['peak_bytes_per_pair']:.1f}, "

@@ -279,6 +279,7 @@ class WorkerProcess:
             [sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(config_path), "--log-level", log_level,
              "--processes", str(processes)],
             env=env, stdout=subprocess.DEVNULL, stderr=self._log,
+            cwd=log_path.parent,  # not the repository: ``python -m`` would import its stream_dp before ``pythonpath``'s
         )
 
     @property

@@ -211,6 +211,10 @@ def print_report(result: dict[str, Any], out=sys.stdout) -> None:
           f"(<= 64 {goals.get('engine_bytes_per_pair', 'n/a')}); after malloc_trim "
           f"{'n/a' if e.get('trimmed_bytes_per_pair') is None else format(e['trimmed_bytes_per_pair'], '.1f')}; "
           f"peak {e['peak_bytes_per_pair']:.1f}; numpy state {e['state_bytes_per_pair']:.1f}")
+        d = memory.get("engine_default_allocator")
+        if d:
+            w(f"  the same without the worker's C-heap setting (glibc's own mmap threshold): RSS "
+              f"{d['rss_bytes_per_pair']:.1f} bytes/pair, peak {d['peak_bytes_per_pair']:.1f}")
         r = memory["redis"]
         w(f"  Redis, {r['units']:,} units charged once: {r['used_memory_per_unit']:.1f} bytes/unit (used_memory), "
           f"{r['state_bytes_per_unit']:.1f} (state hashes)")

@@ -175,6 +175,7 @@ def main() -> None:
         part("noise", lambda: bench_noise.measure([1_000, 10_000, 100_000], ["laplace", "gaussian"]))
     if "memory" not in skip:
         part("memory", lambda: {"engine": bench_memory.engine_memory(pairs),
+                                "engine_default_allocator": bench_memory.engine_memory(pairs, default_allocator=True),
                                 "redis": bench_memory.redis_memory(services.redis_url, args.units)})
     if "latency" not in skip:
         rate = args.latency_rate or results_table.half_of_one_worker(result)
