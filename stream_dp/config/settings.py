@@ -49,6 +49,10 @@ class Settings(BaseSettings):
     the default retention plus a day."""
     partials_retention_ms: int | None = Field(None, alias="STREAM_DP_PARTIALS_RETENTION_MS")
     """``retention.ms`` of the partials topic the worker creates (see ``partials_topic_configs``)."""
+    topic_replication_factor: int | None = Field(None, alias="STREAM_DP_TOPIC_REPLICATION_FACTOR", ge=1, le=32)
+    """Replicas per partition of the topics the worker creates; by default min(3, brokers)."""
+    topic_min_insync_replicas: int | None = Field(None, alias="STREAM_DP_TOPIC_MIN_INSYNC_REPLICAS", ge=1, le=32)
+    """``min.insync.replicas`` of the topics the worker creates; by default one fewer than the replicas (at least 1)."""
 
     @field_validator("partials_retention_ms")
     @classmethod

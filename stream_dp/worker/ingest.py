@@ -7,51 +7,42 @@ partials, tell the release stage how far each partition has closed, and
 commit only offsets that no open or unpublished window still needs.
 
 Fail closed: a partial whose charge fails is held (and its offsets with it)
-and retried; it is published only after the charge succeeded. Exactly-once
-bookkeeping: the charge id is ``query/window_start/partition``; a replay after
-a crash charges nobody twice and gets the same exclusions back, so the
-re-published partial is identical.
+and retried; it is published only after the charge succeeded (``emit``).
+Exactly-once bookkeeping: the charge id is ``query/window_start/partition``;
+a replay after a crash charges nobody twice and gets the same exclusions
+back, so the re-published partial has the same contents (its close time and
+so its chunks' digest differ: the release stage keeps one of them).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import dataclasses
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 
-from stream_dp.budget import BudgetStore, BudgetUnavailable, ChargeConflict, ChargeRejected
+from stream_dp.budget import BudgetStore
 from stream_dp.metrics.worker import WorkerMetrics
-from stream_dp.windows import RawBatch, RejectReason
-from stream_dp.windows.batch import NO_TIMESTAMP
-from stream_dp.worker.combiner import window_home
-from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
+from stream_dp.windows import RejectReason
+from stream_dp.worker.consumed import commit_metadata, raw_batch, restored_progress
+from stream_dp.worker.dead_letters import DeadLetters
+from stream_dp.worker.emit import Emitter, HeldPartial
+from stream_dp.worker.ledger import ReleaseLedger
+from stream_dp.worker.partials_out import PartialsOut
 from stream_dp.worker.positions import PartitionPositions
-from stream_dp.worker.records import PartialAggregate, Progress, encode_partial, encode_progress, partial_key
+from stream_dp.worker.records import Progress, encode_progress
 from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
 
-MAX_DEAD_LETTER_BYTES = 900_000  # stay under the producer's default 1 MB request limit
-
-
-@dataclass
-class _HeldPartial:
-    """A closed window partial not yet charged and published."""
-
-    query: QueryRuntime
-    partial: Any  # stream_dp.windows.WindowPartial
-    closed_at_ms: int
+# The broker's default record limit (message.max.bytes) less room for framing; the worker
+# passes the limits it reads from the cluster at start (see ``topics``).
+DEFAULT_RECORD_BYTES = 1_000_000 - 16_384
 
 
 class IngestStage:
@@ -69,6 +60,8 @@ class IngestStage:
         alerts_topic: str,
         dead_letter_topic: str,
         read_commit_metadata: Callable[[list[TopicPartition]], dict[TopicPartition, str]],
+        partials_record_bytes: int = DEFAULT_RECORD_BYTES,
+        dead_letter_record_bytes: int = DEFAULT_RECORD_BYTES,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         max_records: int = 20_000,
         poll_timeout_ms: int = 200,
@@ -90,22 +83,25 @@ class IngestStage:
         self.partials_partitions = partials_partitions
         self.alerts_topic = alerts_topic
         self.dead_letter_topic = dead_letter_topic
+        self.dead_letters = DeadLetters(producer, metrics, topic=dead_letter_topic, max_record_bytes=dead_letter_record_bytes)
+        self.emitter = Emitter(
+            queries, producer, budget, journal, metrics,
+            PartialsOut(producer, metrics, topic=partials_topic, partitions=partials_partitions,
+                        max_record_bytes=partials_record_bytes),
+            alerts_topic=alerts_topic, partition_count=self._partition_count,
+            retry_backoff_s=retry_backoff_s, retry_backoff_max_s=retry_backoff_max_s,
+        )
         self.read_commit_metadata = read_commit_metadata
         self.clock_ms = clock_ms
         self.max_records = max_records
         self.poll_timeout_ms = poll_timeout_ms
         self.commit_interval_s = commit_interval_s
         self.progress_interval_s = progress_interval_s
-        self.retry_backoff_s = retry_backoff_s
-        self.retry_backoff_max_s = retry_backoff_max_s
-        self._held: list[_HeldPartial] = []
         self._lock = asyncio.Lock()
         self._last_commit_s = 0.0
         self._last_progress_s = 0.0
         self._sent_progress: dict[tuple[str, int], int] = {}
         self.positions = PartitionPositions(consumer)
-        self._charge_attempts = 0
-        self._next_charge_s = 0.0
 
     # -- wiring --------------------------------------------------------------------------
 
@@ -143,7 +139,7 @@ class IngestStage:
                     for tp in assigned:
                         if tp.topic != topic:
                             continue
-                        closed, next_offset, clock = _restored_progress(metadata.get(tp), query.name)
+                        closed, next_offset, clock = restored_progress(metadata.get(tp), query.name)
                         if closed is not None:
                             restored[tp.partition] = closed
                             self.positions.restored(query.name, tp, closed)
@@ -167,11 +163,11 @@ class IngestStage:
                 for query in queries:
                     query.engine.revoke(partitions)
                 lost = set(partitions)
-                self._held = [
-                    h for h in self._held
+                self.emitter.held = [
+                    h for h in self.emitter.held
                     if not (h.query.config.input_topic == topic and h.partial.partition in lost)
                 ]
-            self._set_pending_gauge()
+            self.emitter.set_pending_gauge()
             self.positions.forget(revoked)
             for tp in revoked:
                 try:
@@ -192,7 +188,7 @@ class IngestStage:
         batches = await self.consumer.getmany(timeout_ms=self.poll_timeout_ms, max_records=self.max_records)
         async with self._lock:
             now_ms = self.clock_ms()
-            closed: list[_HeldPartial] = []
+            closed: list[HeldPartial] = []
             by_topic: dict[str, list[tuple[TopicPartition, list]]] = defaultdict(list)
             for tp, records in batches.items():
                 if records:
@@ -203,26 +199,26 @@ class IngestStage:
                     for tp, records in items:
                         self.consumer.seek(tp, records[0].offset)
                     continue
-                batch = _raw_batch(items)
+                batch = raw_batch(items)
                 for query in self.by_topic.get(topic, ()):
                     result = query.engine.process(batch)
                     self._count(query, result)
-                    await self._dead_letters(query, topic, result.rejections)
-                    closed += [_HeldPartial(query, p, now_ms) for p in result.partials]
+                    await self.dead_letters.send(query.name, topic, result.rejections)
+                    closed += [HeldPartial(query, p, now_ms) for p in result.partials]
             self.positions.note_batches(batches)
             await self.positions.learn_starts()
             not_idle = self.positions.not_idle()
             for query in self.queries:
                 # A partition with records waiting is slow, not idle: the wall clock must not close its windows.
                 query.engine.hold_open(not_idle.get(query.config.input_topic, ()))
-                closed += [_HeldPartial(query, p, now_ms) for p in query.engine.tick()]
+                closed += [HeldPartial(query, p, now_ms) for p in query.engine.tick()]
                 self.metrics.windows_open.labels(query.name).set(len(query.engine.open_windows))
                 self.metrics.open_rows.labels(query.name).set(query.engine.open_rows)
                 closed_through = query.engine.closed_through_ms
                 if closed_through:
                     self.metrics.watermark.labels(query.name).set(min(closed_through.values()) / 1000)
-            self._held += closed
-            await self._emit_held()
+            self.emitter.held += closed
+            await self.emitter.emit()
             await self._commit()
             # After the commit: progress vouches only for closure that later owners of the partition keep.
             await self._send_progress()
@@ -242,117 +238,6 @@ class IngestStage:
             self.metrics.rejected.labels(name, reason.value).inc(n)
             rejected += n
         self.metrics.events.labels(name, "rejected").inc(rejected)
-
-    async def _dead_letters(self, query: QueryRuntime, topic: str, rejections: list) -> None:
-        for rejection in rejections:
-            value = rejection.value if rejection.value is not None else b""
-            headers = [
-                ("reason", rejection.reason.value.encode()),
-                ("detail", rejection.detail.encode()[:500]),
-                ("query", query.name.encode()),
-                ("source", f"{topic}/{rejection.partition}/{rejection.offset}".encode()),
-            ]
-            if len(value) > MAX_DEAD_LETTER_BYTES:
-                headers.append(("truncated_from_bytes", str(len(value)).encode()))
-                value = value[:MAX_DEAD_LETTER_BYTES]
-            # Queued in the producer's buffer (the delivery future is not awaited
-            # here); the flush before each commit makes them durable before
-            # their offsets are committed.
-            await self.producer.send(self.dead_letter_topic, value=value, headers=headers)
-            self.metrics.dead_letters.labels(query.name).inc()
-
-    async def _emit_held(self) -> None:
-        if not self._held:
-            self._set_pending_gauge()
-            return
-        now_s = time.monotonic()
-        if now_s < self._next_charge_s:
-            return
-        still_held: list[_HeldPartial] = []
-        sends = []
-        # Oldest window first, and an outage stops the round: a unit's windows are
-        # always charged in window order, as they would be without the outage.
-        ordered = sorted(self._held, key=lambda h: (h.partial.window_start_ms, h.partial.partition))
-        for position, held in enumerate(ordered):
-            query, partial = held.query, held.partial
-            charge_id = f"{query.name}/{partial.window_start_ms}/{partial.partition}"
-            units = list(partial.units)
-            try:
-                try:
-                    charged_units = await asyncio.to_thread(self.journal.remember_units, charge_id, units)
-                    journaled = True
-                except LedgerUnavailable:
-                    # Redis is probably down: the charge below fails closed (and is
-                    # counted as a store error); if it goes through, journal right after.
-                    charged_units, journaled = units, False
-                outcome = await asyncio.to_thread(
-                    functools.partial(self.budget.charge, delta=query.delta),
-                    query.namespace, charge_id, charged_units, query.cost, partial.window_end_ms,
-                )
-                if not journaled:
-                    await asyncio.to_thread(self.journal.remember_units, charge_id, units)
-            except (BudgetUnavailable, LedgerUnavailable) as exc:
-                self._charge_attempts += 1
-                backoff = min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (self._charge_attempts - 1))
-                self._next_charge_s = now_s + backoff
-                self.metrics.budget_failures.labels(query.name, "unavailable").inc()
-                log.warning("budget store unavailable for %s (attempt %d): %s; holding %d windows",
-                            charge_id, self._charge_attempts, exc, len(ordered) - position)
-                still_held.extend(ordered[position:])
-                break
-            except ChargeConflict as exc:
-                # The journal makes retries repeat the first unit list, so this means
-                # another writer used the same charge id: release nothing.
-                self.metrics.budget_failures.labels(query.name, "conflict").inc()
-                log.error("charge %s conflicts with an earlier one (%s); the window is dropped unreleased", charge_id, exc)
-                continue
-            except ChargeRejected as exc:
-                self.metrics.budget_failures.labels(query.name, "rejected").inc()
-                log.error("budget store refused %s: %s; the window is dropped unreleased", charge_id, exc)
-                continue
-            self._charge_attempts = 0
-            excluded = np.asarray(outcome.excluded, dtype=bool)
-            if charged_units != units:
-                # Rebuilt from another batch than the one charged: keep only units that
-                # were charged (and not excluded) the first time.
-                self.metrics.internal_errors.labels("replay_rebuilt_differently").inc()
-                admitted = {u for u, out in zip(charged_units, excluded.tolist()) if not out}
-                excluded = np.fromiter((u not in admitted for u in units), dtype=bool, count=len(units))
-                log.warning("window %s was rebuilt with other units than first charged; releasing only the charged ones",
-                            charge_id)
-            totals = partial.aggregate(excluded if excluded.any() else None)
-            n_excluded = int(excluded.sum())
-            self.metrics.units_charged.labels(query.name, "charged").inc(len(units) - n_excluded)
-            self.metrics.units_charged.labels(query.name, "excluded").inc(n_excluded)
-            message = PartialAggregate(
-                query=query.name,
-                window_start_ms=partial.window_start_ms,
-                window_end_ms=partial.window_end_ms,
-                partition=partial.partition,
-                input_partitions=self._partition_count(query.config.input_topic),
-                groups=list(totals.groups),
-                count=totals.count,
-                sum=totals.sum if query.config.aggregations.sum is not None else None,
-                distinct_units=totals.distinct_units,
-                units_charged=len(units) - n_excluded,
-                units_excluded=n_excluded,
-                closed_at_ms=held.closed_at_ms,
-                placement_partitions=partial.partition_count,
-                placement_changed=partial.partition_count_changed,
-            )
-            sends.append(await self.producer.send(
-                self.partials_topic, key=partial_key(query.name, partial.window_start_ms), value=encode_partial(message),
-                partition=window_home(query.name, partial.window_start_ms, self.partials_partitions),
-            ))
-            for alert in outcome.alerts:
-                sends.append(await self.producer.send(self.alerts_topic, key=query.namespace.encode(), value=_alert_json(alert)))
-                self.metrics.alerts_published.labels(query.namespace).inc()
-            self.metrics.windows_closed.labels(query.name).inc()
-        self._held = still_held
-        self._set_pending_gauge()
-        if sends:
-            # Partials must be in the topic before progress says their window is closed.
-            await asyncio.gather(*sends)
 
     def _note_partition_count(self, topic: str) -> bool:
         """Tell the topic's engines its current partition count; False while it is unknown."""
@@ -379,7 +264,7 @@ class IngestStage:
         closed = query.engine.closed_through_ms.get(partition)
         if closed is None:
             return None
-        for held in self._held:
+        for held in self.emitter.held:
             if held.query is query and held.partial.partition == partition:
                 # A held window is not closed for the release stage yet.
                 closed = min(closed, held.partial.window_start_ms)
@@ -421,7 +306,7 @@ class IngestStage:
             for query in queries:
                 for partition, offset in query.engine.committable_offsets().items():
                     per_partition[partition] = min(offset, per_partition.get(partition, offset))
-            for held in self._held:
+            for held in self.emitter.held:
                 if held.query.config.input_topic == topic and held.partial.partition in per_partition:
                     first = held.partial.first_offset
                     per_partition[held.partial.partition] = min(per_partition[held.partial.partition], first)
@@ -444,15 +329,9 @@ class IngestStage:
                     clocks = [q.engine.record_clock_ms.get(partition) for q in queries]
                     closed = {k: v for k, v in closed.items() if v is not None}
                     closures.extend((name, tp, through) for name, through in closed.items())
-                    metadata = orjson.dumps({
-                        "closed_through_ms": closed,
-                        # Offsets from here on were never processed: their events in
-                        # closed windows are late, not replays, for the next owner.
-                        "next_offset": min((o for o in processed if o is not None), default=offset),
-                        # The partition's window clock, which records before the offset also moved.
-                        "record_clock_ms": max((c for c in clocks if c is not None), default=None),
-                    })
-                    offsets[tp] = (offset, metadata.decode())
+                    next_offset = min((o for o in processed if o is not None), default=offset)
+                    metadata = commit_metadata(closed, next_offset, max((c for c in clocks if c is not None), default=None))
+                    offsets[tp] = (offset, metadata)
         return offsets, closures
 
     async def _commit(self, *, force: bool = False) -> None:
@@ -479,45 +358,3 @@ class IngestStage:
             lag = self.positions.lag(tp)
             if lag is not None:
                 self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
-
-    def _set_pending_gauge(self) -> None:
-        for query in self.queries:
-            self.metrics.pending_charges.labels(query.name).set(sum(1 for h in self._held if h.query is query))
-
-
-def _raw_batch(items: list[tuple[TopicPartition, list]]) -> RawBatch:
-    values: list[bytes | None] = []
-    keys: list[bytes | None] = []
-    partitions = []
-    offsets = []
-    timestamps = []
-    for tp, records in items:
-        values.extend(r.value for r in records)
-        keys.extend(r.key for r in records)
-        partitions.append(np.full(len(records), tp.partition, dtype=np.int32))
-        offsets.append(np.fromiter((r.offset for r in records), dtype=np.int64, count=len(records)))
-        # A record of the old message format has no timestamp (None or -1): NO_TIMESTAMP either way.
-        timestamps.append(np.fromiter((r.timestamp or NO_TIMESTAMP for r in records), dtype=np.int64, count=len(records)))
-    return RawBatch(
-        values=values, partitions=np.concatenate(partitions), offsets=np.concatenate(offsets),
-        timestamps=np.concatenate(timestamps), keys=keys,
-    )
-
-
-def _restored_progress(metadata: str | None, query: str) -> tuple[int | None, int | None, int | None]:
-    """(closed_through_ms of ``query``, next unprocessed offset, record clock) from a partition's commit metadata."""
-    if not metadata:
-        return None, None, None
-    try:
-        data = orjson.loads(metadata)
-        closed = data.get("closed_through_ms", {}).get(query)
-        next_offset = data.get("next_offset")
-        clock = data.get("record_clock_ms")
-    except (orjson.JSONDecodeError, AttributeError):
-        log.warning("ignoring unreadable commit metadata %r", metadata[:100])
-        return None, None, None
-    return tuple(v if isinstance(v, int) and not isinstance(v, bool) else None for v in (closed, next_offset, clock))  # type: ignore[return-value]
-
-
-def _alert_json(alert: Any) -> bytes:
-    return orjson.dumps({"type": "budget_alert", **dataclasses.asdict(alert)})
