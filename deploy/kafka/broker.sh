@@ -1,26 +1,41 @@
 #!/usr/bin/env bash
-# A single-node Apache Kafka broker (KRaft) on loopback, from Maven Central jars.
+# An Apache Kafka broker (KRaft) on loopback from Maven Central jars: one node, or a cluster of
+# KAFKA_NODES nodes (each broker and controller, one quorum) for replication and failover tests.
 #
-#   deploy/kafka/broker.sh fetch    resolve the broker jars into the cache (Maven)
-#   deploy/kafka/broker.sh start    fetch if needed, format storage once, start, wait until ready
-#   deploy/kafka/broker.sh stop     stop the broker started from this run directory
-#   deploy/kafka/broker.sh status   exit 0 when the broker answers
+#   deploy/kafka/broker.sh fetch          resolve the broker jars into the cache (Maven)
+#   deploy/kafka/broker.sh start          fetch if needed, format storage once, start every node, wait until ready
+#   deploy/kafka/broker.sh stop           stop every node started from this run directory
+#   deploy/kafka/broker.sh status         exit 0 when the cluster answers
+#   deploy/kafka/broker.sh bootstrap      print the bootstrap servers
+#   deploy/kafka/broker.sh kill-node N    kill -9 node N (a host failure); start-node N brings it back
 #
-# Environment: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093), KAFKA_HEAP (512m),
+# Environment: KAFKA_NODES (1), KAFKA_PORT (9092: node N listens on KAFKA_PORT + 10 (N-1)),
+# KAFKA_CONTROLLER_PORT (9093, likewise), KAFKA_HEAP (512m per node),
 # STREAM_DP_RUN_DIR (repo/.run: data, logs, pid), STREAM_DP_CACHE (~/.cache/stream-dp: jars),
 # PYTHON (the project's venv python, used for the readiness check).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-port="${KAFKA_PORT:-9092}"
-controller_port="${KAFKA_CONTROLLER_PORT:-9093}"
+nodes="${KAFKA_NODES:-1}"
+base_port="${KAFKA_PORT:-9092}"
+base_controller_port="${KAFKA_CONTROLLER_PORT:-9093}"
 heap="${KAFKA_HEAP:-512m}"
-run_dir="${STREAM_DP_RUN_DIR:-$repo/.run}/kafka"
+# One node keeps the historical layout (.run/kafka); a cluster gets a directory per node.
+if [ "$nodes" = 1 ]; then cluster_dir="${STREAM_DP_RUN_DIR:-$repo/.run}/kafka"
+else cluster_dir="${STREAM_DP_RUN_DIR:-$repo/.run}/kafka-$nodes-nodes"; fi
 version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")"
 cache="${STREAM_DP_CACHE:-$HOME/.cache/stream-dp}/kafka-$version"
 python="${PYTHON:-$repo/.venv/bin/python}"
-bootstrap="127.0.0.1:$port"
+node_port() { echo $(( base_port + 10 * ($1 - 1) )); }
+node_controller_port() { echo $(( base_controller_port + 10 * ($1 - 1) )); }
+node_dir() { if [ "$nodes" = 1 ]; then echo "$cluster_dir"; else echo "$cluster_dir/node$1"; fi; }
+bootstrap="$(for n in $(seq 1 "$nodes"); do printf '127.0.0.1:%s,' "$(node_port "$n")"; done)"
+bootstrap="${bootstrap%,}"
+voters="$(for n in $(seq 1 "$nodes"); do printf '%s@127.0.0.1:%s,' "$n" "$(node_controller_port "$n")"; done)"
+voters="${voters%,}"
+replication=$(( nodes < 3 ? nodes : 3 ))
+min_isr=$(( replication > 1 ? 2 : 1 ))
 
 log() { echo "[kafka] $*" >&2; }
 
@@ -39,32 +54,37 @@ fetch() {
 ready() { "$python" "$here/wait_ready.py" "$bootstrap" "${1:-2}" 2>/dev/null; }
 
 running_pid() {
-  local pid_file="$run_dir/kafka.pid"
+  local pid_file; pid_file="$(node_dir "${1:-1}")/kafka.pid"
   [ -f "$pid_file" ] || return 1
   local pid; pid="$(cat "$pid_file")"
   kill -0 "$pid" 2>/dev/null && echo "$pid"
 }
 
 write_properties() {
-  mkdir -p "$run_dir/data"
-  cat > "$run_dir/server.properties" <<PROPS
+  local n="$1" dir; dir="$(node_dir "$1")"
+  local port; port="$(node_port "$n")"
+  local controller_port; controller_port="$(node_controller_port "$n")"
+  mkdir -p "$dir/data"
+  cat > "$dir/server.properties" <<PROPS
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$controller_port
+node.id=$n
+controller.quorum.voters=$voters
 listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
 advertised.listeners=PLAINTEXT://127.0.0.1:$port
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
-log.dirs=$run_dir/data
+log.dirs=$dir/data
 num.partitions=1
-default.replication.factor=1
-offsets.topic.replication.factor=1
+default.replication.factor=$replication
+min.insync.replicas=$min_isr
+offsets.topic.replication.factor=$replication
 offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+transaction.state.log.replication.factor=$replication
+transaction.state.log.min.isr=$min_isr
+share.coordinator.state.topic.replication.factor=$replication
+share.coordinator.state.topic.min.isr=$min_isr
+unclean.leader.election.enable=false
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=true
 delete.topic.enable=true
@@ -73,39 +93,77 @@ log.segment.bytes=67108864
 PROPS
 }
 
+jvm=(java "-Xmx$heap" "-Xms128m" -XX:+UseG1GC -Djava.awt.headless=true
+     "-Dlog4j2.configurationFile=$here/log4j2.properties" -cp "$cache/lib/*")
+
+# Format every node's storage with one cluster id (once), write its properties.
+prepare() {
+  fetch
+  local cluster_id=""
+  for n in $(seq 1 "$nodes"); do
+    write_properties "$n"
+    local dir; dir="$(node_dir "$n")"
+    [ -f "$dir/data/meta.properties" ] && continue
+    if [ -z "$cluster_id" ]; then
+      cluster_id="$(cat "$cluster_dir/cluster.id" 2>/dev/null || true)"
+      if [ -z "$cluster_id" ]; then
+        cluster_id="$("${jvm[@]}" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)"
+        mkdir -p "$cluster_dir" && echo "$cluster_id" > "$cluster_dir/cluster.id"
+      fi
+    fi
+    "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" \
+      > "$dir/format.log" 2>&1 || { log "formatting storage failed: see $dir/format.log"; exit 1; }
+  done
+}
+
+start_node() {
+  local n="$1" dir; dir="$(node_dir "$1")"
+  if running_pid "$n" >/dev/null; then return 0; fi
+  nohup "${jvm[@]}" kafka.Kafka "$dir/server.properties" > "$dir/kafka.log" 2>&1 &
+  echo $! > "$dir/kafka.pid"
+}
+
 start() {
-  if pid="$(running_pid)"; then
+  if pid="$(running_pid 1)"; then
     if ready 30; then log "already running (pid $pid) on $bootstrap"; return 0; fi
     log "pid $pid exists but the broker does not answer; stop it first (deploy/kafka/broker.sh stop)"; exit 1
   fi
   if ready 1; then log "a broker already answers on $bootstrap (not started by this run directory); using it"; return 0; fi
-  fetch
-  write_properties
-  local jvm=(java "-Xmx$heap" "-Xms128m" -XX:+UseG1GC -Djava.awt.headless=true
-             "-Dlog4j2.configurationFile=$here/log4j2.properties" -cp "$cache/lib/*")
-  if [ ! -f "$run_dir/data/meta.properties" ]; then
-    local cluster_id; cluster_id="$("${jvm[@]}" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)"
-    "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$run_dir/server.properties" \
-      > "$run_dir/format.log" 2>&1 || { log "formatting storage failed: see $run_dir/format.log"; exit 1; }
-  fi
+  prepare
   local t0; t0=$(date +%s%N)
-  nohup "${jvm[@]}" kafka.Kafka "$run_dir/server.properties" > "$run_dir/kafka.log" 2>&1 &
-  echo $! > "$run_dir/kafka.pid"
+  for n in $(seq 1 "$nodes"); do start_node "$n"; done
   if ! ready 90; then
-    log "broker did not become ready within 90s; last log lines:"; tail -20 "$run_dir/kafka.log" >&2
+    log "broker did not become ready within 90s; last log lines:"
+    for n in $(seq 1 "$nodes"); do tail -20 "$(node_dir "$n")/kafka.log" >&2; done
     stop; exit 1
   fi
-  log "ready on $bootstrap after $(( ($(date +%s%N) - t0) / 1000000 )) ms (pid $(cat "$run_dir/kafka.pid"), Kafka $version)"
+  log "ready on $bootstrap after $(( ($(date +%s%N) - t0) / 1000000 )) ms (pid $(cat "$(node_dir 1)/kafka.pid"), Kafka $version, $nodes node(s))"
+}
+
+stop_node() {
+  local n="$1" signal="${2:-TERM}" pid dir; dir="$(node_dir "$1")"
+  if ! pid="$(running_pid "$n")"; then rm -f "$dir/kafka.pid"; return 0; fi
+  kill "-$signal" "$pid" 2>/dev/null || true
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  if kill -0 "$pid" 2>/dev/null; then log "node $n did not stop in 20s; killing"; kill -9 "$pid" 2>/dev/null || true; fi
+  rm -f "$dir/kafka.pid"
 }
 
 stop() {
-  local pid
-  if ! pid="$(running_pid)"; then rm -f "$run_dir/kafka.pid"; return 0; fi
-  kill "$pid" 2>/dev/null || true
-  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-  if kill -0 "$pid" 2>/dev/null; then log "broker did not stop in 20s; killing"; kill -9 "$pid" 2>/dev/null || true; fi
-  rm -f "$run_dir/kafka.pid"
-  log "stopped"
+  local any="" pid
+  # Signal every node first: a node waiting for a controller quorum that is already gone would not stop.
+  for n in $(seq 1 "$nodes"); do if pid="$(running_pid "$n")"; then any=1; kill "$pid" 2>/dev/null || true; fi; done
+  for n in $(seq 1 "$nodes"); do stop_node "$n"; done
+  [ -n "$any" ] && log "stopped"
+  return 0
+}
+
+node_arg() {
+  local n="${1:-}"
+  if ! [[ "$n" =~ ^[0-9]+$ ]] || [ "$n" -lt 1 ] || [ "$n" -gt "$nodes" ]; then
+    log "give a node number from 1 to $nodes (KAFKA_NODES), got '${n}'"; exit 2
+  fi
+  echo "$n"
 }
 
 case "${1:-}" in
@@ -113,5 +171,8 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) if ready 2; then log "answers on $bootstrap"; else log "not answering on $bootstrap"; exit 1; fi ;;
-  *) echo "usage: $0 {fetch|start|stop|status}" >&2; exit 2 ;;
+  bootstrap) echo "$bootstrap" ;;
+  kill-node) n="$(node_arg "${2:-}")"; stop_node "$n" KILL; log "node $n killed" ;;
+  start-node) n="$(node_arg "${2:-}")"; fetch; write_properties "$n"; start_node "$n"; log "node $n started" ;;
+  *) echo "usage: $0 {fetch|start|stop|status|bootstrap|kill-node N|start-node N}" >&2; exit 2 ;;
 esac

@@ -1,7 +1,8 @@
-"""Exit 0 once a Kafka broker answers a metadata request, 1 after the deadline.
+"""Exit 0 once every Kafka broker of a bootstrap list is registered and unfenced, 1 after the deadline.
 
 Used by broker.sh: a listening port is not enough -- a KRaft broker accepts
-connections before its metadata is loaded and would then fail topic creation.
+connections before its metadata is loaded and would then fail topic creation;
+a cluster is ready when all its brokers are (replicated topics need them).
 """
 
 import socket
@@ -14,17 +15,19 @@ DEADLINE_S = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
 
 def main() -> int:
     bootstrap = sys.argv[1]
+    servers = bootstrap.split(",")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # kafka-python 3.x warns on import
         from kafka import KafkaAdminClient
 
-    host, _, port = bootstrap.rpartition(":")
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
         # The admin client blocks for its whole bootstrap timeout when nothing
         # listens, so look for an open port first.
         try:
-            socket.create_connection((host, int(port)), timeout=1).close()
+            for server in servers:
+                host, _, port = server.rpartition(":")
+                socket.create_connection((host, int(port)), timeout=1).close()
         except OSError:
             time.sleep(0.3)
             continue
@@ -34,7 +37,7 @@ def main() -> int:
                 brokers = admin.describe_cluster()["brokers"]
             finally:
                 admin.close()
-            if brokers and not any(b.get("is_fenced") for b in brokers):
+            if len(brokers) >= len(servers) and not any(b.get("is_fenced") for b in brokers):
                 return 0
         except Exception:
             pass

@@ -18,7 +18,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--config", required=True, metavar="FILE", help="query configuration YAML")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument(
+        "--processes", type=_positive, default=1, metavar="N",
+        help="run N worker processes in the consumer group, behind one metrics endpoint (default 1)",
+    )
     parser.set_defaults(handler=run)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of processes, 1 or more; got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,6 +45,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         settings = Settings()
+        if args.processes > 1:
+            from stream_dp.worker.app import build_worker_parts, contribution_secret
+            from stream_dp.worker.supervisor import supervise
+
+            # Refuse a bad file or environment once, here, rather than N times in the children.
+            build_worker_parts(config, source=args.config, secret=contribution_secret(settings),
+                               store_options=settings.budget_store_options(), clock_ms=lambda: 0)
+            return supervise(["--config", args.config, "--log-level", args.log_level], args.processes,
+                             host=settings.metrics_host, port=settings.metrics_port)
         return run_worker(config, settings, config_source=args.config)
     except (ConfigError, WorkerConfigError) as exc:
         print(exc, file=sys.stderr)

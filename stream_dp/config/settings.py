@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     redis_retries: int = Field(3, alias="STREAM_DP_REDIS_RETRIES", ge=0)
     metrics_host: str = Field("127.0.0.1", alias="STREAM_DP_METRICS_HOST")
     metrics_port: int = Field(9108, alias="STREAM_DP_METRICS_PORT", ge=0, le=65535)
+    """Serves ``/metrics``, ``/healthz`` (liveness) and ``/readyz`` (readiness)."""
+    health_stall_s: float = Field(60.0, alias="STREAM_DP_HEALTH_STALL_S", gt=0)
+    """``/healthz`` fails once the worker's event loop has not run for this long."""
     group_id: str = Field("stream-dp", alias="STREAM_DP_GROUP_ID", min_length=1)
     internal_topic_prefix: str = Field("stream-dp.", alias="STREAM_DP_INTERNAL_TOPIC_PREFIX")
     contribution_secret: SecretStr | None = Field(None, alias="STREAM_DP_CONTRIBUTION_SECRET")

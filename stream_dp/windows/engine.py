@@ -81,6 +81,7 @@ class WindowEngine:
         closed_through_ms: Mapping[int, int] | None = None,
         replay_until_offset: Mapping[int, int] | None = None,
         record_clock_ms: Mapping[int, int] | None = None,
+        closure_steps: Mapping[int, Iterable[tuple[int, int]]] | None = None,
     ) -> None:
         """Start owning ``partitions``; ``closed_through_ms`` restores what an earlier owner closed.
 
@@ -90,7 +91,9 @@ class WindowEngine:
         ``record_clock_ms``: per partition, the newest record timestamp the
         earlier owner had read, including records before the committed offset
         that a replay does not read again, so the replay closes windows when
-        the first run did.
+        the first run did. ``closure_steps``: per partition, the earlier owner's
+        (offset, boundary) closure raises above its restored closure, which the
+        replay takes at the same offsets (see ``watermarks``).
         """
         partitions = [int(p) for p in partitions]
         already = sorted(set(partitions) & self._progress.keys())
@@ -99,6 +102,7 @@ class WindowEngine:
         restored = dict(closed_through_ms or {})
         replay_until = dict(replay_until_offset or {})
         clocks = dict(record_clock_ms or {})
+        steps = dict(closure_steps or {})
         now = self._clock_ms()
         for p in partitions:
             through = restored.get(p)
@@ -108,6 +112,7 @@ class WindowEngine:
                 None if through is None else int(through), now,
                 max_record_ms=None if clock is None else int(clock),
                 replay_until_offset=None if until is None else int(until),
+                restored_steps=tuple(steps.get(p, ())) if until is not None else (),
             )
 
     def revoke(self, partitions: Iterable[int]) -> None:
@@ -189,6 +194,12 @@ class WindowEngine:
         return {p: pr.next_offset for p, pr in self._progress.items() if pr.next_offset is not None}
 
     @property
+    def closure_steps(self) -> dict[int, list[tuple[int, int]]]:
+        """Per owned partition, its closure raises a next owner's replay must take at the same
+        offsets: (first offset read under it, boundary), oldest first (omitted when none)."""
+        return {p: steps for p, pr in self._progress.items() if (steps := pr.pending_steps())}
+
+    @property
     def replay_until_offsets(self) -> dict[int, int]:
         """Per owned partition restored with one, the first offset its earlier owner had not processed."""
         return {p: pr.replay_until_offset for p, pr in self._progress.items() if pr.replay_until_offset is not None}
@@ -234,6 +245,13 @@ class WindowEngine:
             if progress is not None:
                 progress.last_active_wall_ms = now
 
+    def note_read_position(self, partition: int, offset: int) -> None:
+        """Reading ``partition`` starts at ``offset`` (nothing read yet): at or past the earlier
+        owner's processed offset, there is nothing to replay and its windows may close."""
+        progress = self._progress.get(partition)
+        if progress is not None and progress.next_offset is None:
+            progress.read_from_offset = offset
+
     def tick(self) -> list[WindowPartial]:
         """Advance the watermark by the idle rule and return newly closed partials."""
         return self._advance(self._clock_ms())
@@ -264,7 +282,7 @@ class WindowEngine:
         starts = self.spec.start_of(decoded.ts_ms)
         ends = starts + self.spec.size_ms
         closed_through, restored_through = self._closed_through_by_slot(progress)
-        closed = ends <= closed_through[event_slots]
+        closed = ends <= self._closure_met(progress, closed_through, event_slots, batch.offsets[index])
         replay_until = np.array(
             [_ALWAYS if p.replay_until_offset is None else p.replay_until_offset for p in progress], dtype=np.int64
         )
@@ -347,6 +365,21 @@ class WindowEngine:
         closed = [_NEVER if p.closed_through_ms is None else p.closed_through_ms for p in progress]
         restored = [_NEVER if p.restored_through_ms is None else p.restored_through_ms for p in progress]
         return np.array(closed, dtype=np.int64), np.array(restored, dtype=np.int64)
+
+    @staticmethod
+    def _closure_met(progress: list[PartitionProgress], closed_through: np.ndarray, event_slots: np.ndarray,
+                     offsets: np.ndarray) -> np.ndarray:
+        """Per event, the closure it meets: its partition's, or while replaying, the one the
+        earlier owner had when it read that offset (its restored steps up to the offset)."""
+        met = closed_through[event_slots]
+        for slot, p in enumerate(progress):
+            if not p.restored_steps:
+                continue
+            here = event_slots == slot
+            for offset, boundary in p.restored_steps:
+                rows = here & (offsets >= offset)
+                met[rows] = np.maximum(met[rows], boundary)
+        return met
 
     @staticmethod
     def _note_offsets(progress: list[PartitionProgress], slots: np.ndarray, offsets: np.ndarray) -> None:
@@ -450,7 +483,9 @@ class WindowEngine:
         self._watermark_ms = mark
         boundary = self.spec.boundary_at_or_before(mark)
         for progress in self._progress.values():
-            progress.close_through(boundary)
+            progress.take_restored_steps()
+            if not progress.replaying:
+                progress.close_through(boundary)
         partials: list[WindowPartial] = []
         for start in sorted(self._windows):
             window = self._windows[start]

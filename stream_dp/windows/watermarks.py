@@ -29,7 +29,19 @@ The rule:
 * each owned partition keeps a ``closed_through_ms`` that never goes back:
   the latest window boundary at or below any engine watermark seen while it
   was owned (or its restored value); the partition's part of a window
-  ``[start, end)`` closes once ``end <= closed_through_ms``. The engine's
+  ``[start, end)`` closes once ``end <= closed_through_ms``. Each raise is
+  remembered as a *closure step* (the first offset read under it, the new
+  boundary), so that a replay can meet every offset with the closure the
+  first run met it with;
+* a partition assigned with a restored closure *replays* until it has read
+  up to the first offset its earlier owner had not processed. Meanwhile its
+  closure moves only by the earlier owner's steps above the restored closure
+  (windows it closed but had not made durable, e.g. held for a budget
+  charge), each taken once the replay reads past its offset: events are
+  then late or counted exactly as they were the first time, and windows
+  close after the same events. Closing them by the restored record clock or
+  other partitions' clocks instead would make replayed events late, or
+  count events the first run called late. The engine's
   watermark itself can drop when a lagging partition is assigned, which
   keeps that partition's windows open until it catches up rather than
   calling its replayed events late.
@@ -41,9 +53,13 @@ was set by the producer's client or the broker, not read from its contents.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stream_dp.windows.specs import WindowSpec
+
+#: Closure steps kept per partition: raises happen once a window, and only those above the
+#: committed closure (windows closed but not yet durable) matter to a next owner.
+MAX_CLOSURE_STEPS = 16
 
 
 @dataclass(slots=True)
@@ -58,15 +74,54 @@ class PartitionProgress:
     #: Offsets below this were processed by an earlier owner: their events in
     #: restored-closed windows are replays. At or above it they are new, and late.
     replay_until_offset: int | None = None
+    #: Where reading starts, when known before any record was read (the committed offset).
+    read_from_offset: int | None = None
+    #: Closure raised while owned, oldest first: (first offset read under it, boundary).
+    closure_steps: list[tuple[int, int]] = field(default_factory=list)
+    #: The earlier owner's steps above the restored closure, not taken yet (see the module docstring).
+    restored_steps: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.closed_through_ms is None:
             self.closed_through_ms = self.restored_through_ms
+        self.restored_steps = tuple(sorted((int(o), int(b)) for o, b in self.restored_steps
+                                           if self.restored_through_ms is None or b > self.restored_through_ms))
 
-    def close_through(self, boundary_ms: int) -> None:
-        """Raise ``closed_through_ms`` to ``boundary_ms`` (never lowers it)."""
+    def read_position(self) -> int:
+        """The next offset to be read here (-1 when unknown: any offset read later is past it)."""
+        return max(-1 if self.next_offset is None else self.next_offset,
+                   -1 if self.read_from_offset is None else self.read_from_offset)
+
+    @property
+    def replaying(self) -> bool:
+        """Still short of the offset the earlier owner had processed to (see the module docstring)."""
+        if self.replay_until_offset is None:
+            return False
+        return self.read_position() < self.replay_until_offset
+
+    def close_through(self, boundary_ms: int, at_offset: int | None = None) -> None:
+        """Raise ``closed_through_ms`` to ``boundary_ms`` (never lowers it), for offsets read from
+        ``at_offset`` on (default: the read position)."""
         if self.closed_through_ms is None or boundary_ms > self.closed_through_ms:
             self.closed_through_ms = boundary_ms
+            self.closure_steps.append((self.read_position() if at_offset is None else at_offset, boundary_ms))
+            del self.closure_steps[:-MAX_CLOSURE_STEPS]
+
+    def take_restored_steps(self) -> None:
+        """Take the earlier owner's steps the replay has read past; drop the rest once it is through."""
+        if not self.restored_steps:
+            return
+        read = self.read_position()
+        for offset, boundary in self.restored_steps:
+            if offset <= read:
+                self.close_through(boundary, offset)
+        if not self.replaying:
+            self.restored_steps = ()
+
+    def pending_steps(self) -> list[tuple[int, int]]:
+        """The steps a next owner needs: those taken here and the restored ones not taken yet."""
+        closed = self.closed_through_ms
+        return self.closure_steps + [s for s in self.restored_steps if closed is None or s[1] > closed]
 
     def watermark_ms(self, allowed_lateness_ms: int, now_ms: int) -> int | None:
         if self.max_record_ms is None:

@@ -15,12 +15,15 @@ from typing import Any, TypeVar
 
 import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from stream_dp.budget import BudgetPolicy, BudgetStore, NamespacePolicy, RedisBudgetStore, StoreOptions, policy_from_config
 from stream_dp.config import ConfigError, PipelineConfig, QueryConfig, Settings
 from stream_dp.dp import ClipRange, ContributionBounds, OpenDPNoise, ReleasePlan
 from stream_dp.metrics.budget import BudgetMetrics
+from stream_dp.metrics.health import Health
+from stream_dp.metrics.health import watch as watch_health
+from stream_dp.metrics.http import serve as serve_http
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import BoundingSpec, EventSchema, WindowEngine, WindowSpec
 from stream_dp.worker.combiner import WindowCombiner
@@ -309,6 +312,7 @@ class Worker:
         self.budget = budget
         self.ledger = ledger or RedisReleaseLedger(self._redis, ttl_s=settings.ledger_ttl_s)
         self.stop_event = asyncio.Event()
+        self.health = Health(stall_after_s=settings.health_stall_s)
         self._metrics_server: Any = None
 
     def request_stop(self) -> None:
@@ -319,6 +323,12 @@ class Worker:
             return await prepare_topics(self.settings, self.runtimes, options)
         except TopicSettingsError as exc:
             raise WorkerConfigError(str(exc)) from None
+
+    def _ping_redis(self) -> object:
+        """Readiness: the ledger's Redis (the budget store's too, unless injected) answers."""
+        if self._redis is None:
+            return True
+        return self._redis.ping()
 
     def _close_stores(self) -> None:
         if self._redis is not None:
@@ -337,7 +347,7 @@ class Worker:
         for runtime in self.runtimes:
             runtime.combiner.partials_partitions = partials_partitions
         if self.serve_metrics:
-            self._metrics_server = start_http_server(settings.metrics_port, settings.metrics_host, registry=self.registry)
+            self._metrics_server = serve_http(settings.metrics_port, settings.metrics_host, self.registry, self.health)
         aio = settings.aiokafka_options()
         producer = AIOKafkaProducer(**aio, client_id=f"{self.client_id}-producer", acks="all",
                                     enable_idempotence=True, linger_ms=5, max_request_size=PRODUCER_MAX_REQUEST_BYTES)
@@ -379,11 +389,15 @@ class Worker:
         await release_consumer.start()
         log.info("worker running: %d queries, group %s", len(self.runtimes), settings.group_id)
         try:
+            watcher = asyncio.create_task(watch_health(
+                self.health, self.stop_event, assigned=ingest.assigned_partitions, ping_redis=self._ping_redis,
+            ))
             tasks = [asyncio.create_task(ingest.run(self.stop_event)), asyncio.create_task(release.run(self.stop_event))]
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             self.stop_event.set()
             for task in pending:
                 await task
+            await watcher
             for task in done:
                 task.result()  # re-raise a stage's failure
         finally:

@@ -29,7 +29,8 @@ from aiokafka.structs import TopicPartition
 from stream_dp.budget import BudgetStore
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import RejectReason
-from stream_dp.worker.consumed import commit_metadata, raw_batch, restored_progress
+from stream_dp.worker.commit_metadata import encode_commit_metadata, restored_progress
+from stream_dp.worker.consumed import raw_batch
 from stream_dp.worker.dead_letters import DeadLetters
 from stream_dp.worker.emit import Emitter, HeldPartial
 from stream_dp.worker.ledger import ReleaseLedger
@@ -102,6 +103,7 @@ class IngestStage:
         self._last_progress_s = 0.0
         self._sent_progress: dict[tuple[str, int], int] = {}
         self.positions = PartitionPositions(consumer)
+        self._joined = False  # an assignment (possibly empty) arrived from the group
 
     # -- wiring --------------------------------------------------------------------------
 
@@ -136,19 +138,24 @@ class IngestStage:
                     restored: dict[int, int] = {}
                     replay_until: dict[int, int] = {}
                     clocks: dict[int, int] = {}
+                    steps: dict[int, tuple[tuple[int, int], ...]] = {}
                     for tp in assigned:
                         if tp.topic != topic:
                             continue
-                        closed, next_offset, clock = restored_progress(metadata.get(tp), query.name)
-                        if closed is not None:
-                            restored[tp.partition] = closed
-                            self.positions.restored(query.name, tp, closed)
-                        if next_offset is not None:
-                            replay_until[tp.partition] = next_offset
-                        if clock is not None:
-                            clocks[tp.partition] = clock
+                        earlier = restored_progress(metadata.get(tp), query.name)
+                        if earlier.closed_through_ms is not None:
+                            restored[tp.partition] = earlier.closed_through_ms
+                            self.positions.restored(query.name, tp, earlier.closed_through_ms)
+                        if earlier.next_offset is not None:
+                            replay_until[tp.partition] = earlier.next_offset
+                        if earlier.record_clock_ms is not None:
+                            clocks[tp.partition] = earlier.record_clock_ms
+                        if earlier.closure_steps:
+                            steps[tp.partition] = earlier.closure_steps
                     query.engine.assign(partitions, closed_through_ms=restored or None,
-                                        replay_until_offset=replay_until or None, record_clock_ms=clocks or None)
+                                        replay_until_offset=replay_until or None, record_clock_ms=clocks or None,
+                                        closure_steps=steps or None)
+            self._joined = True
             log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
@@ -175,6 +182,10 @@ class IngestStage:
                 except KeyError:
                     pass  # never reported
             log.info("revoked %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in revoked))
+
+    def assigned_partitions(self) -> int | None:
+        """Input partitions owned now; None until the group first assigned this worker (for readiness)."""
+        return len(self.consumer.assignment()) if self._joined else None
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -207,6 +218,11 @@ class IngestStage:
                     closed += [HeldPartial(query, p, now_ms) for p in result.partials]
             self.positions.note_batches(batches)
             await self.positions.learn_starts()
+            for tp in self.consumer.assignment():
+                start = self.positions.start_offset(tp)
+                if start is not None:
+                    for query in self.by_topic.get(tp.topic, ()):
+                        query.engine.note_read_position(tp.partition, start)
             not_idle = self.positions.not_idle()
             for query in self.queries:
                 # A partition with records waiting is slow, not idle: the wall clock must not close its windows.
@@ -329,8 +345,12 @@ class IngestStage:
                     clocks = [q.engine.record_clock_ms.get(partition) for q in queries]
                     closed = {k: v for k, v in closed.items() if v is not None}
                     closures.extend((name, tp, through) for name, through in closed.items())
-                    next_offset = min((o for o in processed if o is not None), default=offset)
-                    metadata = commit_metadata(closed, next_offset, max((c for c in clocks if c is not None), default=None))
+                    metadata = encode_commit_metadata(
+                        closed,
+                        {q.name: q.engine.closure_steps.get(partition, ()) for q in queries},
+                        min((o for o in processed if o is not None), default=offset),
+                        max((c for c in clocks if c is not None), default=None),
+                    )
                     offsets[tp] = (offset, metadata)
         return offsets, closures
 

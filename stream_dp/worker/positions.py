@@ -5,8 +5,11 @@ Two questions the window clock and the release stage depend on:
 * **Has a partition anything left to deliver?** Only a partition known to be
   read up to its end may count as idle (and have its windows closed by the
   wall clock). One with records waiting -- a backlog, a slow fetch, a busy
-  worker -- or whose end is not known yet is slow, not idle: closing its
-  windows by the wall clock would make its waiting events late. For a
+  worker -- or whose end is not known is slow, not idle: closing its
+  windows by the wall clock would make its waiting events late. The end is
+  known from a fetch response of the last ``fresh_fetch_ms``: while the
+  broker does not answer (an outage, a leader moving), nothing is idle, so
+  the events producers buffer meanwhile are on time when they arrive. For a
   partition nothing was read from yet, "read up to" is where reading starts:
   the group's committed offset, else the log start (``auto_offset_reset``
   earliest), looked up once per assignment.
@@ -24,7 +27,8 @@ Two questions the window clock and the release stage depend on:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
@@ -35,8 +39,18 @@ log = logging.getLogger(__name__)
 class PartitionPositions:
     """Read positions, start offsets and durable closure of the assigned input partitions."""
 
-    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        *,
+        fresh_fetch_ms: int = 3_000,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        if fresh_fetch_ms <= 0:
+            raise ValueError(f"fresh_fetch_ms must be positive, got {fresh_fetch_ms}; 3000 suits most brokers (fetches answer within 0.5 s)")
         self.consumer = consumer
+        self.fresh_fetch_ms = fresh_fetch_ms
+        self.clock_ms = clock_ms
         self._consumed: dict[TopicPartition, int] = {}  # offset after the last record read
         self._start: dict[TopicPartition, int] = {}  # where reading began, for partitions not read from yet
         self._durable: dict[tuple[str, TopicPartition], int] = {}  # (query, partition) -> committed closed_through
@@ -52,6 +66,10 @@ class PartitionPositions:
         """The offset after the last record read, or where reading starts (None while unknown)."""
         consumed = self._consumed.get(tp)
         return consumed if consumed is not None else self._start.get(tp)
+
+    def start_offset(self, tp: TopicPartition) -> int | None:
+        """Where reading starts on a partition nothing was read from yet (None once read from, or unknown)."""
+        return None if tp in self._consumed else self._start.get(tp)
 
     async def learn_starts(self) -> None:
         """Look up where reading starts on assigned partitions nothing was read from (once per assignment)."""
@@ -70,10 +88,13 @@ class PartitionPositions:
     def not_idle(self) -> dict[str, set[int]]:
         """Per topic, the assigned partitions not known to be read up to their end."""
         out: dict[str, set[int]] = {}
+        now = self.clock_ms()
         for tp in self.consumer.assignment():
             highwater = self.consumer.highwater(tp)
             position = self.position(tp)
-            if highwater is None or position is None or highwater > position:
+            fetched_at = self.consumer.last_poll_timestamp(tp)  # the last fetch response for tp (aiokafka, ms)
+            stale = fetched_at is None or now - fetched_at > self.fresh_fetch_ms
+            if highwater is None or position is None or highwater > position or stale:
                 out.setdefault(tp.topic, set()).add(tp.partition)
         return out
 

@@ -33,7 +33,8 @@ class KillDuringIngest:
     def inject(self, ctx: RunContext) -> None:
         time.sleep(ctx.uniform(2.0, ctx.stream.duration_s - 4.0))
         worker = ctx.pick_worker()
-        ctx.kill(worker, "while ingesting")
+        if ctx.kill(worker, "while ingesting"):
+            ctx.injected(f"kill -9 of {worker.name} while ingesting")
         time.sleep(ctx.uniform(0.5, 3.0))
         ctx.restart(worker)
 
@@ -75,8 +76,9 @@ def freeze_and_kill(ctx: RunContext, step: str, forward: bool, occurrence: int, 
     index = next(i for i, p in enumerate(ctx.proxies) if p.port == trigger.fired_by)
     worker = ctx.workers[index]
     key = trigger.command[3] if step != "mark" else trigger.command[1]
-    ctx.kill(worker, f"frozen {'after' if forward else 'before'} {what} #{occurrence} ({key.decode(errors='replace')})")
-    ctx.facts["frozen_kills"] = ctx.facts.get("frozen_kills", 0.0) + 1
+    if ctx.kill(worker, f"frozen {'after' if forward else 'before'} {what} #{occurrence} ({key.decode(errors='replace')})"):
+        ctx.injected(f"kill -9 {'after' if forward else 'before'} {what}")
+        ctx.facts["frozen_kills"] = ctx.facts.get("frozen_kills", 0.0) + 1
     ctx.proxies[index].drop_frozen()
     time.sleep(ctx.uniform(0.5, 3.0))
     ctx.restart(worker)
@@ -100,6 +102,8 @@ class RedisOutage:
 
 def outage(ctx: RunContext, seconds: float, *, crash: bool, during=None) -> None:
     """Stop Redis for ``seconds``; ``during(ctx)`` runs while it is down. Notes how many windows were held."""
+    if ctx.redis.running:
+        ctx.injected(f"redis {'killed' if crash else 'shut down'}")
     ctx.redis.stop(crash=crash)
     ctx.note(f"redis {'killed' if crash else 'shut down'} for {seconds:.1f}s")
     ends = time.monotonic() + seconds
@@ -126,6 +130,7 @@ class KillWhileHeld:
 
     leave: bool = False
     name: str = ""
+    injections: int = 2
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -144,9 +149,11 @@ class KillWhileHeld:
             time.sleep(1.5)  # past the ingest stage's commit interval
             worker = ctx.pick_worker()
             if self.leave:
-                ctx.leave(worker)
+                if ctx.leave(worker):
+                    ctx.injected(f"{worker.name} removed while windows were held")
                 return
-            ctx.kill(worker, "while windows were held")
+            if ctx.kill(worker, "while windows were held"):
+                ctx.injected(f"kill -9 of {worker.name} while windows were held")
             time.sleep(ctx.uniform(0.5, 2.0))
             ctx.restart(worker)
 
@@ -168,6 +175,8 @@ class BrokerOutage:
         if ctx.kafka is None:
             raise RuntimeError("a broker fault needs the run on a private broker (FaultRun(kafka=...))")
         time.sleep(ctx.uniform(2.0, ctx.stream.duration_s - 6.0))
+        if ctx.kafka.running:
+            ctx.injected(f"broker {'killed' if self.crash else 'stopped'}")
         ctx.kafka.stop(crash=self.crash)
         seconds = ctx.uniform(4.0, 10.0)
         ctx.note(f"broker {'killed' if self.crash else 'stopped'} for {seconds:.1f}s")
@@ -183,7 +192,7 @@ class AddWorker:
     def inject(self, ctx: RunContext) -> None:
         time.sleep(ctx.uniform(2.0, ctx.stream.duration_s - 6.0))
         worker = ctx.new_worker()
-        ctx.note(f"added {worker.name}")
+        ctx.injected(f"added {worker.name}")
 
 
 @dataclass
@@ -200,7 +209,8 @@ class RemoveWorker:
     def inject(self, ctx: RunContext) -> None:
         time.sleep(ctx.uniform(2.0, ctx.stream.duration_s - 6.0))
         worker = ctx.pick_worker()
-        ctx.leave(worker)
+        if ctx.leave(worker):
+            ctx.injected(f"{worker.name} removed")
         if self.rejoin:
             time.sleep(ctx.uniform(2.0, 5.0))
             ctx.restart(worker)
@@ -213,8 +223,9 @@ class KillAll:
     def inject(self, ctx: RunContext) -> None:
         time.sleep(ctx.uniform(2.0, ctx.stream.duration_s - 4.0))
         victims = [w for w in ctx.workers if w.alive]
-        for worker in victims:
-            ctx.kill(worker, "(all workers)")
+        killed = [ctx.kill(worker, "(all workers)") for worker in victims]
+        if killed and all(killed):
+            ctx.injected(f"kill -9 of all {len(victims)} workers")
         time.sleep(ctx.uniform(1.0, 3.0))
         for worker in victims:
             ctx.restart(worker)
@@ -230,6 +241,10 @@ class Together:
     def __post_init__(self) -> None:
         if not self.name:
             self.name = " + ".join(p.name for p in self.parts)
+
+    @property
+    def injections(self) -> int:
+        return sum(getattr(p, "injections", 1) for p in self.parts)
 
     def inject(self, ctx: RunContext) -> None:
         errors: list[BaseException] = []
@@ -249,36 +264,21 @@ class Together:
             raise errors[0]
 
 
-def needs_private_broker(fault) -> bool:
-    parts = fault.parts if isinstance(fault, Together) else (fault,)
-    return any(isinstance(p, BrokerOutage) for p in parts)
+@dataclass
+class EveryStage:
+    """A worker killed at every stage in turn, in one longer stream: while ingesting, before and after a
+    budget charge, before and after the ledger claim, and before marking a release published."""
 
+    name: str = "kill -9 at every stage in turn"
+    injections: int = 6
 
-def catalogue() -> list[tuple[object, int]]:
-    """The full suite: (fault, seed) pairs, 24 runs."""
-    return [
-        (KillDuringIngest(), 101),
-        (KillDuringIngest(), 102),
-        (KillDuringIngest(), 103),
-        (KillAtStep("charge", forward=False), 201),
-        (KillAtStep("charge", forward=True), 202),
-        (KillAtStep("charge", forward=True), 203),
-        (KillAtStep("claim", forward=False, name="kill -9 in combine (noise drawn, ledger not written)"), 301),
-        (KillAtStep("claim", forward=True, name="kill -9 between ledger write and publish"), 302),
-        (KillAtStep("claim", forward=True, name="kill -9 between ledger write and publish"), 303),
-        (KillAtStep("mark", forward=False, name="kill -9 between publish and mark-published"), 304),
-        (RedisOutage(crash=True), 401),
-        (RedisOutage(crash=True), 402),
-        (RedisOutage(crash=False), 403),
-        (BrokerOutage(crash=False), 501),
-        (BrokerOutage(crash=False), 502),
-        (BrokerOutage(crash=True), 503),
-        (AddWorker(), 601),
-        (RemoveWorker(), 602),
-        (RemoveWorker(rejoin=True), 603),
-        (KillAll(), 701),
-        (Together((RedisOutage(crash=True), KillAtStep("claim", forward=True))), 801),
-        (Together((AddWorker(), KillDuringIngest())), 802),
-        (KillWhileHeld(), 901),
-        (KillWhileHeld(leave=True), 902),
-    ]
+    def inject(self, ctx: RunContext) -> None:
+        time.sleep(ctx.uniform(2.0, 3.0))
+        worker = ctx.pick_worker()
+        if ctx.kill(worker, "while ingesting"):
+            ctx.injected(f"kill -9 of {worker.name} while ingesting")
+        time.sleep(ctx.uniform(0.5, 1.5))
+        ctx.restart(worker)
+        for step, forward in (("charge", False), ("charge", True), ("claim", False), ("claim", True), ("mark", False)):
+            time.sleep(ctx.uniform(1.0, 2.0))
+            freeze_and_kill(ctx, step, forward, occurrence=1)

@@ -18,7 +18,7 @@ import orjson
 from stream_dp.config import load_config
 from tests.reliability.checks import CheckReport, Observed, check_partials, dead_letter_sources
 from tests.reliability.fuzz_messages import collect, garbage, oversized
-from tests.reliability.reference import compute_reference
+from tests.reliability.model import compute_truth
 from tests.reliability.scenario import PAGES, SECRET, Scenario
 from tests.reliability.topics import kafka_partition, read_topic
 
@@ -127,11 +127,10 @@ def _check(s: Scenario, streams: dict[int, list[tuple[bytes, frozenset | None]]]
     config = load_config(s.config_path)
     observed = Observed(
         input_topic=s.input_topic, input_records=inputs, partials=read_topic(s.bootstrap, f"{s.prefix}partials"),
-        outputs={}, dead_letters=s.dead_letters(), deliberately_late=set(),
+        outputs={}, dead_letters=s.dead_letters(),
         public_groups={q.name: q.public_group_keys() or [] for q in config.queries}, window_ms=0,
     )
-    reference = compute_reference(config, SECRET.encode(), clean, PARTITIONS, {})
-    check_partials(observed, reference, PARTITIONS, report)
+    check_partials(observed, compute_truth(config, SECRET.encode(), clean), PARTITIONS, report)
     sources = dead_letter_sources(observed)
     values = {(r.partition, r.offset): r.value for r in inputs}
     for record in observed.dead_letters:

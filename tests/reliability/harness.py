@@ -29,17 +29,22 @@ from tests.reliability.checks import (
     CheckReport,
     Observed,
     check_accounting,
-    check_budgets,
-    check_ledger,
     check_metrics_text,
     check_outputs,
     check_partials,
+    check_partials_before_release,
     check_release_records,
-    late_by_query,
 )
+from tests.reliability.model import compute_truth
 from tests.reliability.redis_proxy import FaultProxy
-from tests.reliability.reference import compute_reference
-from tests.reliability.services import PrivateKafka, PrivateRedis
+from tests.reliability.state_checks import (
+    check_budgets,
+    check_completeness,
+    check_ledger,
+    completeness_counts,
+    read_redis_evidence,
+)
+from tests.reliability.services import PrivateKafka, PrivateKafkaCluster, PrivateRedis
 from tests.reliability.topics import create_topic, delete_topics, read_topic, wait_until
 from tests.reliability.workers import WorkerProcess
 from tests.reliability.workload import PAGES, LiveProducer, StreamSpec, encode_event, schedule, write_config
@@ -49,9 +54,16 @@ _ASSIGNED = re.compile(r"assigned \[(.*)\]")
 
 
 class Fault(Protocol):
+    """``inject`` calls ``ctx.injected`` once per fault it really caused; ``injections`` says how many a
+    run needs (a fault whose step was never reached, or whose victim was already gone, fails the run)."""
+
     name: str
 
     def inject(self, ctx: RunContext) -> None: ...
+
+
+def injections_needed(fault: Fault) -> int:
+    return getattr(fault, "injections", 1)
 
 
 @dataclass
@@ -61,7 +73,7 @@ class RunContext:
     rng: np.random.Generator
     stream: StreamSpec
     redis: PrivateRedis
-    kafka: PrivateKafka | None
+    kafka: PrivateKafka | PrivateKafkaCluster | None
     producer: LiveProducer
     workers: list[WorkerProcess]
     proxies: list[FaultProxy]
@@ -69,11 +81,23 @@ class RunContext:
     supervised: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     facts: dict[str, float] = field(default_factory=dict)  # what a fault observed, for tests to assert on
+    injections: list[str] = field(default_factory=list)  # the faults that really happened
+    planted_partials: set[tuple[int, int]] = field(default_factory=set)  # partials-topic records a fault wrote
+    bootstrap: str = ""
+    input_topic: str = ""
+    partials_topic: str = ""
+    output_topics: dict[str, str] = field(default_factory=dict)
+    removed_outputs: dict[str, list] = field(default_factory=dict)  # query -> records of a deleted output topic
+    metric_pages: dict[tuple[str, int], str] = field(default_factory=dict)  # (worker, incarnation) -> last /metrics
     lock: threading.RLock = field(default_factory=threading.RLock)
     started_s: float = field(default_factory=time.monotonic)
 
     def note(self, text: str) -> None:
         self.notes.append(f"t={time.monotonic() - self.started_s:.1f}s {text}")
+
+    def injected(self, what: str) -> None:
+        self.injections.append(what)
+        self.note(f"injected: {what}")
 
     def proxy_of(self, worker: WorkerProcess) -> FaultProxy:
         return self.proxies[self.workers.index(worker)]
@@ -85,12 +109,15 @@ class RunContext:
     def uniform(self, low: float, high: float) -> float:
         return float(self.rng.uniform(low, high))
 
-    def kill(self, worker: WorkerProcess, why: str) -> None:
-        """``kill -9`` (the supervisor does not restart it: the fault does, with ``restart``)."""
+    def kill(self, worker: WorkerProcess, why: str) -> bool:
+        """``kill -9`` (the supervisor does not restart it: the fault does, with ``restart``);
+        False if the worker was not running."""
         with self.lock:
             self.supervised.discard(worker.name)
+            was_alive = worker.alive
             worker.kill()
-        self.note(f"kill -9 {worker.name} {why}")
+        self.note(f"kill -9 {worker.name} {why}" if was_alive else f"{worker.name} was not running: nothing killed")
+        return was_alive
 
     def restart(self, worker: WorkerProcess) -> None:
         with self.lock:
@@ -98,12 +125,15 @@ class RunContext:
             self.supervised.add(worker.name)
         self.note(f"restarted {worker.name}")
 
-    def leave(self, worker: WorkerProcess) -> None:
-        """A graceful leave (SIGTERM): the worker commits and hands its partitions over."""
+    def leave(self, worker: WorkerProcess) -> bool:
+        """A graceful leave (SIGTERM): the worker commits and hands its partitions over; False if it
+        was not running."""
         with self.lock:
             self.supervised.discard(worker.name)
+            was_alive = worker.alive
         code = worker.stop()
         self.note(f"stopped {worker.name} with SIGTERM (exit {code})")
+        return was_alive and code == 0
 
     def scrape_all(self) -> list[str]:
         return [text for w in self.workers if w.alive and (text := w.scrape()) is not None]
@@ -120,16 +150,24 @@ class RunResult:
     unexpected_exits: list[str]
     work_dir: Path
     error: str | None = None
+    injections: list[str] = field(default_factory=list)
+    injections_needed: int = 1
+
+    @property
+    def injected(self) -> bool:
+        return len(self.injections) >= self.injections_needed
 
     @property
     def passed(self) -> bool:
-        return self.error is None and not self.report.violations
+        return self.error is None and not self.report.violations and self.injected
 
 
 class FaultRun:
-    def __init__(self, fault: Fault, seed: int, work_dir: Path, *, bootstrap: str, kafka: PrivateKafka | None = None,
+    def __init__(self, fault: Fault, seed: int, work_dir: Path, *, bootstrap: str, kafka: PrivateKafka | PrivateKafkaCluster | None = None,
                  workers: int = 2, partials_partitions: int = 2, stream: StreamSpec | None = None,
-                 completion_timeout_s: float = 150.0) -> None:
+                 completion_timeout_s: float = 150.0, redis_fsync: str = "always",
+                 worker_env: dict[int, dict[str, str]] | None = None) -> None:
+        """``worker_env``: extra environment of the worker slots by index (e.g. a faked clock)."""
         self.fault = fault
         self.seed = seed
         self.work_dir = work_dir
@@ -139,6 +177,8 @@ class FaultRun:
         self.partials_partitions = partials_partitions
         self.stream = stream or StreamSpec(seed=seed)
         self.completion_timeout_s = completion_timeout_s
+        self.redis_fsync = redis_fsync
+        self.worker_env = worker_env or {}
         self.name = f"rel-{seed}-{uuid.uuid4().hex[:6]}"
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -146,7 +186,7 @@ class FaultRun:
     def run(self) -> RunResult:
         started = time.monotonic()
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        redis_server = PrivateRedis(self.work_dir / "redis")
+        redis_server = PrivateRedis(self.work_dir / "redis", fsync=self.redis_fsync)
         redis_server.start()
         topics = [f"{self.name}-in"]
         self.ctx: RunContext | None = None
@@ -155,7 +195,8 @@ class FaultRun:
         except Exception:
             ctx = self.ctx
             return RunResult(self.fault.name, self.seed, ctx.notes if ctx else [], ctx.facts if ctx else {},
-                             CheckReport(), time.monotonic() - started, [], self.work_dir, error=traceback.format_exc())
+                             CheckReport(), time.monotonic() - started, [], self.work_dir, error=traceback.format_exc(),
+                             injections=ctx.injections if ctx else [], injections_needed=injections_needed(self.fault))
         finally:
             ctx = self.ctx
             if ctx is not None:
@@ -170,11 +211,26 @@ class FaultRun:
     def _run(self, redis_server: PrivateRedis, topics: list[str], started: float) -> RunResult:
         spec = self.stream
         input_topic = topics[0]
-        create_topic(self.bootstrap, input_topic, spec.partitions)
+        # On a cluster every topic is replicated (min.insync.replicas one less) and the worker's own
+        # topics exist before it starts; on one broker the worker creates alerts and dead letters itself.
+        rf = getattr(self.kafka, "replication", 1)
+        replicated = {"min.insync.replicas": str(max(1, rf - 1))} if rf > 1 else {}
+        create_topic(self.bootstrap, input_topic, spec.partitions, configs=replicated, replication=rf)
         config_path = self.work_dir / "queries.yaml"
         outputs = write_config(config_path, self.name.replace("-", "_"), input_topic, spec)
         prefix = f"{self.name}."
         topics += list(outputs.values()) + [f"{prefix}partials", f"{prefix}alerts", f"{prefix}dead-letter"]
+        # The broker stamps partials and releases (LogAppendTime): one clock, whatever the workers' clocks say,
+        # tells whether a partial reached the partials topic after its window was released.
+        broker_time = {"message.timestamp.type": "LogAppendTime"}
+        for topic in outputs.values():
+            create_topic(self.bootstrap, topic, 1, configs={**broker_time, **replicated}, replication=rf)
+        create_topic(self.bootstrap, f"{prefix}partials", self.partials_partitions, replication=rf, configs={
+            **broker_time, **replicated, "cleanup.policy": "delete", "retention.ms": "604800000",
+            "segment.ms": "3600000"})
+        if rf > 1:
+            for topic in (f"{prefix}alerts", f"{prefix}dead-letter"):
+                create_topic(self.bootstrap, topic, 1, configs=replicated, replication=rf)
         env = _worker_env(self.bootstrap, f"{self.name}-g", prefix, self.partials_partitions)
         events = schedule(spec)
         producer = LiveProducer(self.bootstrap, input_topic, events)
@@ -183,7 +239,9 @@ class FaultRun:
 
         def new_worker() -> WorkerProcess:
             proxy = FaultProxy(redis_server.port)
-            worker = WorkerProcess(f"worker{len(workers)}", config_path, dict(env, REDIS_URL=proxy.url()), self.work_dir)
+            extra = self.worker_env.get(len(workers), {})
+            worker = WorkerProcess(f"worker{len(workers)}", config_path, dict(env, REDIS_URL=proxy.url(), **extra),
+                                   self.work_dir)
             proxies.append(proxy)
             workers.append(worker)
             worker.start()
@@ -191,7 +249,9 @@ class FaultRun:
             return worker
 
         ctx = self.ctx = RunContext(np.random.default_rng(self.seed), spec, redis_server, self.kafka, producer, workers,
-                                    proxies, new_worker)
+                                    proxies, new_worker, bootstrap=self.bootstrap, input_topic=input_topic,
+                                    partials_topic=f"{prefix}partials",
+                                    output_topics=dict(outputs))
         for _ in range(self.worker_count):
             new_worker()
         if not wait_assigned(workers, input_topic, spec.partitions, timeout_s=60):
@@ -222,24 +282,31 @@ class FaultRun:
             ctx.note(f"producer: {producer.failed} sends failed; {producer.error or 'no error'} (the truth is "
                      "read back from the topic, so this does not skew the checks)")
         late_values = {encode_event(e, producer.start_ms) for e in events if e.at_s > spec.duration_s}
+        if not ctx.injections:
+            ctx.note("the fault was never injected: the run fails whatever the checks say")
         expected = _expected_windows(events, producer.start_ms, spec)
-        complete = wait_until(lambda: not _unreleased(self.bootstrap, outputs, expected), self.completion_timeout_s, 2.0)
+        complete = wait_until(lambda: not _unreleased(self.bootstrap, outputs, expected, ctx.removed_outputs),
+                              self.completion_timeout_s, 2.0)
         if not complete:
-            missing = _unreleased(self.bootstrap, outputs, expected)
+            missing = _unreleased(self.bootstrap, outputs, expected, ctx.removed_outputs)
             ctx.note(f"not every window was released within {self.completion_timeout_s:.0f}s: missing {missing} "
                      f"(stream windows {min(expected)}..{max(expected)})")
             for worker in workers:
                 (self.work_dir / f"{worker.name}.metrics.txt").write_text(worker.scrape() or "(no answer)\n")
         time.sleep(2.0)  # let republished duplicates and dead letters of the last steps land
-        metrics_pages = ctx.scrape_all()
         stop_supervisor.set()
         supervisor.join(5)
+        _sample_metrics(ctx)
+        metrics_pages = list(ctx.metric_pages.values())
         ctx.supervised.clear()
         for worker in workers:
             code = worker.stop()
             if code not in (None, 0):
                 unexpected.append(f"{worker.name} exited with {code} on SIGTERM")
         report = self._check(ctx, config_path, input_topic, outputs, prefix, late_values, metrics_pages)
+        for part in getattr(self.fault, "parts", (self.fault,)):
+            if hasattr(part, "verify"):
+                part.verify(ctx, metrics_pages, report)
         if not complete:
             report.fail("release stalled", f"windows of the stream were still unreleased {self.completion_timeout_s:.0f}s "
                                            "after it ended (metrics saved beside the logs)")
@@ -248,7 +315,8 @@ class FaultRun:
                 report.fail("traceback", f"{worker.name} logged a traceback (see {worker.log_path})")
         (self.work_dir / "report.txt").write_text("\n".join([*ctx.notes, *report.violations, repr(report.stats)]) + "\n")
         return RunResult(self.fault.name, self.seed, ctx.notes, ctx.facts, report, time.monotonic() - started,
-                         unexpected, self.work_dir)
+                         unexpected, self.work_dir, injections=ctx.injections,
+                         injections_needed=injections_needed(self.fault))
 
     def _check(self, ctx: RunContext, config_path: Path, input_topic: str, outputs: dict[str, str], prefix: str,
                late_values: set[bytes], metrics_pages: list[str]) -> CheckReport:
@@ -257,22 +325,24 @@ class FaultRun:
             input_topic=input_topic,
             input_records=read_topic(self.bootstrap, input_topic),
             partials=read_topic(self.bootstrap, f"{prefix}partials"),
-            outputs={q: read_topic(self.bootstrap, topic) for q, topic in outputs.items()},
+            outputs={q: ctx.removed_outputs.get(q, []) + read_topic(self.bootstrap, topic) for q, topic in outputs.items()},
             dead_letters=read_topic(self.bootstrap, f"{prefix}dead-letter"),
-            deliberately_late=late_values,
             public_groups={q.name: q.public_group_keys() or [] for q in config.queries},
             window_ms=self.stream.window_ms,
+            planted_partials=set(ctx.planted_partials),
         )
-        late = late_by_query(observed)
-        sent_late = {(r.partition, r.offset) for r in observed.input_records if r.value in late_values}
-        for query in config.queries:
-            late[query.name] = late.get(query.name, set()) | sent_late
-        reference = compute_reference(config, SECRET.encode(), observed.input_records, self.stream.partitions, late)
+        truth = compute_truth(config, SECRET.encode(), observed.input_records)
         report = CheckReport()
-        check_outputs(observed, reference, report)
-        check_partials(observed, reference, self.stream.partitions, report)
-        check_accounting(observed, reference, report)
-        unit_ids = {u for p in reference.partials.values() for u in p.units}
+        sent_late = {(r.partition, r.offset) for r in observed.input_records if r.value in late_values}
+        for query, late in truth.late.items():
+            if not sent_late <= late:
+                report.fail("model", f"{query}: events sent late on purpose are not late by the model's clock rule")
+        check_outputs(observed, truth, report)
+        check_partials(observed, truth, self.stream.partitions, report)
+        check_partials_before_release(observed, truth, report)
+        check_accounting(observed, truth, report)
+        check_completeness(completeness_counts(metrics_pages, list(truth.namespace)), report)
+        unit_ids = {u for p in truth.partials.values() for u in p.units}
         check_release_records((r.value for rs in observed.outputs.values() for r in rs), unit_ids, report)
         check_metrics_text(metrics_pages, unit_ids, [SECRET], report)
         for worker in ctx.workers:
@@ -280,10 +350,11 @@ class FaultRun:
                 report.fail("secret in log", f"the contribution secret appears in {worker.log_path}")
         client = ctx.redis.client()
         try:
-            check_budgets(client, policy_from_config(config), reference, report)
-            check_ledger(client, reference, report)
+            evidence = read_redis_evidence(client, policy_from_config(config), truth)
         finally:
             client.close()
+        check_budgets(evidence, truth, report)
+        check_ledger(evidence, observed.outputs, truth, report)
         return report
 
 
@@ -316,8 +387,18 @@ def wait_assigned(workers: list[WorkerProcess], topic: str, partitions: int, tim
     return wait_until(covered, timeout_s, 0.3)
 
 
+def _sample_metrics(ctx: RunContext) -> None:
+    """Keep each worker incarnation's latest ``/metrics``: counters restart with the process, so the
+    checks add up the last page of every incarnation."""
+    for worker in list(ctx.workers):
+        starts = worker.starts
+        if worker.alive and (text := worker.scrape(timeout_s=1.0)) is not None:
+            ctx.metric_pages[(worker.name, starts)] = text
+
+
 def _supervise(ctx: RunContext, stop: threading.Event, unexpected: list[str]) -> None:
     while not stop.wait(0.5):
+        _sample_metrics(ctx)
         with ctx.lock:
             for worker in list(ctx.workers):
                 if worker.name not in ctx.supervised:
@@ -338,12 +419,14 @@ def _expected_windows(events: list[Any], start_ms: int, spec: StreamSpec) -> set
     }
 
 
-def _unreleased(bootstrap: str, outputs: dict[str, str], windows: set[int]) -> dict[str, list[int]]:
-    """Per query, the windows of ``windows`` not yet released for every page."""
+def _unreleased(bootstrap: str, outputs: dict[str, str], windows: set[int],
+                removed: dict[str, list]) -> dict[str, list[int]]:
+    """Per query, the windows of ``windows`` not yet released for every page (``removed``: records of
+    output topics a fault deleted)."""
     missing: dict[str, list[int]] = {}
     for query, topic in outputs.items():
         seen = set()
-        for record in read_topic(bootstrap, topic):
+        for record in removed.get(query, []) + read_topic(bootstrap, topic):
             value = orjson.loads(record.value)
             seen.add((value["window"]["start_ms"], value["group"]["page"]))
         absent = sorted(w for w in windows if not all((w, p) in seen for p in PAGES))

@@ -149,6 +149,7 @@ class _Connection:
                 if not data:
                     break
                 for command, raw in self.parser.feed(data):
+                    self.proxy.wait_if_held(command)
                     trigger = self.proxy.check(command)
                     if trigger is not None and trigger.forward:
                         self._verdict = (trigger, command)  # before forwarding: the reply may come at once
@@ -204,6 +205,9 @@ class FaultProxy:
         self._trigger: Trigger | None = None
         self._connections: list[_Connection] = []
         self._closed = False
+        self._hold: Callable[[Command], bool] | None = None
+        self._released = threading.Event()
+        self.holding = 0  # connections waiting at a held command
         threading.Thread(target=self._accept, daemon=True).start()
 
     def url(self, credentials: str = "") -> str:
@@ -222,6 +226,27 @@ class FaultProxy:
         if trigger is None or trigger.fired_by is not None or not trigger.matches(command):
             return None
         return trigger
+
+    def hold(self, matches: Callable[[Command], bool]) -> None:
+        """Hold every command matching ``matches`` before it reaches Redis, until ``release_holds``."""
+        with self._lock:
+            self._released = threading.Event()
+            self._hold = matches
+
+    def release_holds(self) -> None:
+        with self._lock:
+            self._hold = None
+            self._released.set()
+
+    def wait_if_held(self, command: Command) -> None:
+        with self._lock:
+            matches, released = self._hold, self._released
+            if matches is None or not matches(command):
+                return
+            self.holding += 1
+        released.wait()
+        with self._lock:
+            self.holding -= 1
 
     def drop_frozen(self) -> None:
         """Close the connections a trigger froze (after the worker holding them was killed)."""
@@ -251,6 +276,7 @@ class FaultProxy:
 
     def close(self) -> None:
         self._closed = True
+        self.release_holds()
         self._listener.close()
         with self._lock:
             connections, self._connections = self._connections, []

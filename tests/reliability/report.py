@@ -8,6 +8,8 @@ from tests.reliability.harness import RunResult
 def outcome(result: RunResult) -> str:
     if result.error:
         return "harness error"
+    if not result.injected:
+        return f"FAILED: fault not injected ({len(result.injections)}/{result.injections_needed})"
     if result.passed:
         return "survived"
     return "FAILED: " + ", ".join(f"{kind} x{n}" for kind, n in sorted(result.report.kinds.items()))
@@ -35,7 +37,7 @@ def format_table(results: list[RunResult]) -> str:
 
 
 def describe(result: RunResult) -> str:
-    lines = [f"--- {result.fault} (seed {result.seed}): {'survived' if result.passed else 'FAILED'}",
+    lines = [f"--- {result.fault} (seed {result.seed}): {outcome(result)}",
              *(f"    {n}" for n in result.notes)]
     lines += [f"    exit: {e}" for e in result.unexpected_exits]
     if result.error:
@@ -45,3 +47,14 @@ def describe(result: RunResult) -> str:
         lines.append(f"    ... {len(result.report.violations) - 15} more")
     lines.append(f"    logs: {result.work_dir}")
     return "\n".join(lines)
+
+
+def format_kinds(kinds: list[str], results: list[RunResult]) -> str:
+    """Runs and survivors per fault kind."""
+    totals: dict[str, list[int]] = {}
+    for kind, result in zip(kinds, results):
+        row = totals.setdefault(kind, [0, 0])
+        row[0] += 1
+        row[1] += result.passed
+    width = max((len(k) for k in totals), default=4)
+    return "\n".join(f"{kind.ljust(width)}  {ran} runs, {ok} survived" for kind, (ran, ok) in totals.items())

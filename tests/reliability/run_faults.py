@@ -1,12 +1,12 @@
 """The full reliability suite: seeded fault runs on a private Kafka broker, then a table of what survived.
 
-    .venv/bin/python tests/reliability/run_faults.py                 # all 24 runs (about 20 minutes)
+    .venv/bin/python tests/reliability/run_faults.py                 # all 59 runs (about an hour)
     .venv/bin/python tests/reliability/run_faults.py --only 3 --only 11   # runs by number
     .venv/bin/python tests/reliability/run_faults.py --fuzz 100000   # also the worker fuzz run, 1e5 messages
 
 Each run uses a private Redis and fresh topics; all runs share one private
 Kafka broker (started here, so broker faults never touch the shared one).
-Exits 1 if any run broke an invariant. Logs and data stay under --work-dir.
+Exits 1 if any run broke an invariant or its fault was never injected. Logs and data stay under --work-dir.
 """
 
 from __future__ import annotations
@@ -28,28 +28,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     warnings.simplefilter("ignore", DeprecationWarning)  # kafka-python 3.x import-time warnings
-    from tests.reliability.faults import catalogue
+    from tests.reliability.catalogue import full_catalogue
     from tests.reliability.harness import FaultRun, RunResult
-    from tests.reliability.report import describe, format_table
-    from tests.reliability.services import PrivateKafka
+    from tests.reliability.report import describe, format_kinds, format_table
+    from tests.reliability.services import PrivateKafka, PrivateKafkaCluster
 
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="stream-dp-faults-"))
-    runs = list(enumerate(catalogue(), 1))
+    runs = list(enumerate(full_catalogue(), 1))
     if args.only:
         runs = [(i, run) for i, run in runs if i in set(args.only)]
     print(f"{len(runs)} fault runs; work dir {work_dir}", flush=True)
     kafka = PrivateKafka(work_dir / "kafka")
+    cluster: PrivateKafkaCluster | None = None  # started for the first run that needs three brokers
     started = time.monotonic()
     kafka.start()
     print(f"private broker on {kafka.bootstrap} ready after {time.monotonic() - started:.1f}s", flush=True)
     results: list[RunResult] = []
+    kinds: list[str] = []
     try:
-        for number, (fault, seed) in runs:
-            kafka.start()  # a broker fault leaves it running, but a failed restart must not sink later runs
-            run = FaultRun(fault, seed + args.seed_offset, work_dir / f"run{number:02d}", bootstrap=kafka.bootstrap,
-                           kafka=kafka)
+        for number, planned in runs:
+            if planned.needs_cluster:
+                if cluster is None:
+                    cluster = PrivateKafkaCluster(work_dir / "kafka-cluster")
+                target = cluster
+            else:
+                target = kafka
+            target.start()  # a broker fault leaves it running, but a failed restart must not sink later runs
+            run = FaultRun(planned.fault, planned.seed + args.seed_offset, work_dir / f"run{number:02d}",
+                           bootstrap=target.bootstrap, kafka=target, **planned.options())
             result = run.run()
             results.append(result)
+            kinds.append(planned.kind)
             print(describe(result), flush=True)
         fuzz_ok = True
         if args.fuzz:
@@ -60,8 +69,12 @@ def main(argv: list[str] | None = None) -> int:
             fuzz_ok = outcome.passed
     finally:
         kafka.stop()
+        if cluster is not None:
+            cluster.stop()
     print()
     print(format_table(results))
+    print()
+    print(format_kinds(kinds, results))
     survived = sum(r.passed for r in results)
     print(f"\n{survived}/{len(results)} fault runs survived; total {time.monotonic() - started:.0f}s")
     return 0 if survived == len(results) and fuzz_ok else 1

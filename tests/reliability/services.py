@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +22,12 @@ import redis
 
 REPO = Path(__file__).resolve().parents[2]
 KAFKA_VERSION = "4.1.1"
+
+
+def random_cluster_id(java: list[str]) -> str:
+    return subprocess.run(
+        [*java, "kafka.tools.StorageTool", "random-uuid"], capture_output=True, text=True, check=True
+    ).stdout.strip().splitlines()[-1]
 
 
 def free_port() -> int:
@@ -44,12 +51,16 @@ class PrivateRedis:
     ``admin`` names the user and password the harness itself connects with then.
     """
 
-    def __init__(self, directory: Path, *, acl: str | None = None, admin: tuple[str, str] | None = None) -> None:
+    def __init__(self, directory: Path, *, acl: str | None = None, admin: tuple[str, str] | None = None,
+                 fsync: str = "always") -> None:
+        """``fsync``: the ``appendfsync`` policy (``always`` as the README asks; ``everysec`` to see a worker
+        run on a Redis that may forget its last second)."""
         if acl is not None and admin is None:
             raise ValueError("an ACL file turns the default user off: pass admin=(user, password) for the harness")
         self.directory = directory
         self.port = free_port()
         self.admin = admin
+        self.fsync = fsync
         self._acl = acl
         self._process: subprocess.Popen | None = None
         directory.mkdir(parents=True, exist_ok=True)
@@ -72,7 +83,7 @@ class PrivateRedis:
             return
         args = [
             "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-            "--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction",
+            "--appendonly", "yes", "--appendfsync", self.fsync, "--maxmemory-policy", "noeviction",
             "--save", "", "--daemonize", "no", "--logfile", str(self.directory / "redis.log"),
         ]
         if self._acl is not None:
@@ -106,8 +117,15 @@ class PrivateKafka:
     these users; the ``PLAINTEXT`` listener stays for the harness.
     """
 
-    def __init__(self, run_dir: Path, *, sasl_users: dict[str, str] | None = None, heap: str = "384m") -> None:
+    def __init__(self, run_dir: Path, *, sasl_users: dict[str, str] | None = None, heap: str = "384m",
+                 node_id: int = 1, replication: int = 1) -> None:
+        """``node_id`` and ``replication`` (of internal topics, with ``min.insync.replicas`` one less,
+        at least 1) are for a node of ``PrivateKafkaCluster``, which sets ``quorum`` and ``cluster_id``."""
         self.run_dir = run_dir
+        self.node_id = node_id
+        self.replication = replication
+        self.quorum: list[tuple[int, int]] = []  # (node id, controller port) of every voter; empty: this node alone
+        self.cluster_id: str | None = None
         self.port = free_port()
         self.controller_port = free_port()
         self.sasl_port = free_port() if sasl_users else None
@@ -162,10 +180,12 @@ class PrivateKafka:
                 "listener.name.sasl_plaintext.plain.sasl.jaas.config="
                 f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
             ]
+        voters = self.quorum or [(self.node_id, self.controller_port)]
+        rf, isr = self.replication, max(1, self.replication - 1)
         lines = [
             "process.roles=broker,controller",
-            "node.id=1",
-            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+            f"node.id={self.node_id}",
+            "controller.quorum.voters=" + ",".join(f"{n}@127.0.0.1:{port}" for n, port in voters),
             f"listeners={','.join(listeners)}",
             f"advertised.listeners={','.join(advertised)}",
             "controller.listener.names=CONTROLLER",
@@ -173,13 +193,15 @@ class PrivateKafka:
             "inter.broker.listener.name=PLAINTEXT",
             f"log.dirs={self.run_dir / 'data'}",
             "num.partitions=1",
-            "default.replication.factor=1",
-            "offsets.topic.replication.factor=1",
+            f"default.replication.factor={rf}",
+            f"min.insync.replicas={isr}",
+            "unclean.leader.election.enable=false",
+            f"offsets.topic.replication.factor={rf}",
             "offsets.topic.num.partitions=2",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
-            "share.coordinator.state.topic.replication.factor=1",
-            "share.coordinator.state.topic.min.isr=1",
+            f"transaction.state.log.replication.factor={rf}",
+            f"transaction.state.log.min.isr={isr}",
+            f"share.coordinator.state.topic.replication.factor={rf}",
+            f"share.coordinator.state.topic.min.isr={isr}",
             "group.initial.rebalance.delay.ms=0",
             "auto.create.topics.enable=true",
             "delete.topic.enable=true",
@@ -190,12 +212,15 @@ class PrivateKafka:
     def start(self, timeout_s: float = 120.0) -> None:
         if self.running:
             return
+        self.launch()
+        self.wait_ready(timeout_s)
+
+    def launch(self) -> None:
+        """Start the process without waiting (the nodes of a cluster wait for each other)."""
         properties = self.run_dir / "server.properties"
         properties.write_text(self._properties())
         if not self._formatted:
-            cluster_id = subprocess.run(
-                [*self._java(), "kafka.tools.StorageTool", "random-uuid"], capture_output=True, text=True, check=True
-            ).stdout.strip().splitlines()[-1]
+            cluster_id = self.cluster_id or random_cluster_id(self._java())
             subprocess.run(
                 [*self._java(), "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties)],
                 capture_output=True, text=True, check=True,
@@ -206,12 +231,14 @@ class PrivateKafka:
             self._process = subprocess.Popen([*self._java(), "kafka.Kafka", str(properties)], stdout=log, stderr=log)
         finally:
             log.close()
-        self.wait_ready(timeout_s)
 
     def wait_ready(self, timeout_s: float) -> None:
+        self.wait_ready_all(self.bootstrap, timeout_s)
+
+    def wait_ready_all(self, bootstrap: str, timeout_s: float) -> None:
+        """Wait until every broker of ``bootstrap`` (this node's cluster) is registered and unfenced."""
         ready = subprocess.run(
-            [str(REPO / ".venv" / "bin" / "python"), str(REPO / "deploy" / "kafka" / "wait_ready.py"),
-             self.bootstrap, str(timeout_s)],
+            [sys.executable, str(REPO / "deploy" / "kafka" / "wait_ready.py"), bootstrap, str(timeout_s)],
             capture_output=True, text=True,
         )
         if ready.returncode != 0 or not self.running:
@@ -234,3 +261,67 @@ class PrivateKafka:
                 self._process.kill()
                 self._process.wait()
         self._process = None
+
+
+class PrivateKafkaCluster:
+    """Three (``nodes``) KRaft nodes on loopback, each broker and controller, as
+    ``deploy/kafka/broker.sh`` runs with ``KAFKA_NODES=3``: internal topics and
+    new topics replicated ``min(3, nodes)`` times with ``min.insync.replicas``
+    one less, no unclean leader election. A node can be killed and restarted
+    while the others serve.
+    """
+
+    def __init__(self, run_dir: Path, *, nodes: int = 3, heap: str = "320m") -> None:
+        self.replication = min(3, nodes)
+        self.nodes = [PrivateKafka(run_dir / f"node{i}", heap=heap, node_id=i, replication=self.replication)
+                      for i in range(1, nodes + 1)]
+        quorum = [(node.node_id, node.controller_port) for node in self.nodes]
+        for node in self.nodes:
+            node.quorum = quorum
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    @property
+    def running(self) -> bool:
+        return all(node.running for node in self.nodes)
+
+    def start(self, timeout_s: float = 180.0) -> None:
+        """Start every node that is not running and wait until all are registered and unfenced."""
+        if self.nodes[0].cluster_id is None:
+            cluster_id = random_cluster_id(self.nodes[0]._java())
+            for node in self.nodes:
+                node.cluster_id = cluster_id
+        for node in self.nodes:
+            if not node.running:
+                node.launch()
+        self.nodes[0].wait_ready_all(self.bootstrap, timeout_s)
+
+    def stop(self, *, crash: bool = False) -> None:
+        for node in self.nodes:
+            node.stop(crash=crash)
+
+    def node(self, node_id: int) -> PrivateKafka:
+        return next(node for node in self.nodes if node.node_id == node_id)
+
+    def kill_node(self, node_id: int) -> None:
+        self.node(node_id).stop(crash=True)
+
+    def start_node(self, node_id: int, timeout_s: float = 120.0) -> None:
+        self.node(node_id).launch()
+        self.nodes[0].wait_ready_all(self.bootstrap, timeout_s)
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        """The node id leading ``topic[partition]`` now."""
+        from tests.reliability.topics import _kafka
+
+        admin = _kafka().KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="stream-dp-reliability")
+        try:
+            (described,) = admin.describe_topics([topic])
+        finally:
+            admin.close()
+        for entry in described["partitions"]:
+            if entry["partition_index"] == partition:
+                return int(entry["leader_id"])
+        raise LookupError(f"{topic}[{partition}] has no partition metadata")

@@ -145,11 +145,14 @@ def test_empty_windows_are_released_on_every_home(scenario):
     from stream_dp.worker.combiner import window_home
 
     s = scenario(partials_partitions=2)
-    homes = {k: window_home(s.query, s.window_start(k), 2) for k in range(12)}
+    # Homes are hashed from the (random) query name: take data windows on window 0's home up to the
+    # first one that follows a window homed elsewhere, so there are empty windows on the other home.
+    homes = [window_home(s.query, s.window_start(k), 2) for k in range(64)]
     data_home = homes[0]
-    with_data = [k for k in range(8) if homes[k] == data_home]
-    empty = [k for k in range(max(with_data)) if homes[k] != data_home]
-    assert empty, f"windows 0..7 all home on partition {data_home}; pick other window indices"
+    other = next(k for k in range(64) if homes[k] != data_home)  # all 64 on one home: p = 2^-63
+    last = next(k for k in range(other, 64) if homes[k] == data_home)
+    with_data = [k for k in range(last + 1) if homes[k] == data_home]
+    empty = [k for k in range(last) if homes[k] != data_home]
     s.produce([s.event(f"e-{k}-{i}", k) for k in with_data for i in range(5)] + [s.closer(max(with_data) + 1)])
     s.start_worker()
     assert s.wait_released(max(with_data), 60), "the last window with data was never released"

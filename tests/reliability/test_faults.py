@@ -1,49 +1,59 @@
-"""A short subset of the seeded fault runs (the full set: ``tests/reliability/run_faults.py``).
+"""The CI subset of the seeded fault runs (the full set: ``tests/reliability/run_faults.py``).
 
-Each run streams live events through two workers, injects one fault, and
-checks every invariant of ``checks`` against the ground truth: no violation
-of any kind is allowed. (``test_fault_replays`` replays single failure
-modes one step at a time.)
+Runs that together inject every kind of fault -- a worker killed at every
+stage, Redis down (also with ``appendfsync everysec`` and a worker killed),
+the broker down (also between ledger claim and publish), rebalances on 12
+partitions and with a worker removed and rejoining, every worker killed,
+poison records on the partials topic, the output topic deleted, a worker
+clock ten minutes ahead, the leader broker of a partials partition killed in
+a 3-broker cluster -- each checked against the model for every invariant of
+``checks`` and ``state_checks``. A run whose fault was not really injected fails.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.reliability.faults import AddWorker, KillAtStep, RedisOutage
-from tests.reliability.harness import FaultRun, RunResult
+from tests.reliability.catalogue import ci_catalogue
+from tests.reliability.harness import FaultRun
 from tests.reliability.report import describe
+from tests.reliability.services import PrivateKafka, PrivateKafkaCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 
 
-def _run(fault, seed: int, tmp_path, kafka_bootstrap: str) -> RunResult:
-    result = FaultRun(fault, seed, tmp_path, bootstrap=kafka_bootstrap, completion_timeout_s=90).run()
+@pytest.fixture(scope="module")
+def private_kafka(tmp_path_factory):
+    """A broker of the module's own, for the runs that stop it (the shared one is never touched)."""
+    kafka = PrivateKafka(tmp_path_factory.mktemp("kafka"))
+    kafka.start()
+    yield kafka
+    kafka.stop()
+
+
+@pytest.fixture(scope="module")
+def private_cluster(tmp_path_factory):
+    """Three brokers of the module's own, for the runs that kill one."""
+    cluster = PrivateKafkaCluster(tmp_path_factory.mktemp("kafka-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _cases():
+    for planned in ci_catalogue():
+        yield pytest.param(planned, id=planned.kind.replace(" ", "-"))
+
+
+@pytest.mark.parametrize("planned", list(_cases()))
+def test_fault_run_keeps_every_invariant(planned, tmp_path, kafka_bootstrap, request):
+    kafka = (request.getfixturevalue("private_cluster") if planned.needs_cluster
+             else request.getfixturevalue("private_kafka") if planned.needs_private_broker else None)
+    result = FaultRun(planned.fault, planned.seed, tmp_path, bootstrap=kafka.bootstrap if kafka else kafka_bootstrap,
+                      kafka=kafka, completion_timeout_s=90, **planned.options()).run()
     assert result.error is None, describe(result)
+    assert result.injected, describe(result)  # the fault really happened
     assert result.report.stats.get("windows released", 0) >= 6, describe(result)
-    return result
-
-
-@pytest.mark.parametrize(
-    ("fault", "seed"),
-    [
-        (KillAtStep("charge", forward=True), 202),
-        (KillAtStep("claim", forward=True, name="kill -9 between ledger write and publish"), 302),
-        (AddWorker(), 601),
-    ],
-    ids=["kill-after-charge", "kill-between-ledger-and-publish", "worker-added"],
-)
-def test_fault_run_keeps_every_invariant(fault, seed, tmp_path, kafka_bootstrap):
-    result = _run(fault, seed, tmp_path, kafka_bootstrap)
-    if isinstance(fault, KillAtStep):
-        assert result.facts.get("frozen_kills") == 1, describe(result)  # the fault point was really reached
     assert not result.report.violations, describe(result)
-    assert not result.unexpected_exits, describe(result)
-
-
-def test_redis_outage_fails_closed_and_resumes(tmp_path, kafka_bootstrap):
-    result = _run(RedisOutage(crash=True), 401, tmp_path, kafka_bootstrap)
-    assert result.facts.get("failed_closed", 0) > 0, describe(result)  # charges were refused while Redis was down
-    # Nothing released uncharged or twice, nobody over a limit, every window released once Redis was back.
-    assert not result.report.violations, describe(result)
-    assert not result.unexpected_exits, describe(result)

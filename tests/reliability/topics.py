@@ -70,13 +70,14 @@ def end_offsets(bootstrap: str, topic: str, **options: Any) -> dict[int, int]:
         consumer.close()
 
 
-def create_topic(bootstrap: str, name: str, partitions: int, **options: Any) -> None:
+def create_topic(bootstrap: str, name: str, partitions: int, configs: dict[str, str] | None = None,
+                 replication: int = 1, **options: Any) -> None:
     kafka = _kafka()
     from kafka.admin import NewTopic
 
     admin = kafka.KafkaAdminClient(bootstrap_servers=bootstrap, client_id="stream-dp-reliability", **options)
     try:
-        admin.create_topics([NewTopic(name, partitions, 1)])
+        admin.create_topics([NewTopic(name, partitions, replication, topic_configs=configs or {})])
     finally:
         admin.close()
 

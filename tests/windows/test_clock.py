@@ -158,3 +158,83 @@ def test_a_slow_partition_with_records_waiting_is_not_idle():
     assert _backlog_on_two_partitions(hold_open=True) == (10, 0)
     # Without hold_open the slow partition looks idle, the fast one's clock closes its windows: all late.
     assert _backlog_on_two_partitions(hold_open=False) == (0, 10)
+
+
+def _replay_in_two_batches(read_from: int | None = None) -> tuple[int, int, list[int]]:
+    """Partition 0 is reassigned: its earlier owner had read offsets 0..4 (all in window W) and a
+    record three minutes later, closed W on its clock but held W's partial (its budget charge had
+    not gone through), so it committed offset 2 with W still open. The new owner replays 2..5 in
+    two batches: offsets 2, 3, then 4 and the later record 5.
+
+    Returns (closure after the first replay batch, late events over the replay, counts of
+    partition 0's partials of W).
+    """
+    engine, _ = make_engine(schema=SCHEMA, size_ms=MIN, lateness_ms=5_000, idle_ms=10**9, partitions=())
+    w = (NOW_MS - 30 * MIN) // MIN * MIN
+    engine.assign([0], closed_through_ms={0: w}, replay_until_offset={0: 6}, record_clock_ms={0: w + 3 * MIN})
+    if read_from is not None:
+        engine.note_read_position(0, read_from)
+    stream = Stream()
+    for i in range(5):
+        stream.add(event(f"u{i}", w + 1_000 + i), partition=0, timestamp_ms=w + 1_000 + i)
+    stream.add(event("later", w + 3 * MIN), partition=0, timestamp_ms=w + 3 * MIN)
+    first = engine.process(stream.batch(2, 4))
+    closure = engine.closed_through_ms[0]
+    second = engine.process(stream.batch(4, 6))
+    partials = first.partials + second.partials
+    counts = [int(p.aggregate().count.sum()) for p in partials if p.window_start_ms == w]
+    return closure, first.late + second.late, counts
+
+
+def test_a_replaying_partition_keeps_its_restored_closure_until_it_has_caught_up():
+    w = (NOW_MS - 30 * MIN) // MIN * MIN
+    closure, late, counts = _replay_in_two_batches()
+    # The restored record clock is minutes past W, but offsets 2..5 are still to be read again:
+    # W stays open, and the replay rebuilds it whole, as the first run had it.
+    assert closure == w
+    assert late == 0 and counts == [3]
+
+
+def test_reading_from_past_the_processed_offset_is_caught_up_at_once():
+    w = (NOW_MS - 30 * MIN) // MIN * MIN
+    closure, _, _ = _replay_in_two_batches(read_from=6)  # nothing left to replay: the clock may close W
+    assert closure > w
+
+
+def _late_offsets(results) -> set[int]:
+    return {r.offset for res in results for r in res.rejections if r.reason is RejectReason.LATE}
+
+
+def test_a_replay_meets_every_offset_with_the_closure_the_first_run_met_it_with():
+    """The first owner closes W after offset 5 (a record minutes later), but W's partial is held (its
+    budget charge has not gone through), so it commits with W still open -- and then reads offsets 6, 7:
+    events of W, late for it. A replay that rebuilds W must leave 6 and 7 out of W again, and call them
+    late, however its batches fall."""
+    w = (NOW_MS - 30 * MIN) // MIN * MIN
+    stream = Stream()
+    for i in range(5):
+        stream.add(event(f"u{i}", w + 1_000 + i), timestamp_ms=w + 1_000 + i)  # offsets 0..4: in W
+    stream.add(event("later", w + 3 * MIN), timestamp_ms=w + 3 * MIN)  # 5: closes W
+    stream.add(event("tardy", w + 2_000), timestamp_ms=w + 3 * MIN + 1)  # 6: late for W
+    stream.add(event("tardy2", w + 3_000), timestamp_ms=w + 3 * MIN + 2)  # 7: late for W
+    for i in range(2):
+        stream.add(event(f"v{i}", w + 3 * MIN + 10), timestamp_ms=w + 3 * MIN + 10)  # 8, 9
+
+    first, _ = make_engine(schema=SCHEMA, size_ms=MIN, lateness_ms=5_000, idle_ms=10**9)
+    results = [first.process(stream.batch(0, 6)), first.process(stream.batch(6, 10))]
+    (held,) = [p for r in results for p in r.partials if p.window_start_ms == w]
+    assert _late_offsets(results) == {6, 7} and int(held.aggregate().count.sum()) == 5
+    # What the worker commits while W is held: W is not durably closed, so the commit offset stays
+    # at W's first offset and the committed closure below W (see worker/ingest.committable).
+    steps = {0: [s for s in first.closure_steps[0] if s[1] > w]}
+    assert steps[0], "the first run's raise of the closure past W must be kept for a next owner"
+
+    for cuts in ([0, 10], [0, 3, 8, 10], [0, 6, 10], [0, 7, 10], list(range(11))):
+        replay, _ = make_engine(schema=SCHEMA, size_ms=MIN, lateness_ms=5_000, idle_ms=10**9, partitions=())
+        replay.assign([0], closed_through_ms={0: w}, replay_until_offset={0: 10},
+                      record_clock_ms=first.record_clock_ms, closure_steps=steps)
+        replay.note_read_position(0, 0)
+        again = [replay.process(stream.batch(a, b)) for a, b in zip(cuts, cuts[1:])]
+        rebuilt = [p for r in again for p in r.partials if p.window_start_ms == w]
+        assert _late_offsets(again) == {6, 7}, cuts
+        assert [int(p.aggregate().count.sum()) for p in rebuilt] == [5], cuts

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+import pytest
 from aiokafka.structs import TopicPartition
 
 from stream_dp.worker.positions import PartitionPositions
@@ -26,12 +27,16 @@ class _Consumer:
     beginnings: dict[TopicPartition, int] = field(default_factory=dict)
     fail_lookups: bool = False
     lookups: int = 0
+    fetched_at: int | None = 1_000_000  # last fetch response, ms; the tests' clock reads 1_000_000
 
     def assignment(self):
         return set(self.highwaters)
 
     def highwater(self, tp):
         return self.highwaters[tp]
+
+    def last_poll_timestamp(self, tp):
+        return self.fetched_at
 
     async def beginning_offsets(self, tps):
         self.lookups += 1
@@ -47,8 +52,15 @@ def _tp(p: int) -> TopicPartition:
     return TopicPartition(T, p)
 
 
+NOW_MS = 1_000_000
+
+
+def _positions(consumer: _Consumer) -> PartitionPositions:
+    return PartitionPositions(consumer, fresh_fetch_ms=10_000, clock_ms=lambda: NOW_MS)
+
+
 def _not_idle(consumer: _Consumer, batches: dict | None = None) -> set[int]:
-    positions = PartitionPositions(consumer)
+    positions = _positions(consumer)
     positions.note_batches(batches or {})
     asyncio.run(positions.learn_starts())
     return positions.not_idle().get(T, set())
@@ -77,7 +89,7 @@ def test_records_read_move_the_position():
 
 def test_a_failed_lookup_holds_the_partition_open_and_is_retried():
     consumer = _Consumer({_tp(0): 0}, fail_lookups=True)
-    positions = PartitionPositions(consumer)
+    positions = _positions(consumer)
     asyncio.run(positions.learn_starts())
     assert positions.not_idle() == {T: {0}}
     consumer.fail_lookups = False
@@ -88,7 +100,7 @@ def test_a_failed_lookup_holds_the_partition_open_and_is_retried():
 
 
 def test_durable_closure_only_rises_and_is_forgotten_with_the_partition():
-    positions = PartitionPositions(_Consumer({_tp(0): 0}))
+    positions = _positions(_Consumer({_tp(0): 0}))
     assert positions.durable_through("q", _tp(0)) is None
     positions.restored("q", _tp(0), 5_000)
     positions.committed([("q", _tp(0), 4_000), ("r", _tp(0), 1_000)])
@@ -97,3 +109,18 @@ def test_durable_closure_only_rises_and_is_forgotten_with_the_partition():
     assert (positions.durable_through("q", _tp(0)), positions.durable_through("r", _tp(0))) == (9_000, 1_000)
     positions.forget([_tp(0)])
     assert positions.durable_through("q", _tp(0)) is None
+
+
+def test_while_the_broker_does_not_answer_nothing_is_idle():
+    consumer = _Consumer({_tp(0): 5, _tp(1): 5}, commits={_tp(0): 5, _tp(1): 5})
+    consumer.fetched_at = NOW_MS - 10_000
+    assert _not_idle(consumer) == set()  # read to the end, as a fetch 10 s ago said
+    consumer.fetched_at = NOW_MS - 10_001
+    assert _not_idle(consumer) == {0, 1}  # no answer for longer: the end is not known
+    consumer.fetched_at = None
+    assert _not_idle(consumer) == {0, 1}
+
+
+def test_the_freshness_limit_must_be_positive():
+    with pytest.raises(ValueError, match="fresh_fetch_ms must be positive"):
+        PartitionPositions(_Consumer({}), fresh_fetch_ms=0)

@@ -1,0 +1,76 @@
+"""What a worker commits with an input partition's offset, for the partition's next owner.
+
+Kafka stores a string beside each committed offset (``offset.metadata.max.bytes``,
+4 KiB by default). stream-dp keeps there, as JSON:
+
+* ``closed_through_ms``: per query, the closure the commit makes durable
+  (windows held for a budget charge are not closed for it);
+* ``closure_steps``: per query, the closure raises above that, as
+  ``[first offset read under it, boundary]``, so that a replay meets each
+  offset with the closure this worker met it with (``windows.watermarks``);
+* ``next_offset``: offsets from here on were never processed: their events in
+  closed windows are late, not replays;
+* ``record_clock_ms``: the partition's window clock, which records before the
+  committed offset also moved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+#: Closure steps kept per query: raises happen once a window, and more are only needed while
+#: windows stay held through that many closures.
+MAX_COMMITTED_STEPS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoredProgress:
+    closed_through_ms: int | None = None
+    next_offset: int | None = None
+    record_clock_ms: int | None = None
+    closure_steps: tuple[tuple[int, int], ...] = ()
+
+
+def encode_commit_metadata(closed_through_ms: Mapping[str, int], closure_steps: Mapping[str, Iterable[tuple[int, int]]],
+                           next_offset: int, record_clock_ms: int | None) -> str:
+    steps = {}
+    for query, query_steps in closure_steps.items():
+        closed = closed_through_ms.get(query)
+        kept = [[int(o), int(b)] for o, b in query_steps if closed is None or b > closed][-MAX_COMMITTED_STEPS:]
+        if kept:
+            steps[query] = kept
+    return orjson.dumps({
+        "closed_through_ms": dict(closed_through_ms),
+        "closure_steps": steps,
+        "next_offset": next_offset,
+        "record_clock_ms": record_clock_ms,
+    }).decode()
+
+
+def restored_progress(metadata: str | None, query: str) -> RestoredProgress:
+    """What a partition's commit metadata says about ``query``; nothing when it is absent or unreadable."""
+    if not metadata:
+        return RestoredProgress()
+    try:
+        data = orjson.loads(metadata)
+        steps = []
+        for step in data.get("closure_steps", {}).get(query, ()):
+            offset, boundary = _int(step[0]), _int(step[1])
+            if offset is not None and boundary is not None:
+                steps.append((offset, boundary))
+        return RestoredProgress(_int(data.get("closed_through_ms", {}).get(query)), _int(data.get("next_offset")),
+                                _int(data.get("record_clock_ms")), tuple(steps))
+    except (orjson.JSONDecodeError, AttributeError, TypeError, IndexError, KeyError):
+        log.warning("ignoring unreadable commit metadata %r", metadata[:100])
+        return RestoredProgress()
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

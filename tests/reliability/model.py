@@ -1,0 +1,250 @@
+"""An independent model of what stream-dp must compute, written from the README alone.
+
+Plain Python over dicts and sets; nothing here comes from ``stream_dp``
+except the query file's loader. Given the input topic as the broker holds it
+(partition, offset, key, value, record timestamp), the query file and the
+contribution secret, it computes per query:
+
+* the **late set** by the README's clock rule: a partition's watermark is the
+  newest record timestamp it delivered before an event, less
+  ``allowed_lateness``; an event whose window ends at or before that
+  watermark is late. (The idle rule can close windows earlier on the wall
+  clock; the workloads keep every partition busy, and an on-time event made
+  late by a fault is a violation.)
+* the **bounded contributions**: per unit and window, the
+  ``max_groups_per_unit`` groups and per (unit, group) the
+  ``max_events_per_group`` events that the README's "Bounding, precisely"
+  keyed hashes choose, values clipped into ``clip``;
+* the **budget**: per namespace and unit, windows charged in window order,
+  a window admitted when the unit's fixed-point spend plus its cost stays
+  within the limit, otherwise excluded from it entirely;
+* the **partials** (per query, window and input partition: per-group count,
+  clipped sum and distinct units after exclusion; units charged and
+  excluded) and the per-window totals the noisy releases must centre on.
+
+It models the inputs the workloads produce: JSON objects with a string (or
+integer) unit id, integer epoch-millisecond times, group fields among the
+public groups and a numeric value. Anything else is "rejected" here without
+a reason, which is all the checks need of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from stream_dp.config import PipelineConfig
+
+_MASK = (1 << 64) - 1
+_SIP_INIT = (0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261, 0x7465646279746573)
+FIXED_POINT = 10**6  # budget amounts are counted in 1e-6 of epsilon
+
+
+# -- the keyed hashes of the README's "Bounding, precisely" ----------------------------------------------------
+
+
+def derive_key(secret: bytes, label: str, size: int) -> bytes:
+    base = secret if len(secret) <= 64 else hashlib.blake2b(secret).digest()
+    return hashlib.blake2b(label.encode("ascii"), key=base, digest_size=size).digest()
+
+
+def siphash_1_3(key: bytes, message: bytes) -> int:
+    """SipHash-1-3 (one compression round, three finalisation rounds), from the paper."""
+    k0, k1 = int.from_bytes(key[:8], "little"), int.from_bytes(key[8:16], "little")
+    v0, v1, v2, v3 = k0 ^ _SIP_INIT[0], k1 ^ _SIP_INIT[1], k0 ^ _SIP_INIT[2], k1 ^ _SIP_INIT[3]
+
+    def rotl(x: int, b: int) -> int:
+        return ((x << b) | (x >> (64 - b))) & _MASK
+
+    def sipround() -> None:
+        nonlocal v0, v1, v2, v3
+        v0 = (v0 + v1) & _MASK; v1 = rotl(v1, 13) ^ v0; v0 = rotl(v0, 32)  # noqa: E702
+        v2 = (v2 + v3) & _MASK; v3 = rotl(v3, 16) ^ v2  # noqa: E702
+        v0 = (v0 + v3) & _MASK; v3 = rotl(v3, 21) ^ v0  # noqa: E702
+        v2 = (v2 + v1) & _MASK; v1 = rotl(v1, 17) ^ v2; v2 = rotl(v2, 32)  # noqa: E702
+
+    tail = len(message) % 8
+    words = [int.from_bytes(message[i:i + 8], "little") for i in range(0, len(message) - tail, 8)]
+    words.append(int.from_bytes(message[len(message) - tail:], "little") | ((len(message) & 0xFF) << 56))
+    for m in words:
+        v3 ^= m
+        sipround()
+        v0 ^= m
+    v2 ^= 0xFF
+    for _ in range(3):
+        sipround()
+    return v0 ^ v1 ^ v2 ^ v3
+
+
+def encode_group_key(parts: tuple) -> bytes:
+    """Each part: ``s`` + 4-byte big-endian length + UTF-8 for a string, ``i`` + the same + decimal for an integer."""
+    out = b""
+    for part in parts:
+        tag, data = (b"s", part.encode("utf-8", "surrogatepass")) if isinstance(part, str) else (b"i", str(part).encode())
+        out += tag + len(data).to_bytes(4, "big") + data
+    return out
+
+
+class Hashes:
+    def __init__(self, secret: bytes) -> None:
+        self.unit_key = derive_key(secret, "stream-dp/units", 16)
+        self.group_key = derive_key(secret, "stream-dp/groups", 32)
+        self.pair_key = derive_key(secret, "stream-dp/pairs", 16)
+        self.event_key = derive_key(secret, "stream-dp/events", 16)
+
+    def unit(self, unit: str) -> int:
+        return siphash_1_3(self.unit_key, unit.encode("utf-8"))
+
+    def group(self, group: tuple) -> int:
+        digest = hashlib.blake2b(encode_group_key(group), key=self.group_key, digest_size=8).digest()
+        return int.from_bytes(digest, "little")
+
+    def pair(self, unit_hash: int, group_hash: int) -> int:
+        return siphash_1_3(self.pair_key, unit_hash.to_bytes(8, "little") + group_hash.to_bytes(8, "little"))
+
+    def event(self, unit_hash: int, group_hash: int, partition: int, offset: int) -> int:
+        message = b"".join(x.to_bytes(8, "little", signed=signed) for x, signed in
+                           ((unit_hash, False), (group_hash, False), (partition, True), (offset, True)))
+        return siphash_1_3(self.event_key, message)
+
+
+# -- the model ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelPartial:
+    """One (query, window, input partition) after bounding and exclusion."""
+
+    groups: dict[tuple, list] = field(default_factory=dict)  # group -> [count, clipped sum, distinct units]
+    units: set[str] = field(default_factory=set)
+    excluded: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Truth:
+    late: dict[str, set[tuple[int, int]]] = field(default_factory=dict)  # query -> (partition, offset)
+    rejected: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)
+    partials: dict[tuple[str, int, int], ModelPartial] = field(default_factory=dict)  # (query, start, partition)
+    namespace: dict[str, str] = field(default_factory=dict)  # query -> namespace
+    cost_units: dict[str, int] = field(default_factory=dict)  # query -> fixed-point charge per window
+    limit_units: dict[str, int] = field(default_factory=dict)  # namespace -> fixed-point limit
+    admitted: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (namespace, unit) -> charge ids
+
+    def windows(self, query: str) -> set[int]:
+        return {start for q, start, _ in self.partials if q == query}
+
+    def totals(self, query: str, start: int) -> dict[tuple, tuple[int, float]]:
+        out: dict[tuple, tuple[int, float]] = {}
+        for (q, s, _), partial in self.partials.items():
+            if (q, s) == (query, start):
+                for group, (count, total, _) in partial.groups.items():
+                    c, t = out.get(group, (0, 0.0))
+                    out[group] = (c + count, t + total)
+        return out
+
+    def spent_units(self, namespace: str, unit: str, query: str) -> int:
+        return len(self.admitted.get((namespace, unit), [])) * self.cost_units[query]
+
+    def charge_ids(self, query: str) -> set[str]:
+        return {f"{q}/{start}/{p}" for q, start, p in self.partials if q == query}
+
+
+def _fixed(amount: float, rounding) -> int:
+    return int(rounding(Fraction(str(amount)) * FIXED_POINT))
+
+
+def _decode(value: bytes | None, query) -> tuple[str, int, tuple, float] | None:
+    """(unit, event time ms, group, value) of a well-formed event, else None."""
+    try:
+        event = json.loads(value) if value is not None else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(event, dict):
+        return None
+    unit, ts = event.get(query.privacy_unit.field), event.get(query.timestamp_field)
+    if isinstance(unit, bool) or not isinstance(unit, (str, int)) or unit == "":
+        return None
+    if isinstance(ts, bool) or not isinstance(ts, int):
+        return None
+    group = tuple(event.get(f) for f in query.group_by)
+    if list(group) not in [list(g) for g in query.public_group_keys() or []]:
+        return None
+    raw = event.get(query.aggregations.value_field) if query.aggregations.value_field else 0.0
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+        return None
+    return str(unit), ts, group, float(raw)
+
+
+def compute_truth(config: PipelineConfig, secret: bytes, records: list) -> Truth:
+    """``records``: the input topic's records (``partition``, ``offset``, ``key``, ``value``, ``timestamp``)."""
+    hashes = Hashes(secret)
+    truth = Truth()
+    for name, ns in config.namespaces.items():
+        truth.limit_units[name] = _fixed(ns.budgets[0].epsilon, math.floor)
+    by_partition: dict[int, list] = {}
+    for record in records:
+        by_partition.setdefault(record.partition, []).append(record)
+    contributions: dict[tuple[str, int, int, str], dict[tuple, dict[int, float]]] = {}
+    for query in config.queries:
+        if query.mechanism != "laplace" or len(config.namespaces[query.privacy_unit.namespace].budgets) != 1:
+            raise ValueError("the model covers Laplace queries on single-horizon epsilon namespaces")
+        name, size = query.name, query.window.size_ms
+        truth.namespace[name] = query.privacy_unit.namespace
+        truth.cost_units[name] = _fixed(query.epsilon, math.ceil)
+        late, rejected = truth.late.setdefault(name, set()), truth.rejected.setdefault(name, set())
+        clip = query.aggregations.sum.clip if query.aggregations.sum else (0.0, 0.0)
+        accepted = 0
+        for partition, recs in by_partition.items():
+            newest: int | None = None
+            for record in sorted(recs, key=lambda r: r.offset):
+                decoded = _decode(record.value, query)
+                source = (partition, record.offset)
+                if decoded is None or record.key != decoded[0].encode("utf-8") \
+                        or decoded[1] > record.timestamp + query.max_future_skew_ms:
+                    rejected.add(source)
+                else:
+                    unit, ts, group, value = decoded
+                    start = ts // size * size
+                    if newest is not None and start + size <= newest - query.window.allowed_lateness_ms:
+                        late.add(source)
+                    else:
+                        accepted += 1
+                        events = contributions.setdefault((name, start, partition, unit), {}).setdefault(group, {})
+                        uh, gh = hashes.unit(unit), hashes.group(group)
+                        events[hashes.event(uh, gh, partition, record.offset)] = min(max(value, clip[0]), clip[1])
+                newest = record.timestamp if newest is None else max(newest, record.timestamp)
+        truth.accepted[name] = accepted
+    _bound_and_charge(config, hashes, contributions, truth)
+    return truth
+
+
+def _bound_and_charge(config: PipelineConfig, hashes: Hashes, contributions: dict, truth: Truth) -> None:
+    queries = {q.name: q for q in config.queries}
+    spent: dict[tuple[str, str], int] = {}
+    # A unit's windows close in window order in its partition, so it is charged in that order.
+    for (name, start, partition, unit) in sorted(contributions, key=lambda k: (k[1], k[0], k[2], k[3])):
+        query = queries[name]
+        groups = contributions[(name, start, partition, unit)]
+        uh = hashes.unit(unit)
+        ranked = sorted(groups, key=lambda g: (hashes.pair(uh, hashes.group(g)) >> 32, hashes.group(g)))
+        kept = {g: sorted(groups[g].items())[:query.bounds.max_events_per_group]
+                for g in ranked[:query.bounds.max_groups_per_unit]}
+        partial = truth.partials.setdefault((name, start, partition), ModelPartial())
+        partial.units.add(unit)
+        namespace = truth.namespace[name]
+        key = (namespace, unit)
+        cost = truth.cost_units[name]
+        if spent.get(key, 0) + cost > truth.limit_units[namespace]:
+            partial.excluded.add(unit)
+            continue
+        spent[key] = spent.get(key, 0) + cost
+        truth.admitted.setdefault(key, []).append(f"{name}/{start}/{partition}")
+        for group, events in kept.items():
+            cell = partial.groups.setdefault(group, [0, 0.0, 0])
+            cell[0] += len(events)
+            cell[1] += sum(v for _, v in events)
+            cell[2] += 1

@@ -1,0 +1,141 @@
+"""Invariants on what the workers left in Redis and in their counters, checked against the model.
+
+Reading the evidence (``read_redis_evidence``, ``completeness_counts``) is
+kept apart from judging it (the ``check_*`` functions, pure), so that
+``test_checks`` can feed every check doctored evidence.
+
+* **Budgets**: each unit's spend is the model's (the windows it was admitted
+  to, each charged once), nobody is over a limit, the charge records are
+  exactly the model's windows and each charge journal names exactly the
+  model's units of that window.
+* **Ledger**: every window of the model has a published ledger entry, no
+  entry is left claimed but unpublished, and every record on an output topic
+  is byte for byte one the ledger stored for its window.
+* **Completeness**: no window released without an input partition's partial
+  (``stream_dp_release_partitions_missing_total``); the count of partials
+  that came after their window's release (``stream_dp_late_partials_total``)
+  is reported, not judged, since it includes copies re-sent after a restart
+  (``checks.check_partials_before_release`` judges arrival times instead).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import orjson
+import redis
+
+from tests.reliability.checks import CheckReport
+from tests.reliability.model import FIXED_POINT, Truth
+from tests.reliability.topics import TopicRecord
+from tests.reliability.workers import metric_total
+
+LEDGER_PREFIX = "stream-dp:ledger"
+BUDGET_PREFIX = "dp"
+
+
+@dataclass
+class RedisEvidence:
+    spend: dict[tuple[str, str], float] = field(default_factory=dict)  # (namespace, unit) -> spent in the horizon
+    charge_records: dict[str, set[str]] = field(default_factory=dict)  # namespace -> charge ids recorded
+    charge_units: dict[str, set[str]] = field(default_factory=dict)  # charge id -> units its journal names
+    ledger: dict[tuple[str, int], tuple[bytes | None, set[bytes]]] = field(default_factory=dict)
+    # (query, window start) -> (state, the record values stored)
+
+
+def read_redis_evidence(client: redis.Redis, policy, truth: Truth) -> RedisEvidence:
+    """Everything the budget and ledger checks need, read from Redis once."""
+    from stream_dp.budget import RedisBudgetStore  # reads the packed unit states; the expectation is the model's
+
+    evidence = RedisEvidence()
+    store = RedisBudgetStore(client, policy)
+    latest_end = max((start for _, start, _ in truth.partials), default=0) + 10**6
+    for query, namespace in truth.namespace.items():
+        units = {u for (q, _, _), p in truth.partials.items() if q == query for u in p.units}
+        for unit in units:
+            (spend, *_) = store.spend(namespace, unit, latest_end)
+            evidence.spend[(namespace, unit)] = spend.spent
+        prefix = f"{BUDGET_PREFIX}:c:{namespace}:"
+        evidence.charge_records[namespace] = {k.decode()[len(prefix):] for k in client.scan_iter(match=f"{prefix}*")}
+    journal = f"{LEDGER_PREFIX}:units:"
+    for key in client.scan_iter(match=f"{journal}*"):
+        charge_id = key.decode()[len(journal):].strip("{}")
+        text = zlib.decompress(client.get(key)).decode()
+        evidence.charge_units[charge_id] = set(text.split("\0")) if text else set()
+    for query in truth.namespace:
+        entry_prefix = f"{LEDGER_PREFIX}:{{{query}}}:"
+        for key in client.scan_iter(match=f"{entry_prefix}*"):
+            suffix = key.decode()[len(entry_prefix):]
+            if not suffix.isdigit():
+                continue  # released-through marks and the query start
+            payload, state = client.hmget(key, "payload", "state")
+            lines = zlib.decompress(payload).split(b"\n") if payload else []
+            evidence.ledger[(query, int(suffix))] = (state, {line.split(b"\t", 1)[-1] for line in lines if line})
+    return evidence
+
+
+def check_budgets(evidence: RedisEvidence, truth: Truth, report: CheckReport) -> None:
+    for query, namespace in truth.namespace.items():
+        limit = truth.limit_units[namespace] / FIXED_POINT
+        units = {u for (q, _, _), p in truth.partials.items() if q == query for u in p.units}
+        for unit in sorted(units):
+            expected = truth.spent_units(namespace, unit, query) / FIXED_POINT
+            spent = evidence.spend.get((namespace, unit), 0.0)
+            if abs(spent - expected) > 0.5 / FIXED_POINT:
+                report.fail("spend differs", f"{query}: unit {unit} spent {spent:.6f}, the model charges "
+                                             f"{len(truth.admitted.get((namespace, unit), []))} windows = {expected:.6f}")
+            if spent > limit + 0.5 / FIXED_POINT:
+                report.fail("over limit", f"{query}: unit {unit} spent {spent:.6f}, over its limit {limit}")
+        report.count("units checked", len(units))
+        recorded = {c for c in evidence.charge_records.get(namespace, set()) if c.startswith(f"{query}/")}
+        expected_ids = truth.charge_ids(query)
+        for charge_id in sorted(recorded - expected_ids):
+            report.fail("charge not in truth", f"{query}: charge {charge_id} is recorded in Redis but the model has "
+                                               "no data in that window partition")
+        for charge_id in sorted(expected_ids - recorded):
+            report.fail("never charged", f"{query}: window partition {charge_id} of the model was never charged")
+        for charge_id in sorted(expected_ids):
+            named = evidence.charge_units.get(charge_id)
+            q, start, partition = charge_id.rsplit("/", 2)
+            if named is not None and named != truth.partials[(q, int(start), int(partition))].units:
+                report.fail("charged units differ", f"{charge_id}: the charge journal names {len(named)} units, "
+                                                    "not the model's units of that window")
+
+
+def check_ledger(evidence: RedisEvidence, outputs: dict[str, list[TopicRecord]], truth: Truth,
+                 report: CheckReport) -> None:
+    for query in truth.namespace:
+        for start in sorted(truth.windows(query)):
+            state = evidence.ledger.get((query, start), (None, set()))[0]
+            if state != b"published":
+                report.fail("ledger", f"{query}: release ledger entry of window {start} is {state!r}, not published")
+    for (query, start), (state, _) in sorted(evidence.ledger.items()):
+        if state != b"published" and start not in truth.windows(query):
+            report.fail("ledger", f"{query}: release ledger entry of window {start} was left {state!r}")
+    for query, records in outputs.items():
+        for record in records:
+            start = orjson.loads(record.value)["window"]["start_ms"]
+            stored = evidence.ledger.get((query, start))
+            if stored is None or record.value not in stored[1]:
+                report.fail("output not in ledger", f"{query}: a record of window {start} on the output topic is not "
+                                                    "one the release ledger stored for it")
+
+
+def completeness_counts(pages: list[str], queries: list[str]) -> dict[str, tuple[float, float]]:
+    """query -> (input partitions missing from released windows, partials after their window's release),
+    summed over the given ``/metrics`` pages (one per worker incarnation)."""
+    return {q: (sum(metric_total(t, "stream_dp_release_partitions_missing_total", query=q) for t in pages),
+                sum(metric_total(t, "stream_dp_late_partials_total", query=q) for t in pages)) for q in queries}
+
+
+def check_completeness(counts: dict[str, tuple[float, float]], report: CheckReport, *,
+                       withheld_partitions: bool = False) -> None:
+    """Every window released with every input partition's partial; ``withheld_partitions``: the scenario withholds a partition on purpose, so windows may go without it."""
+    for query, (missing, late) in sorted(counts.items()):
+        if missing and not withheld_partitions:
+            report.fail("partitions missing", f"{query}: windows were released without the partials of {missing:.0f} "
+                                              "input partitions")
+        # Not a violation by itself: the worker counts a partial re-sent by a restarted ingest stage, whose
+        # data the release did hold, as late too. ``check_partials_before_release`` tells the two apart.
+        report.stats[f"{query}: late partials counted"] = int(late)

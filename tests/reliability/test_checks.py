@@ -1,0 +1,293 @@
+"""Every invariant check accepts clean evidence and rejects doctored evidence (no services needed).
+
+The clean evidence is a small world built from the model itself: a seeded
+stream, the partials, outputs, dead letters, Redis state and counters a
+correct worker would leave. Each test doctors one thing and expects exactly
+the violation that describes it.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import orjson
+import pytest
+
+from stream_dp.config import load_config
+from stream_dp.worker.records import PartialAggregate, encode_partial
+from tests.reliability.checks import (
+    CheckReport,
+    Observed,
+    check_accounting,
+    check_metrics_text,
+    check_outputs,
+    check_partials,
+    check_partials_before_release,
+    check_release_records,
+)
+from tests.reliability.model import FIXED_POINT, compute_truth
+from tests.reliability.state_checks import RedisEvidence, check_budgets, check_completeness, check_ledger
+from tests.reliability.topics import TopicRecord
+from tests.reliability.workload import StreamSpec, encode_event, schedule, write_config
+
+SECRET = b"checks-secret-0123456789abcdef"
+PARTITIONS = 3
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    spec = StreamSpec(seed=5, duration_s=6.0, rate_per_s=150.0)
+    path = tmp_path_factory.mktemp("checks") / "queries.yaml"
+    write_config(path, "w", "in", spec)
+    config = load_config(path)
+    start_ms = (int(time.time() * 1000) - 60_000) // 2000 * 2000
+    offsets: dict[int, int] = {}
+    inputs = []
+    for event in schedule(spec):
+        offset = offsets[event.partition] = offsets.get(event.partition, -1) + 1
+        inputs.append(TopicRecord(event.partition, offset, event.unit.encode(), encode_event(event, start_ms), {},
+                                  start_ms + int(event.at_s * 1000)))
+    truth = compute_truth(config, SECRET, inputs)
+    partials = []
+    for i, ((query, start, partition), p) in enumerate(sorted(truth.partials.items())):
+        groups = sorted(p.groups)
+        partials.append(TopicRecord(0, i, None, encode_partial(PartialAggregate(
+            query, start, start + 2000, partition, PARTITIONS, groups, np.array([p.groups[g][0] for g in groups]),
+            np.array([p.groups[g][1] for g in groups]), np.array([p.groups[g][2] for g in groups]),
+            len(p.units) - len(p.excluded), len(p.excluded), start + 3000)), {}))
+    outputs: dict[str, list[TopicRecord]] = {}
+    for query in truth.namespace:
+        for start in sorted(truth.windows(query)):
+            for page in ("home", "search", "cart"):
+                count, total = truth.totals(query, start).get((page,), (0, 0.0))
+                outputs.setdefault(query, []).append(_release(query, start, page, count + 1, total))
+    dead = [TopicRecord(0, i, None, values[0], {"source": f"in/{p}/{o}".encode(), "query": q.encode(), "reason": b"late"})
+            for i, (q, (p, o), values) in enumerate(
+                (q, s, [r.value for r in inputs if (r.partition, r.offset) == s]) for q in truth.late for s in truth.late[q])]
+    observed = Observed("in", inputs, partials, outputs, dead, {q.name: q.public_group_keys() for q in config.queries},
+                        2000)
+    evidence = RedisEvidence()
+    for (namespace, unit), admitted in truth.admitted.items():
+        query = next(q for q, ns in truth.namespace.items() if ns == namespace)
+        evidence.spend[(namespace, unit)] = len(admitted) * truth.cost_units[query] / FIXED_POINT
+    for query, namespace in truth.namespace.items():
+        evidence.charge_records.setdefault(namespace, set()).update(truth.charge_ids(query))
+        for start in truth.windows(query):
+            evidence.ledger[(query, start)] = (b"published", {r.value for r in outputs[query]
+                                                              if orjson.loads(r.value)["window"]["start_ms"] == start})
+    for (query, start, partition), p in truth.partials.items():
+        evidence.charge_units[f"{query}/{start}/{partition}"] = set(p.units)
+    return observed, truth, evidence
+
+
+def _release(query: str, start: int, page: str, count: float, total: float) -> TopicRecord:
+    record = {"release_id": f"{query}:{start}:{page}", "query": query,
+              "window": {"start": "2026-01-01T00:00:00.000Z", "end": "2026-01-01T00:00:02.000Z",
+                         "start_ms": start, "end_ms": start + 2000},
+              "group": {"page": page}, "count": count, "sum": total, "mean": 1.0,
+              "ci95": {"count": 3.0, "sum": 30.0, "mean": 10.0}, "std": {"count": 1.4, "sum": 14.1},
+              "privacy": {"namespace": "ns", "unit_field": "user_id", "mechanism": "laplace", "epsilon": 1.0,
+                          "delta": 0.0, "rho": None, "count_scale": 1.0, "sum_scale": 10.0},
+              "released_at_ms": 1, "released_at": "2026-01-01T00:00:03.000Z"}
+    return TopicRecord(0, 0, None, orjson.dumps(record), {})
+
+
+def _all_checks(observed, truth, evidence, counts=None) -> CheckReport:
+    report = CheckReport()
+    check_outputs(observed, truth, report)
+    check_partials(observed, truth, PARTITIONS, report)
+    check_accounting(observed, truth, report)
+    check_budgets(evidence, truth, report)
+    check_ledger(evidence, observed.outputs, truth, report)
+    check_completeness(counts or {q: (0.0, 0.0) for q in truth.namespace}, report)
+    return report
+
+
+def test_the_clean_world_passes_every_check(world):
+    observed, truth, evidence = world
+    report = _all_checks(observed, truth, evidence)
+    assert not report.violations, report.violations
+    assert truth.late and all(truth.late.values()), "the world must hold late events for the late-set checks"
+    assert any(p.excluded for p in truth.partials.values()), "and excluded units for the budget checks"
+
+
+def _doctor_partial(observed: Observed, index: int, **changes) -> Observed:
+    from stream_dp.worker.records import decode_internal
+
+    doctored = copy.copy(observed)
+    partials = list(observed.partials)
+    message = decode_internal(partials[index].value)
+    fields = {**message.__dict__, **changes}
+    partials[index] = TopicRecord(0, index, None, encode_partial(PartialAggregate(**fields)), {})
+    doctored.partials = partials
+    return doctored
+
+
+@pytest.mark.parametrize(("changes", "kind"), [
+    ({"count": "plus one"}, "partial differs"),
+    ({"sum": "doubled"}, "partial differs"),
+    ({"units_excluded": "plus one"}, "exclusion differs"),
+    ({"input_partitions": 2}, "partial differs"),
+])
+def test_partials_check_rejects_a_wrong_partial(world, changes, kind):
+    observed, truth, evidence = world
+    from stream_dp.worker.records import decode_internal
+
+    original = decode_internal(observed.partials[0].value)
+    real = {"plus one": lambda v: v + 1, "doubled": lambda v: v * 2}
+    changed = {k: (real[v](getattr(original, k)) if isinstance(v, str) else v) for k, v in changes.items()}
+    report = CheckReport()
+    check_partials(_doctor_partial(observed, 0, **changed), truth, PARTITIONS, report)
+    assert report.kinds[kind] == 1, report.violations
+
+
+def test_partials_check_rejects_a_lost_and_a_differing_copy(world):
+    observed, truth, _ = world
+    lost = copy.copy(observed)
+    lost.partials = observed.partials[1:]
+    report = CheckReport()
+    check_partials(lost, truth, PARTITIONS, report)
+    assert report.kinds["partial lost"] == 1, report.violations
+    twice = _doctor_partial(observed, 0, closed_at_ms=1)
+    twice.partials = twice.partials + [observed.partials[0]]
+    from stream_dp.worker.records import decode_internal
+
+    first = decode_internal(observed.partials[0].value)
+    twice = _doctor_partial(twice, 0, count=first.count + 1)
+    report = CheckReport()
+    check_partials(twice, truth, PARTITIONS, report)
+    assert report.kinds["partial copies differ"] == 1, report.violations
+
+
+def test_accounting_rejects_an_on_time_event_made_late_and_a_late_one_accepted(world):
+    observed, truth, _ = world
+    on_time = next(r for r in observed.input_records if (r.partition, r.offset) not in truth.late["w_free"])
+    made_late = copy.copy(observed)
+    made_late.dead_letters = observed.dead_letters + [TopicRecord(
+        0, 99, None, on_time.value,
+        {"source": f"in/{on_time.partition}/{on_time.offset}".encode(), "query": b"w_free", "reason": b"late"})]
+    report = CheckReport()
+    check_accounting(made_late, truth, report)
+    assert report.kinds["late set differs"] == 1 and report.kinds["accounting"] == 1, report.violations
+    accepted_late = copy.copy(observed)
+    accepted_late.dead_letters = [d for d in observed.dead_letters if d.headers["query"] != b"w_capped"][:-1] + \
+        [d for d in observed.dead_letters if d.headers["query"] == b"w_capped"]
+    report = CheckReport()
+    check_accounting(accepted_late, truth, report)
+    assert report.kinds["late set differs"] == 1, report.violations
+
+
+def test_accounting_rejects_an_altered_dead_letter(world):
+    observed, truth, _ = world
+    doctored = copy.copy(observed)
+    first = observed.dead_letters[0]
+    doctored.dead_letters = [TopicRecord(0, 0, None, b"{}", first.headers)] + observed.dead_letters[1:]
+    report = CheckReport()
+    check_accounting(doctored, truth, report)
+    assert report.kinds["dead letter altered"] == 1, report.violations
+
+
+def test_outputs_check_rejects_noise_drawn_twice_a_lost_window_and_a_value_off_the_band(world):
+    observed, truth, _ = world
+    query = "w_free"
+    records = observed.outputs[query]
+    first = orjson.loads(records[0].value)
+    redrawn = TopicRecord(0, 0, None, orjson.dumps(dict(first, count=first["count"] + 2)), {})
+    off = TopicRecord(0, 0, None, orjson.dumps(dict(first, sum=first["sum"] + 1000.0)), {})
+    for doctored_records, kind in (([*records, redrawn], "noise drawn twice"), (records[3:], "window lost"),
+                                   ([off, *records[1:]], "noisy value off")):
+        doctored = copy.copy(observed)
+        doctored.outputs = {**observed.outputs, query: doctored_records}
+        report = CheckReport()
+        check_outputs(doctored, truth, report)
+        assert report.kinds[kind] >= 1, (kind, report.violations)
+
+
+def test_arrival_check_rejects_a_partial_that_reached_the_topic_after_its_window_was_published(world):
+    observed, truth, _ = world
+    stamped = copy.copy(observed)
+    stamped.partials = [TopicRecord(r.partition, r.offset, r.key, r.value, r.headers, 1_000) for r in observed.partials]
+    stamped.outputs = {q: [TopicRecord(0, 0, None, r.value, {}, 2_000) for r in rs] for q, rs in observed.outputs.items()}
+    report = CheckReport()
+    check_partials_before_release(stamped, truth, report)
+    assert not report.violations, report.violations
+    late = stamped.partials[0]
+    stamped.partials = [TopicRecord(0, late.offset, None, late.value, {}, 2_001)] + stamped.partials[1:]
+    check_partials_before_release(stamped, truth, report)
+    assert report.kinds == {"partial after release": 1}, report.violations
+
+
+def _doctored_evidence(evidence: RedisEvidence) -> RedisEvidence:
+    return copy.deepcopy(evidence)
+
+
+def test_budget_check_rejects_a_wrong_spend_an_overspend_and_unknown_or_missing_charges(world):
+    observed, truth, evidence = world
+    namespace = truth.namespace["w_capped"]
+    unit = next(u for (ns, u), a in truth.admitted.items() if ns == namespace and len(a) == 3)
+    cases = []
+    doctored = _doctored_evidence(evidence)
+    doctored.spend[(namespace, unit)] += 2.0  # charged a fourth window: also over its limit of three
+    cases.append((doctored, {"spend differs", "over limit"}))
+    doctored = _doctored_evidence(evidence)
+    doctored.charge_records[namespace].add("w_capped/0/0")
+    cases.append((doctored, {"charge not in truth"}))
+    doctored = _doctored_evidence(evidence)
+    doctored.charge_records[namespace].discard(sorted(truth.charge_ids("w_capped"))[0])
+    cases.append((doctored, {"never charged"}))
+    doctored = _doctored_evidence(evidence)
+    charge_id = sorted(truth.charge_ids("w_capped"))[0]
+    doctored.charge_units[charge_id] = doctored.charge_units[charge_id] | {"someone-else"}
+    cases.append((doctored, {"charged units differ"}))
+    for doctored, kinds in cases:
+        report = CheckReport()
+        check_budgets(doctored, truth, report)
+        assert set(report.kinds) == kinds, (kinds, report.violations)
+
+
+def test_ledger_check_rejects_an_unpublished_entry_and_an_output_not_stored(world):
+    observed, truth, evidence = world
+    start = min(truth.windows("w_free"))
+    doctored = _doctored_evidence(evidence)
+    doctored.ledger[("w_free", start)] = (b"claimed", doctored.ledger[("w_free", start)][1])
+    report = CheckReport()
+    check_ledger(doctored, observed.outputs, truth, report)
+    assert report.kinds["ledger"] == 1, report.violations
+    doctored = _doctored_evidence(evidence)
+    doctored.ledger[("w_free", start)] = (b"published", set())
+    report = CheckReport()
+    check_ledger(doctored, observed.outputs, truth, report)
+    assert report.kinds["output not in ledger"] == 3, report.violations
+
+
+def test_completeness_check_rejects_a_window_released_without_a_partition():
+    report = CheckReport()
+    check_completeness({"q": (1.0, 0.0), "r": (0.0, 2.0)}, report)
+    assert report.kinds == {"partitions missing": 1}, report.violations
+    assert report.stats["r: late partials counted"] == 2
+    report = CheckReport()
+    check_completeness({"q": (1.0, 0.0)}, report, withheld_partitions=True)
+    assert not report.violations
+
+
+def test_metrics_check_rejects_a_unit_id_label_and_the_secret():
+    clean = 'stream_dp_events_total{query="q",outcome="accepted"} 3.0\n'
+    report = CheckReport()
+    check_metrics_text([clean], {"user-1"}, ["s3cret-value"], report)
+    assert not report.violations
+    doctored = clean + 'stream_dp_budget_spend{unit="user-1"} 1.0\n# s3cret-value\n'
+    check_metrics_text([doctored], {"user-1"}, ["s3cret-value"], report)
+    assert report.kinds == {"unit id label": 1, "secret in metrics": 1}, report.violations
+
+
+def test_release_records_check_rejects_a_schema_breach_and_a_unit_id(world):
+    observed, _, _ = world
+    good = observed.outputs["w_free"][0].value
+    report = CheckReport()
+    check_release_records([good], {"user-1"}, report)
+    assert not report.violations
+    leaking = dict(orjson.loads(good), group={"page": "user-1"}, extra=1)
+    check_release_records([orjson.dumps(leaking)], {"user-1"}, report)
+    assert report.kinds == {"schema": 1, "unit id in output": 1}, report.violations

@@ -1,0 +1,88 @@
+"""A running worker answers /healthz and /readyz on its metrics port, from its real connections.
+
+Ready once its ingest consumer has joined the group and Redis answers; a
+Redis outage makes it not ready (it cannot charge, so it releases nothing)
+but still live (it holds its windows and retries; a restart would not help).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+
+from tests.reliability.services import PrivateRedis
+from tests.worker._support import free_port
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError as error:  # not listening yet
+        return 0, str(error)
+
+
+def _wait(port: int, path: str, status: int, timeout_s: float = 60) -> str:
+    deadline = time.monotonic() + timeout_s
+    last = (0, "")
+    while time.monotonic() < deadline:
+        last = _get(port, path)
+        if last[0] == status:
+            return last[1]
+        time.sleep(0.25)
+    raise AssertionError(f"{path} answered {last} instead of {status} within {timeout_s:.0f} s")
+
+
+@pytest.mark.slow
+def test_readiness_follows_the_group_and_redis_liveness_the_event_loop(tmp_path, kafka_bootstrap, new_topic, unique_name):
+    name = unique_name.replace("-", "_")[-40:]
+    config = {
+        "namespaces": {f"{name}-users": {"budgets": [{"horizon": "1h", "epsilon": 10.0}]}},
+        "queries": [{
+            "name": name, "input_topic": new_topic("in", partitions=2), "output_topic": f"{unique_name}-out",
+            "privacy_unit": {"namespace": f"{name}-users", "field": "user_id"}, "timestamp_field": "ts",
+            "window": {"size": "10s"}, "group_by": ["page"], "groups": {"public": ["a"]},
+            "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
+            "aggregations": {"count": {}}, "epsilon": 1.0,
+        }],
+    }
+    config_path = tmp_path / "queries.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    redis_server = PrivateRedis(tmp_path / "redis")
+    redis_server.start()
+    port = free_port()
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, REDIS_URL=redis_server.url(),
+               STREAM_DP_GROUP_ID=f"{unique_name}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{unique_name}.",
+               STREAM_DP_CONTRIBUTION_SECRET="test-secret-0123456789abcdef", STREAM_DP_METRICS_PORT=str(port),
+               STREAM_DP_REDIS_TIMEOUT_S="0.5")
+    with open(tmp_path / "worker.log", "wb") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(config_path)],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        assert _wait(port, "/readyz", 200) == "ok: 2 input partitions assigned\n"
+        assert _get(port, "/healthz") == (200, "ok\n")
+
+        redis_server.stop()
+        assert "Redis does not answer" in _wait(port, "/readyz", 503)
+        assert _get(port, "/healthz") == (200, "ok\n")  # holding and retrying, not dead
+
+        redis_server.start()
+        _wait(port, "/readyz", 200)
+        assert worker.poll() is None, (tmp_path / "worker.log").read_text(errors="replace")[-3000:]
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        redis_server.stop()
