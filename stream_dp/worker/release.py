@@ -78,7 +78,7 @@ class ReleaseStage:
         *,
         partials_topic: str,
         release_age_limit_ms: int,
-        output_batch_bytes: dict[str, int] | None = None,
+        output_batch_bytes: int = DEFAULT_OUTPUT_BATCH_BYTES,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         poll_timeout_ms: int = 200,
         commit_interval_s: float = 1.0,
@@ -105,8 +105,8 @@ class ReleaseStage:
         self._last_commit_s = 0.0
         self._lock = asyncio.Lock()
         self._next_start_lookup_s = 0.0
-        # Per output topic, the producer batch size that fits the topic's record limit (see app).
-        self.output_batch_bytes = output_batch_bytes or {}
+        # The output producer's batch size: it fits every output topic's record limit (see ``topic_setup``).
+        self.output_batch_bytes = output_batch_bytes
         self.intake = PartialsIntake(
             metrics, topic=partials_topic, age_limit_ms=release_age_limit_ms,
             quiet_ms=lambda name: q.combiner.release_timeout_ms if (q := self.queries.get(name)) else None,
@@ -298,7 +298,7 @@ class ReleaseStage:
 
         published, rendering_s = await publish_release(
             self.producer, topic, release,
-            max_batch_bytes=self.output_batch_bytes.get(topic, DEFAULT_OUTPUT_BATCH_BYTES), on_too_large=too_large,
+            max_batch_bytes=self.output_batch_bytes, on_too_large=too_large,
         )
         timing.labels(query.name, "render").observe(rendering_s)
         timing.labels(query.name, "publish").observe(time.perf_counter() - started - rendering_s)

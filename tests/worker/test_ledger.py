@@ -19,15 +19,15 @@ def ledger(request, unique_name):
 
 
 def test_first_claim_wins_and_later_claims_get_the_stored_values(ledger):
-    records = [(b'["/a"]', b'{"count":5}'), (b'["/b"]', b'{"count":7,"note":"tab\\tnewline\\n"}')]
-    first = ledger.claim("q", 0, records)
-    assert first.newly_written and not first.published and first.records == records
-    second = ledger.claim("q", 0, [(b'["/a"]', b'{"count":999}')])
-    assert not second.newly_written and second.records == records
+    payload = b"\x00SDP release of window 0 \t\n" + bytes(range(256))
+    first = ledger.claim("q", 0, payload)
+    assert first.newly_written and not first.published and first.payload == payload
+    second = ledger.claim("q", 0, b"another draw")
+    assert not second.newly_written and second.payload == payload
     ledger.mark_published("q", 0)
-    assert ledger.get("q", 0).published
+    assert ledger.get("q", 0).published and ledger.get("q", 0).payload == payload
     assert ledger.get("q", 60_000) is None
-    assert ledger.claim("q", 60_000, []).records == []
+    assert ledger.claim("q", 60_000, b"").payload == b""
 
 
 def test_released_through_only_moves_forward(ledger):
@@ -44,7 +44,7 @@ def test_redis_down_raises_ledger_unavailable():
     ledger = RedisReleaseLedger(client)
     try:
         with pytest.raises(LedgerUnavailable, match="not publishing"):
-            ledger.claim("q", 0, [])
+            ledger.claim("q", 0, b"")
     finally:
         client.close()
 
@@ -63,7 +63,7 @@ def test_released_through_mark_never_expires(redis_url, unique_name):
     ledger = RedisReleaseLedger(client, prefix=prefix, ttl_s=3_600)
     mark = f"{prefix}:{{q}}:released-through:0"
     try:
-        ledger.claim("q", 0, [])
+        ledger.claim("q", 0, b"")
         ledger.raise_released_through("q", 0, 60_000)
         assert 0 < client.ttl(f"{prefix}:{{q}}:0") <= 3_600  # the window entry does expire
         assert client.ttl(mark) == -1
