@@ -70,11 +70,11 @@ def _as_section(name: str, value: Any) -> tuple[str, int, bool, bytes]:
         data = bytes(value)
         return "bytes", len(data), False, data
     array = np.ascontiguousarray(value)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
     code = array.dtype.str.lstrip("<|=")
     if code not in _DTYPES or code == "bytes":
         raise TypeError(f"section {name!r} has dtype {array.dtype}; frames hold {sorted(_DTYPES)}")
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
     size = array.dtype.itemsize
     if size == 1 or array.size == 0:
         return code, array.size, False, array.tobytes()

@@ -43,6 +43,21 @@ def too_old_to_release(window_end_ms: int, record_timestamp_ms: int | None, now_
     return now_ms - oldest >= age_limit_ms
 
 
+class PartialsReader:
+    """Whole messages from partials-topic records read in order, for tools and tests: a progress marker
+    or a partial (on its last chunk), else None. Raises ``WireFormatError`` on a record it cannot use."""
+
+    def __init__(self) -> None:
+        self._assembler = ChunkAssembler(chunk_stream_key)
+
+    def read(self, partition: int, offset: int, value: bytes) -> PartialAggregate | Progress | None:
+        message = read_internal(value)
+        if not isinstance(message, Chunk):
+            return message
+        whole = self._assembler.add(message, (partition, offset), None)
+        return None if whole is None else decode_partial_payload(whole.payload)
+
+
 @dataclass(frozen=True)
 class Taken:
     """A message ready for the combiner: a progress marker, or a whole partial with its first record."""
