@@ -1,9 +1,13 @@
 """Both ledger backends: a window's release is stored once and read back unchanged."""
 
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import redis
 
 from stream_dp.worker.ledger import LedgerUnavailable, MemoryReleaseLedger, RedisReleaseLedger
+from stream_dp.worker.release_entry import decode_entry, pack_records
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -76,3 +80,51 @@ def test_released_through_mark_never_expires(redis_url, unique_name):
         for key in client.scan_iter(f"{unique_name}:*"):
             client.delete(key)
         client.close()
+
+
+@pytest.fixture
+def small_chunks(redis_url, unique_name):
+    client = redis.Redis.from_url(redis_url)
+    yield client, RedisReleaseLedger(client, prefix=f"{unique_name}:ledger", chunk_bytes=1_000)
+    for key in client.scan_iter(f"{unique_name}:*"):
+        client.delete(key)
+    client.close()
+
+
+def test_large_entries_are_stored_in_values_no_larger_than_a_chunk(small_chunks, unique_name):
+    client, ledger = small_chunks
+    payload = bytes(range(256)) * 41  # 10,496 bytes: 11 chunks
+    assert ledger.claim("q", 0, payload).newly_written
+    key = f"{unique_name}:ledger:{{q}}:0"
+    fields = client.hgetall(key)
+    pieces = {k: v for k, v in fields.items() if k.startswith(b"c") and k != b"chunks"}
+    assert len(pieces) == 11 and max(map(len, pieces.values())) == 1_000 and fields[b"chunks"] == b"11"
+    assert 0 < client.ttl(key) <= 7 * 86_400
+    assert ledger.claim("q", 0, b"other draw" * 500).payload == payload
+    ledger.mark_published("q", 0)
+    assert ledger.get("q", 0).payload == payload and ledger.get("q", 0).published
+    assert not list(client.scan_iter(f"{unique_name}:*staging*"))  # the loser's staged chunks are gone
+    units = [f"unit-{i}" for i in range(3_000)]
+    assert ledger.remember_units("q/0/1", units) == units  # journals are chunked the same way
+    assert ledger.remember_units("q/0/1", ["other"]) == units
+
+
+def test_concurrent_claims_of_one_window_store_exactly_one_draw(small_chunks):
+    _, ledger = small_chunks
+    draws = [bytes([i]) * 5_000 for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda d: ledger.claim("q", 60_000, d), draws))
+    assert sum(r.newly_written for r in results) == 1
+    (winner,) = [r.payload for r in results if r.newly_written]
+    assert all(r.payload == winner for r in results) and ledger.get("q", 60_000).payload == winner
+
+
+def test_entries_and_journals_of_earlier_versions_are_still_read(small_chunks, unique_name):
+    client, ledger = small_chunks
+    old = pack_records([(b'["/a"]', b'{"count":5}')])
+    client.hset(f"{unique_name}:ledger:{{q}}:0", mapping={"payload": old, "state": "published"})
+    assert ledger.claim("q", 0, b"new draw").payload == old
+    stored = ledger.get("q", 0)
+    assert stored.published and decode_entry(stored.payload).render() == [(b'["/a"]', b'{"count":5}')]
+    client.set(f"{unique_name}:ledger:units:{{q/0/1}}", zlib.compress("u1\0u2".encode(), 1))
+    assert ledger.remember_units("q/0/1", ["u3"]) == ["u1", "u2"]
