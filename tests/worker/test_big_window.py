@@ -108,8 +108,13 @@ def _run(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name, *, partit
         assert sum(metric_sum(t, "stream_dp_windows_released_total", query=name) for t in texts) == 1
         assert sum(metric_sum(t, "stream_dp_internal_errors_total") for t in texts) == 0
         assert pool.alive(), pool.log_text()
+        stages = {op: sum(metric_sum(t, "stream_dp_release_stage_seconds_sum", query=name, operation=op) for t in texts)
+                  for op in ("charge", "partial_send", "decode", "combine", "noise", "encode", "ledger", "render",
+                             "publish")}
         print(
-            f"\n[{partitions} partition(s), {workers} worker(s)] {sent} events, {GROUPS} groups, "
+            f"\n[{partitions} partition(s), {workers} worker(s)] stage seconds: "
+            + ", ".join(f"{op} {seconds:.2f}" for op, seconds in stages.items())
+            + f"\n{sent} events, {GROUPS} groups, "
             f"{len(selected)} released; produced at {produced_s:.1f} s, published at {released_s:.1f} s; "
             f"partials {payload_bytes} bytes ({payload_bytes / GROUPS:.2f} bytes/group) in {len(partials)} records "
             f"(largest {max(sizes)}); ledger entry {len(stored.payload)} bytes; "
