@@ -92,27 +92,32 @@ RETENTION_CONFIGS = ("cleanup.policy", "retention.ms", "segment.ms")
 CHECKED_CONFIGS = (*RETENTION_CONFIGS, "min.insync.replicas", "max.message.bytes")
 
 
-def describe_cluster(options: dict[str, Any]) -> tuple[int, int]:
-    """(number of brokers, the smallest ``message.max.bytes`` among them)."""
+def describe_cluster(options: dict[str, Any]) -> tuple[int, int | None]:
+    """(number of brokers, the smallest ``message.max.bytes`` among them, or None when the brokers do not
+    say: a user without DescribeConfigs on the cluster; each topic's ``max.message.bytes`` then decides)."""
     from kafka.admin import ConfigResource, ConfigResourceType
+    from kafka.errors import KafkaError
 
     admin = _admin(options)
     try:
         brokers = [str(b["broker_id"]) for b in admin.describe_cluster()["brokers"]]
-        described = admin.describe_configs(
-            [ConfigResource(ConfigResourceType.BROKER, b, configs={"message.max.bytes": None}) for b in brokers],
-            config_filter="all",
-        )
+        try:
+            described = admin.describe_configs(
+                [ConfigResource(ConfigResourceType.BROKER, b, configs={"message.max.bytes": None}) for b in brokers],
+                config_filter="all",
+            )
+        except KafkaError as exc:
+            log.warning("cannot read the brokers' message.max.bytes (%s); the topics' max.message.bytes decide", exc)
+            described = {}
     finally:
         admin.close()
     limits = [int(entry["message.max.bytes"]["value"]) for entry in described.get("broker", {}).values()
               if entry.get("message.max.bytes", {}).get("value") is not None]
-    if not brokers or not limits:
-        raise RuntimeError(
-            "the cluster did not report its brokers' message.max.bytes; grant the worker's Kafka user "
-            "DescribeConfigs on the cluster"
-        )
-    return len(brokers), min(limits)
+    if brokers and len(limits) < len(brokers):
+        log.warning("%d of %d brokers did not report message.max.bytes (grant the worker's Kafka user "
+                    "DescribeConfigs on the cluster); the topics' max.message.bytes decide", len(brokers) - len(limits),
+                    len(brokers))
+    return len(brokers), min(limits) if len(limits) == len(brokers) and limits else None
 
 
 def describe_topics(options: dict[str, Any], topics: list[str], names: tuple[str, ...] = CHECKED_CONFIGS) -> dict[str, TopicState]:

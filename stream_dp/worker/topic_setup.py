@@ -43,7 +43,7 @@ class TopicLimits:
     output_batch_bytes: int  # a batch of release records (uncompressed)
 
 
-def record_limits(settings: Settings, outputs: list[str], states: dict[str, TopicState], broker_max: int,
+def record_limits(settings: Settings, outputs: list[str], states: dict[str, TopicState], broker_max: int | None,
                   partials_partitions: int) -> tuple[TopicLimits, list[Problem]]:
     """The record sizes that fit each topic, and a fatal problem for a topic that takes records too small."""
 
@@ -114,7 +114,7 @@ async def prepare_topics(settings: Settings, runtimes: list[QueryRuntime], optio
     if fatal:
         raise TopicSettingsError("; and ".join(fatal))
     log.info("record limits in force: partials %d bytes per chunk record, dead letters %d, output batches %d "
-             "(broker message.max.bytes %d, %d broker(s), replication %d, min.insync.replicas %d)",
+             "(broker message.max.bytes %s, %d broker(s), replication %d, min.insync.replicas %d)",
              limits.partials_record_bytes, limits.dead_letter_record_bytes, limits.output_batch_bytes,
              broker_max, brokers, factor, in_sync)
     return limits

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 RECORD_HEADROOM = 16 * 1024  # a record batch's framing, the record's key and headers, with room to spare
 OUTPUT_RECORD_ROOM = 64 * 1024  # a release record beside its group values: window, privacy block, numbers
 DEFAULT_REPLICAS = 3
+KAFKA_DEFAULT_MAX_BYTES = 1_048_588  # message.max.bytes and max.message.bytes when nobody set them
 
 
 class TopicSettingsError(ValueError):
@@ -78,14 +79,14 @@ def replication(replication_factor: int | None, min_insync: int | None, brokers:
     return factor, in_sync
 
 
-def output_message_bytes(max_event_bytes: int, broker_max: int) -> str | None:
+def output_message_bytes(max_event_bytes: int, broker_max: int | None) -> str | None:
     """``max.message.bytes`` an output topic needs when the broker's default could refuse a release record.
 
     A release record holds the group's values twice (key and body), and a
     group value can be as long as an event (``max_message_bytes`` of the query).
     """
     needed = 2 * max_event_bytes + OUTPUT_RECORD_ROOM + RECORD_HEADROOM
-    return str(needed) if needed > broker_max else None
+    return str(needed) if needed > (broker_max or KAFKA_DEFAULT_MAX_BYTES) else None
 
 
 def plan_topics(
@@ -101,7 +102,7 @@ def plan_topics(
     partials_configs: Mapping[str, str],
     internal_retention_ms: int,
     output_retention_ms: int,
-    broker_max: int,
+    broker_max: int | None,
 ) -> list[TopicSpec]:
     """Every topic the worker needs; ``outputs`` maps each output topic to its queries' largest event size."""
     common = {"min.insync.replicas": str(min_insync), "cleanup.policy": "delete"}
@@ -198,20 +199,17 @@ def topic_problems(spec: TopicSpec, state: TopicState, *, bootstrap: str) -> lis
     return problems
 
 
-def record_limit(broker_max: int, topic_max: int | None, producer_max: int, *, topic_decides: bool = False) -> int:
+def record_limit(broker_max: int | None, topic_max: int | None, producer_max: int, *, topic_decides: bool = False) -> int:
     """The largest record value the worker writes to a topic (see the module docstring).
 
     ``topic_decides``: for a topic whose ``max.message.bytes`` the worker set
     above the broker's default on purpose (an output topic), the topic's value
     is the one the broker enforces; elsewhere the smaller of the two is taken.
+    A limit not known (None) is left out; with neither known, Kafka's default.
     """
-    if topic_max is None:
-        limit = broker_max
-    elif topic_decides:
-        limit = topic_max
-    else:
-        limit = min(broker_max, topic_max)
-    return min(limit, producer_max) - RECORD_HEADROOM
+    known = [v for v in ((topic_max,) if topic_decides and topic_max is not None else (broker_max, topic_max))
+             if v is not None]
+    return min(min(known, default=KAFKA_DEFAULT_MAX_BYTES), producer_max) - RECORD_HEADROOM
 
 
 def _int(value: str | None) -> int | None:

@@ -71,6 +71,10 @@ def test_record_limits_follow_the_smallest_limit_in_force():
     assert record_limit(500_000, 2_000_000, 4 << 20) == 500_000 - RECORD_HEADROOM
     assert record_limit(500_000, 2_000_000, 4 << 20, topic_decides=True) == 2_000_000 - RECORD_HEADROOM
     assert record_limit(10 << 20, 10 << 20, 4 << 20) == (4 << 20) - RECORD_HEADROOM
+    # a broker that does not say (no DescribeConfigs on the cluster): the topic's limit, else Kafka's default
+    assert record_limit(None, 200_000, 4 << 20) == 200_000 - RECORD_HEADROOM
+    assert record_limit(None, None, 4 << 20) == 1_048_588 - RECORD_HEADROOM
+    assert record_limit(None, None, 4 << 20, topic_decides=True) == 1_048_588 - RECORD_HEADROOM
 
 
 def _state(replicas: int = 3, **configs: str) -> TopicState:
