@@ -2,12 +2,14 @@
 # Local services on loopback, without Docker: Apache Kafka (KRaft, Maven jars),
 # Redis and Prometheus (Debian packages).
 #
-#   deploy/services.sh start [kafka|redis|prometheus|all]   idempotent: finds running ones
-#   deploy/services.sh stop  [kafka|redis|prometheus|all]
+#   deploy/services.sh start [kafka|redis|redis-cluster|prometheus|all]   idempotent: finds running ones
+#   deploy/services.sh stop  [kafka|redis|redis-cluster|prometheus|all]
 #   deploy/services.sh status
 #   deploy/services.sh env        print the variables clients need (eval "$(deploy/services.sh env)")
 #
-# Ports: KAFKA_PORT (9092), REDIS_PORT (6379), PROMETHEUS_PORT (9090).
+# Ports: KAFKA_PORT (9092), REDIS_PORT (6379), PROMETHEUS_PORT (9090); the Redis Cluster
+# (3 masters + 3 replicas, Debian's redis-server) takes REDIS_CLUSTER_PORT (7300) to +5,
+# and those plus 10000 for its cluster bus.
 # State, logs and pid files live under STREAM_DP_RUN_DIR (default: repo/.run, git-ignored).
 set -euo pipefail
 
@@ -16,6 +18,8 @@ repo="$(cd "$here/.." && pwd)"
 run_dir="${STREAM_DP_RUN_DIR:-$repo/.run}"
 redis_port="${REDIS_PORT:-6379}"
 prom_port="${PROMETHEUS_PORT:-9090}"
+cluster_port="${REDIS_CLUSTER_PORT:-7300}"
+cluster_ports=$(seq "$cluster_port" $((cluster_port + 5)))
 export STREAM_DP_RUN_DIR="$run_dir"
 
 log() { echo "[services] $*" >&2; }
@@ -45,6 +49,72 @@ stop_redis() {
     log "redis stopped"
   fi
   rm -f "$run_dir/redis/redis.pid"
+}
+
+cluster_ok() { redis-cli -h 127.0.0.1 -p "$cluster_port" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; }
+node_ping() { redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null | grep -q PONG; }
+# Nodes that know only themselves: started, never joined to a cluster.
+node_alone() { redis-cli -h 127.0.0.1 -p "$1" cluster info 2>/dev/null | grep -q '^cluster_known_nodes:1\b'; }
+
+# Every master has a replica online and every replica's link is up: charges wait for one.
+node_synced() {
+  local info; info="$(redis-cli -h 127.0.0.1 -p "$1" info replication 2>/dev/null | tr -d '\r')"
+  case "$info" in
+    *role:master*) grep -q '^slave0:.*state=online' <<<"$info" ;;
+    *role:slave*) grep -q '^master_link_status:up' <<<"$info" ;;
+    *) return 1 ;;
+  esac
+}
+cluster_synced() { local port; for port in $cluster_ports; do node_synced "$port" || return 1; done; }
+
+start_redis_cluster() {
+  command -v redis-server >/dev/null || { log "redis-server is missing: run deploy/install.sh (apt-get install redis-server)"; exit 1; }
+  local dir="$run_dir/redis-cluster" port alone=0
+  # Every node not answering is started, also when the cluster answers without it (a node
+  # killed by a test or a crash rejoins with its nodes.conf, as a replica if it was failed over).
+  for port in $cluster_ports; do
+    node_ping "$port" && continue
+    mkdir -p "$dir/$port"
+    # As the single Redis: AOF fsynced on every write, no eviction. A short node timeout
+    # makes a replica take over from a dead master within seconds.
+    redis-server --port "$port" --bind 127.0.0.1 --protected-mode yes --dir "$dir/$port" \
+      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout "${REDIS_CLUSTER_NODE_TIMEOUT_MS:-2000}" \
+      --appendonly yes --appendfsync always --maxmemory-policy noeviction --lazyfree-lazy-expire yes --save "" \
+      --daemonize yes --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log"
+  done
+  for port in $cluster_ports; do
+    for _ in $(seq 1 50); do node_ping "$port" && break; sleep 0.1; done
+    node_ping "$port" || { log "redis on $port did not answer; see $dir/$port/redis.log"; exit 1; }
+    if node_alone "$port"; then alone=$((alone + 1)); fi
+  done
+  if [ "$alone" = 6 ]; then
+    local nodes=()
+    for port in $cluster_ports; do nodes+=("127.0.0.1:$port"); done
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 \
+      || { log "redis-cli --cluster create failed; see $dir/create.log"; exit 1; }
+  elif [ "$alone" != 0 ]; then
+    log "$alone of the 6 nodes on ports $cluster_port-$((cluster_port + 5)) belong to no cluster and the others do;"
+    log "run '$0 stop redis-cluster', remove $dir and start again (this forgets the cluster's data)"
+    exit 1
+  fi
+  for _ in $(seq 1 150); do cluster_ok && break; sleep 0.2; done
+  cluster_ok || { log "redis cluster did not reach cluster_state:ok; see $dir/*/redis.log"; exit 1; }
+  for _ in $(seq 1 150); do cluster_synced && break; sleep 0.2; done
+  cluster_synced || { log "redis cluster replicas did not come online; see $dir/*/redis.log"; exit 1; }
+  log "redis cluster ready on 127.0.0.1:$cluster_port-$((cluster_port + 5))"
+}
+
+stop_redis_cluster() {
+  local dir="$run_dir/redis-cluster" stopped=0
+  for port in $cluster_ports; do
+    if pid_alive "$dir/$port/redis.pid"; then
+      redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || kill "$(cat "$dir/$port/redis.pid")" || true
+      for _ in $(seq 1 50); do pid_alive "$dir/$port/redis.pid" || break; sleep 0.1; done
+      stopped=1
+    fi
+    rm -f "$dir/$port/redis.pid"
+  done
+  [ "$stopped" = 0 ] || log "redis cluster stopped"
 }
 
 prom_ready() { curl -fsS "http://127.0.0.1:$prom_port/-/ready" >/dev/null 2>&1; }
@@ -79,29 +149,33 @@ case "${1:-}" in
     case "$what" in
       kafka) "$here/kafka/broker.sh" start ;;
       redis) start_redis ;;
+      redis-cluster) start_redis_cluster ;;
       prometheus) start_prometheus ;;
-      all) start_redis; start_prometheus; "$here/kafka/broker.sh" start ;;
-      *) log "unknown service '$what': use kafka, redis, prometheus or all"; exit 2 ;;
+      all) start_redis; start_redis_cluster; start_prometheus; "$here/kafka/broker.sh" start ;;
+      *) log "unknown service '$what': use kafka, redis, redis-cluster, prometheus or all"; exit 2 ;;
     esac ;;
   stop)
     case "$what" in
       kafka) "$here/kafka/broker.sh" stop ;;
       redis) stop_redis ;;
+      redis-cluster) stop_redis_cluster ;;
       prometheus) stop_prometheus ;;
-      all) "$here/kafka/broker.sh" stop; stop_prometheus; stop_redis ;;
-      *) log "unknown service '$what': use kafka, redis, prometheus or all"; exit 2 ;;
+      all) "$here/kafka/broker.sh" stop; stop_prometheus; stop_redis_cluster; stop_redis ;;
+      *) log "unknown service '$what': use kafka, redis, redis-cluster, prometheus or all"; exit 2 ;;
     esac ;;
   status)
     rc=0
     "$here/kafka/broker.sh" status || rc=1
     if redis_ping; then log "redis answers on 127.0.0.1:$redis_port"; else log "redis not answering"; rc=1; fi
+    if cluster_ok; then log "redis cluster answers on 127.0.0.1:$cluster_port"; else log "redis cluster not answering"; rc=1; fi
     if prom_ready; then log "prometheus answers on 127.0.0.1:$prom_port"; else log "prometheus not answering"; rc=1; fi
     exit $rc ;;
   env)
     echo "export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:${KAFKA_PORT:-9092}"
     echo "export REDIS_URL=redis://127.0.0.1:$redis_port/0"
+    echo "export REDIS_CLUSTER_URL=redis+cluster://127.0.0.1:$cluster_port,127.0.0.1:$((cluster_port + 1)),127.0.0.1:$((cluster_port + 2))"
     echo "export PROMETHEUS_URL=http://127.0.0.1:$prom_port"
     echo "export PROMTOOL=$(command -v promtool || echo promtool)"
     echo "export PROMETHEUS=$(command -v prometheus || echo prometheus)" ;;
-  *) echo "usage: $0 {start|stop|status|env} [kafka|redis|prometheus|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 {start|stop|status|env} [kafka|redis|redis-cluster|prometheus|all]" >&2; exit 2 ;;
 esac

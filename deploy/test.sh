@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against real services, on a new machine too:
-# installs what is missing, starts Kafka, Redis and Prometheus on loopback,
+# installs what is missing, starts Kafka, Redis, a Redis Cluster and Prometheus on loopback,
 # runs pytest (extra arguments are passed to it), and stops what it started.
 set -euo pipefail
 
@@ -18,9 +18,10 @@ trap cleanup EXIT
 
 eval "$("$here/services.sh" env)"
 # Services already running (a developer's own) are used and left running.
-for service in redis prometheus kafka; do
+for service in redis redis-cluster prometheus kafka; do
   case "$service" in
     redis) redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && continue ;;
+    redis-cluster) redis-cli -h 127.0.0.1 -p "${REDIS_CLUSTER_PORT:-7300}" cluster info 2>/dev/null | grep -q '^cluster_state:ok' && continue ;;
     prometheus) curl -fsS "$PROMETHEUS_URL/-/ready" >/dev/null 2>&1 && continue ;;
     kafka) "$here/kafka/broker.sh" status >/dev/null 2>&1 && continue ;;
   esac

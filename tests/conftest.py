@@ -3,9 +3,9 @@
 Each service is found in this order:
 
 1. an address in the environment (``KAFKA_BOOTSTRAP_SERVERS``, ``REDIS_URL``,
-   ``PROMTOOL``/``PROMETHEUS``), as set by ``deploy/test.sh`` which starts
-   the local services;
-2. a testcontainers container, when a Docker engine answers;
+   ``REDIS_CLUSTER_URL``, ``PROMTOOL``/``PROMETHEUS``), as set by
+   ``deploy/test.sh`` which starts the local services;
+2. a testcontainers container, when a Docker engine answers (not for the cluster);
 3. otherwise the test is skipped -- except under ``CI=true``, where a missing
    service fails the test, so a CI run can never pass by skipping.
 """
@@ -72,6 +72,15 @@ def redis_url() -> Iterator[str]:
             yield f"redis://{host}:{port}/0"
         return
     _missing("Redis", "set REDIS_URL, run `bash deploy/test.sh`, or start Docker")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> str:
+    """``redis+cluster://`` URL of a real Redis Cluster (``REDIS_CLUSTER_URL``, started by ``deploy/test.sh``)."""
+    url = os.environ.get("REDIS_CLUSTER_URL")
+    if not url:
+        _missing("Redis Cluster", "set REDIS_CLUSTER_URL or run `bash deploy/test.sh` (deploy/services.sh start redis-cluster)")
+    return url
 
 
 @pytest.fixture(scope="session")

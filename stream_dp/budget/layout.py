@@ -52,11 +52,17 @@ _FIRST_LIMIT = 2**31
 class StorageLayout:
     """Generations, shards and the packed state codec of one namespace."""
 
-    def __init__(self, ledger: NamespaceLedger, shards: int, generation_ms: int | None = None) -> None:
+    def __init__(
+        self, ledger: NamespaceLedger, shards: int, generation_ms: int | None = None, groups: int | None = None
+    ) -> None:
         if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= 65535:
             raise ValueError(f"shards must be an integer in [1, 65535], got {shards!r}")
+        if groups is not None and (isinstance(groups, bool) or not isinstance(groups, int) or not 1 <= groups <= shards):
+            raise ValueError(f"slot groups must be an integer in [1, shards={shards}], got {groups!r}")
         self.ledger = ledger
         self.shards = shards
+        self.groups = groups
+        """Slot groups of the Redis Cluster key layout (:mod:`stream_dp.budget.keys`); None on one Redis."""
         opts = ledger.options
         span = (
             max(p.horizon_ms for p in ledger.horizons)
@@ -94,14 +100,19 @@ class StorageLayout:
         """
         # A delta limit is marked ":d"; namespaces without one keep the fingerprint they always had.
         horizons = ",".join(f"{p.horizon_ms}:{p.buckets}" + (":d" if p.delta else "") for p in self.ledger.horizons)
-        return f"v1|{self.generation_ms}|{self.shards}|{horizons}"
+        # The cluster key layout names every key differently: "|g<groups>" keeps the two from mixing.
+        cluster = "" if self.groups is None else f"|g{self.groups}"
+        return f"v1|{self.generation_ms}|{self.shards}|{horizons}{cluster}"
 
     def adopt(self, fingerprint: str) -> StorageLayout:
         """This namespace laid out as ``fingerprint`` says (to read what other workers wrote)."""
         if fingerprint == self.fingerprint:
             return self
+        stored_groups = fingerprint_groups(fingerprint)
+        if stored_groups != self.groups:
+            raise ValueError(key_layout_mismatch(self.ledger.policy.name, fingerprint, self.fingerprint))
         try:
-            version, generation_ms, shards, horizons = fingerprint.split("|")
+            version, generation_ms, shards, horizons = fingerprint.split("|")[:4]
             ok = version == "v1" and horizons == self.fingerprint.split("|")[3]
         except ValueError:
             ok = False
@@ -111,7 +122,7 @@ class StorageLayout:
                 f"this policy needs {self.fingerprint!r} (horizon_ms:buckets differ); changing a namespace's "
                 "horizons or buckets needs a new key prefix"
             )
-        return StorageLayout(self.ledger, int(shards), int(generation_ms))
+        return StorageLayout(self.ledger, int(shards), int(generation_ms), self.groups)
 
     def generation_of(self, now_ms: int) -> int:
         return now_ms // self.generation_ms
@@ -209,3 +220,33 @@ def legacy_layout(ledger: NamespaceLedger, shards: int, stored_fingerprint: str)
     options = dataclasses.replace(ledger.options, max_delay_ms=LEGACY_MAX_DELAY_MS)
     layout = StorageLayout(NamespaceLedger(ledger.policy, options), shards)
     return layout if layout.fingerprint == stored_fingerprint else None
+
+
+def fingerprint_groups(fingerprint: str) -> int | None:
+    """The slot groups a stored fingerprint names (cluster key layout), None for the one-Redis layout."""
+    last = fingerprint.rsplit("|", 1)[-1]
+    return int(last[1:]) if last.startswith("g") and last[1:].isdigit() else None
+
+
+def key_layout_mismatch(namespace: str, stored: str, wanted: str) -> str:
+    """Why a store refuses budgets written under the other key layout (one Redis vs cluster), and what to do."""
+    stored_groups, wanted_groups = fingerprint_groups(stored), fingerprint_groups(wanted)
+    if stored_groups is not None and wanted_groups is not None:
+        return (
+            f"namespace {namespace}: budgets were written in the cluster key layout with {stored_groups} slot "
+            f"groups ({stored!r}), this store uses {wanted_groups} ({wanted!r}); every worker must use the same "
+            "slot groups (RedisBudgetStore groups=), changing them needs a new key prefix"
+        )
+    if stored_groups is None:
+        return (
+            f"namespace {namespace}: budgets under this key prefix were written by a single Redis in its key "
+            f"layout ({stored!r}), and this store runs on a Redis Cluster, which needs hash-tagged keys "
+            f"({wanted!r}). Those keys are not migrated: keep this deployment on one Redis (a redis:// REDIS_URL), "
+            "or start the cluster on a new key prefix once the old budgets' longest horizon plus "
+            "STREAM_DP_INPUT_RETENTION_MS has passed (see README, budget store operations)"
+        )
+    return (
+        f"namespace {namespace}: budgets under this key prefix were written on a Redis Cluster in its hash-tagged "
+        f"key layout ({stored!r}), and this store uses the single-Redis layout ({wanted!r}). Point REDIS_URL "
+        "at the cluster (redis+cluster://host:port,...), or use another key prefix"
+    )

@@ -10,10 +10,13 @@ from typing import Any
 import redis
 from redis.exceptions import BusyLoadingError, NoScriptError, RedisError
 
+from stream_dp.budget.redis_nodes import RETRYABLE_CLUSTER, ReplicationShortfall, is_cluster
 from stream_dp.budget.store import BudgetUnavailable
 from stream_dp.metrics.budget import BudgetMetrics
 
-_RETRYABLE = (redis.ConnectionError, redis.TimeoutError, BusyLoadingError)
+# Redirections and a cluster without a master for a slot are what a failover or resharding looks like
+# from a client: retried like a lost connection (a charge retried is replayed, never charged twice).
+_RETRYABLE = (redis.ConnectionError, redis.TimeoutError, BusyLoadingError, *RETRYABLE_CLUSTER)
 
 
 def error_kind(error: BaseException) -> str:
@@ -24,6 +27,10 @@ def error_kind(error: BaseException) -> str:
         return "loading"
     if isinstance(error, redis.ConnectionError):
         return "connection"
+    if isinstance(error, ReplicationShortfall):
+        return "replication"
+    if isinstance(error, RETRYABLE_CLUSTER):
+        return "cluster"
     return "script"
 
 
@@ -38,7 +45,8 @@ class Script:
 class RedisCaller:
     """Runs Redis calls with retries and turns every failure into ``BudgetUnavailable``.
 
-    Connection errors, timeouts and a loading server are retried ``retries``
+    Connection errors, timeouts, a loading server, cluster redirections and
+    replicas short of WAIT are retried ``retries``
     times, waiting ``backoff_s * 2**attempt``; other errors (a script error,
     WRONGTYPE, OOM) are not. A script missing from the server's cache (after a
     restart or SCRIPT FLUSH) is loaded and run again.
@@ -46,7 +54,7 @@ class RedisCaller:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Any,
         *,
         retries: int,
         backoff_s: float,
@@ -99,35 +107,55 @@ class RedisCaller:
         seconds, micros = self.call(namespace, "read", self.client.time)
         return int(seconds) * 1000 + int(micros) // 1000
 
-    def durability_warnings(self) -> list[str]:
-        """Server settings under which acknowledged charges could be lost (empty if none)."""
+    def durability_warnings(self, wait_replicas: int = 0) -> list[str]:
+        """Server settings under which acknowledged charges could be lost (empty if none), on every master."""
+        if not is_cluster(self.client):
+            return self._node_warnings(self.client, "", wait_replicas)
+        warnings = []
+        if wait_replicas == 0:
+            warnings.append(
+                "charges do not wait for replicas (STREAM_DP_REDIS_WAIT_REPLICAS=0): a failover can lose charges "
+                "already released; set it to 1 or more"
+            )
+        for node in self.call("-", "read", self.client.get_primaries):
+            warnings += self._node_warnings(self.client.get_redis_connection(node), f"{node.name}: ", wait_replicas)
+        return warnings
+
+    def _node_warnings(self, client: redis.Redis, where: str, wait_replicas: int) -> list[str]:
         warnings: list[str] = []
-        info = self.call("-", "read", lambda: self.client.info())
+        info = self.call("-", "read", lambda: client.info())
+        replicas = int(info.get("connected_slaves", 0))
+        if wait_replicas > replicas:
+            warnings.append(
+                f"{where}{replicas} replicas connected, but charges wait for {wait_replicas}: every charge fails "
+                "until enough replicas are up; add replicas or lower STREAM_DP_REDIS_WAIT_REPLICAS"
+            )
         if info.get("maxmemory_policy", "noeviction") != "noeviction":
             warnings.append(
-                f"maxmemory-policy is {info['maxmemory_policy']}: Redis may evict budget keys, which forgets "
+                f"{where}maxmemory-policy is {info['maxmemory_policy']}: Redis may evict budget keys, which forgets "
                 "spending; set maxmemory-policy noeviction"
             )
-        if self._config_value("lazyfree-lazy-expire") not in ("", "yes"):
+        if self._config_value(client, "lazyfree-lazy-expire") not in ("", "yes"):
             warnings.append(
-                "lazyfree-lazy-expire is off: expiring a generation's shard hashes frees them in the main "
+                f"{where}lazyfree-lazy-expire is off: expiring a generation's shard hashes frees them in the main "
                 "thread; set lazyfree-lazy-expire yes"
             )
         if not int(info.get("aof_enabled", 0)):
-            warnings.append("appendonly is off: a Redis restart forgets all spending; set appendonly yes")
+            warnings.append(f"{where}appendonly is off: a Redis restart forgets all spending; set appendonly yes")
         else:
-            fsync = self._config_value("appendfsync")
+            fsync = self._config_value(client, "appendfsync")
             if fsync not in ("", "always"):
                 warnings.append(
-                    f"appendfsync is {fsync}: a Redis crash can forget charges already acknowledged; "
+                    f"{where}appendfsync is {fsync}: a Redis crash can forget charges already acknowledged; "
                     "set appendfsync always"
                 )
         return warnings
 
-    def _config_value(self, name: str) -> str:
+    @staticmethod
+    def _config_value(client: redis.Redis, name: str) -> str:
         """A server setting, or "" where CONFIG is not allowed (e.g. managed Redis)."""
         try:
-            values = self.client.config_get(name)
+            values = client.config_get(name)
         except RedisError:
             return ""
         for key, value in values.items():

@@ -1,6 +1,6 @@
 """The Redis budget store: packed unit states in sharded hashes, one Lua script per batch.
 
-Keys (``prefix`` defaults to ``dp:``; namespaces contain no ``:``):
+Keys on one Redis (``prefix`` defaults to ``dp:``; namespaces contain no ``:``):
 
 * ``{prefix}s:{namespace}:{generation}:{shard}`` -- hash of packed unit
   states, one field per active unit (layout, generations and shards in
@@ -15,14 +15,24 @@ Keys (``prefix`` defaults to ``dp:``; namespaces contain no ``:``):
 * ``{prefix}m:{namespace}`` -- the layout fingerprint every writer must share
   (:attr:`StorageLayout.fingerprint`); readers adopt it.
 
+On a Redis Cluster (a ``redis.cluster.RedisCluster`` client) the same keys
+carry the hash tag of their shard's slot group after the namespace
+(``{prefix}s:{namespace}:{tag}:{generation}:{shard}`` and so on, see
+:mod:`stream_dp.budget.keys`): a batch is charged by one call per slot group,
+each atomic and idempotent on its own, and a charge's manifest (the digest of
+the whole batch, by charge id, see :mod:`stream_dp.budget.redis_marks`) makes a
+charge id reused for another batch fail before any group is charged.
+
 Redis must keep what it acknowledged: run it with ``appendonly yes`` and
 ``appendfsync always`` (with ``everysec`` a crash of Redis can forget up to a
 second of charges that were already released) and ``maxmemory-policy
-noeviction`` (an evicted unit would start again with a full budget).
-:meth:`RedisBudgetStore.durability_warnings` checks both, and recommends
+noeviction`` (an evicted unit would start again with a full budget). With
+replicas (always on a cluster), a failover loses what the promoted replica had
+not received: ``wait`` (:class:`ReplicaWait`) makes each charge return only
+once that many replicas acknowledged it, and fail closed otherwise.
+:meth:`RedisBudgetStore.durability_warnings` checks all of this, and recommends
 ``lazyfree-lazy-expire yes`` so that a whole generation expiring does not
-stall Redis. The batch script touches many keys, so Redis Cluster is not
-supported.
+stall Redis.
 """
 
 from __future__ import annotations
@@ -33,19 +43,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from stream_dp.budget import batch
+from stream_dp.budget import batch, charge_call, redis_marks
+from stream_dp.budget.charge_call import LAYOUT_MISMATCH, Part, PartResult
+from stream_dp.budget.keys import DEFAULT_GROUPS, KeyNames
 from stream_dp.budget.layout import StorageLayout, legacy_layout
 from stream_dp.budget.ledger import NamespaceLedger
 from stream_dp.budget.policy import BudgetPolicy, NamespacePolicy
 from stream_dp.budget.redis_calls import RedisCaller, Script
+from stream_dp.budget.redis_nodes import Call, NodeRunner, ReplicaWait, is_cluster
+from stream_dp.budget.redis_url import client_from_url
 from stream_dp.budget.store import (
-    ChargeConflict,
     ChargeOutcome,
-    ChargeOutOfRange,
     HorizonSpend,
     StoreLayoutMismatch,
     StoreOptions,
@@ -59,24 +68,30 @@ DEFAULT_SHARDS = 64
 
 
 class RedisBudgetStore:
-    """Budget store backed by a real Redis server (the default backend).
+    """Budget store backed by a real Redis server or Redis Cluster (the default backend).
 
-    ``client`` must return bytes (``decode_responses=False``). ``retries`` and
-    ``backoff_s`` govern retries after connection errors and timeouts (waiting
-    ``backoff_s * 2**attempt``); retrying a charge is safe because of its
-    charge id. ``max_units_per_call`` splits very large batches into several
-    script calls so one call does not block Redis for long: each chunk is
-    atomic and idempotent on its own (its record is ``{charge_id}#{index}``),
-    so a retry must use the same chunk size. ``shards`` is the number of
-    hashes per namespace and generation (fewer: fewer Redis calls per batch;
-    more: smaller hashes to expire at once). ``clock_ms`` replaces the Redis
-    server clock (tests only); by default every worker uses the server's
-    ``TIME``, so worker clock skew cannot weaken the rule.
+    ``client`` (``redis.Redis`` or ``redis.cluster.RedisCluster``) must return
+    bytes (``decode_responses=False``). ``retries`` and ``backoff_s`` govern
+    retries after connection errors, timeouts, cluster redirections and
+    failovers (waiting ``backoff_s * 2**attempt``); retrying a charge is safe
+    because of its charge id. ``max_units_per_call`` splits very large
+    batches into several script calls so one call does not block Redis for
+    long: each chunk is atomic and idempotent on its own (its record is
+    ``{charge_id}#{index}``), so a retry must use the same chunk size.
+    ``shards`` is the number of hashes per namespace and generation (fewer:
+    fewer Redis calls per batch; more: smaller hashes to expire at once).
+    ``groups`` is the number of slot groups on a cluster (default
+    ``DEFAULT_GROUPS``; must divide nothing, at most ``shards``); it is part of
+    the key layout. ``wait``: replicas that must acknowledge each charge
+    before it returns (``WAIT``); None or 0 replicas waits for none.
+    ``clock_ms`` replaces the Redis server clock (tests only); by default
+    every worker uses the server's ``TIME``, so worker clock skew cannot
+    weaken the rule.
     """
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Any,
         policy: BudgetPolicy,
         options: StoreOptions | None = None,
         *,
@@ -85,35 +100,48 @@ class RedisBudgetStore:
         backoff_s: float = 0.05,
         max_units_per_call: int = 20_000,
         shards: int = DEFAULT_SHARDS,
+        groups: int | None = None,
+        wait: ReplicaWait | None = None,
         metrics: BudgetMetrics | None = None,
         clock_ms: Callable[[], int] | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if client.connection_pool.connection_kwargs.get("decode_responses"):
+        if client.get_connection_kwargs().get("decode_responses"):
             raise ValueError("the Redis client must return bytes: create it with decode_responses=False")
         if max_units_per_call < 1:
             raise ValueError(f"max_units_per_call must be positive, got {max_units_per_call!r}")
+        if groups is not None and not is_cluster(client):
+            raise ValueError("slot groups are for a Redis Cluster client; on one Redis leave groups=None")
+        if is_cluster(client) and groups is None:
+            groups = min(DEFAULT_GROUPS, shards)
         self._client = client
         self._redis = RedisCaller(client, retries=retries, backoff_s=backoff_s, metrics=metrics, sleep=sleep)
         self._policy = policy
         self._options = options or StoreOptions()
-        self._prefix = key_prefix
+        self._keys = KeyNames(key_prefix, groups)
+        self._wait = wait
         self._max_units = max_units_per_call
         self._metrics = metrics
         self._clock_ms = clock_ms
         self._shards = shards
-        self._layouts = {name: self.layout_of(ns, self._options, shards) for name, ns in policy.namespaces.items()}
+        self._groups = groups
+        self._layouts = {
+            name: self.layout_of(ns, self._options, shards, groups) for name, ns in policy.namespaces.items()
+        }
         self._ledgers = {name: layout.ledger for name, layout in self._layouts.items()}
         self._scripts = {name: Script(name) for name in ("charge", "reset")}
         self._static_args = {name: self._namespace_args(ledger) for name, ledger in self._ledgers.items()}
+        self._claimed: set[str] = set()
 
     @staticmethod
-    def layout_of(policy: NamespacePolicy, options: StoreOptions, shards: int = DEFAULT_SHARDS) -> StorageLayout:
+    def layout_of(
+        policy: NamespacePolicy, options: StoreOptions, shards: int = DEFAULT_SHARDS, groups: int | None = None
+    ) -> StorageLayout:
         """How this store lays out the units of ``policy``; raises ``ValueError`` when they cannot fit.
 
         A pure function, so that a configuration can be checked without a server.
         """
-        return StorageLayout(NamespaceLedger(policy, options), shards)
+        return StorageLayout(NamespaceLedger(policy, options), shards, groups=groups)
 
     @classmethod
     def from_url(
@@ -125,19 +153,14 @@ class RedisBudgetStore:
         socket_timeout_s: float = 2.0,
         **kwargs: Any,
     ) -> RedisBudgetStore:
-        """A store on a new client for ``url``; redis-py's own retries are off (the store retries).
+        """A store on a new client for ``url`` (``redis+cluster://`` for a cluster); redis-py's own retries are
+        off (the store retries).
 
-        ``socket_timeout_s`` must exceed the time of one batch script: about
+        ``socket_timeout_s`` must exceed the time of one batch script (about
         30 ms per 10k units with a few buckets each, a few times more for
-        units holding a day of buckets.
+        units holding a day of buckets) plus the WAIT timeout.
         """
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=socket_timeout_s,
-            socket_connect_timeout=socket_timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            decode_responses=False,
-        )
+        client = client_from_url(url, timeout_s=socket_timeout_s, own_retries=False, decode_responses=False)
         return cls(client, policy, options, **kwargs)
 
     @property
@@ -149,29 +172,15 @@ class RedisBudgetStore:
         return self._options
 
     @property
-    def client(self) -> redis.Redis:
+    def client(self) -> Any:
         return self._client
+
+    @property
+    def keys(self) -> KeyNames:
+        return self._keys
 
     def close(self) -> None:
         self._client.close()
-
-    # -- keys -------------------------------------------------------------
-
-    def _shard_prefix(self, namespace: str) -> str:
-        return f"{self._prefix}s:{namespace}:"
-
-    def _shard_key(self, namespace: str, generation: int, shard: int) -> str:
-        return f"{self._shard_prefix(namespace)}{generation}:{shard}"
-
-    def _meta_key(self, namespace: str) -> str:
-        return f"{self._prefix}m:{namespace}"
-
-    def _record_key(self, namespace: str, charge_id: str, chunk: int) -> str:
-        suffix = f"#{chunk}" if chunk else ""
-        return f"{self._prefix}c:{namespace}:{charge_id}{suffix}"
-
-    def _top_key(self, namespace: str, period: int) -> str:
-        return f"{self._prefix}t:{namespace}:{period}"
 
     # -- charging ---------------------------------------------------------
 
@@ -200,131 +209,67 @@ class RedisBudgetStore:
         if not unit_list:
             return ChargeOutcome.empty()
         started = time.perf_counter()
-        parts = []
-        for chunk, first in enumerate(range(0, len(unit_list), self._max_units)):
-            chunk_units = unit_list[first : first + self._max_units]
-            parts.append(self._charge_chunk(ledger, charge_id, chunk, chunk_units, cost_units, time_ms))
-        outcome = batch.combine_chunks(parts)
+        results, ledger = self._charge_parts(ledger, charge_id, unit_list, cost_units, time_ms)
+        outcome = charge_call.combine(ledger, unit_list, results, time_ms)
         if self._metrics is not None:
-            elapsed = time.perf_counter() - started
-            if outcome.replayed:
-                self._metrics.record_replay(namespace, elapsed)
-            else:
-                refusals = {ledger.horizons[i].label: c for i, c in enumerate(batch.refusal_counts(parts))}
-                self._metrics.record_charge(
-                    namespace,
-                    charged=outcome.charged,
-                    excluded=int(outcome.excluded.sum()),
-                    refusals=refusals,
-                    latency_s=elapsed,
-                )
+            charge_call.record_metrics(self._metrics, ledger, outcome, results, time.perf_counter() - started)
         return outcome
 
-    def _charge_chunk(
-        self,
-        ledger: NamespaceLedger,
-        charge_id: str,
-        chunk: int,
-        units: list[str],
-        cost_units: tuple[int, ...],
-        time_ms: int,
-    ) -> batch.ChunkResult:
+    def _charge_parts(
+        self, ledger: NamespaceLedger, charge_id: str, units: list[str], cost_units: tuple[int, ...], time_ms: int
+    ) -> tuple[list[PartResult], NamespaceLedger]:
         namespace = ledger.policy.name
-        # The script takes the units sorted by shard, so it reads and writes
-        # each shard hash once; positions in its reply refer to that order.
-        shards = self._layouts[namespace].shard_of(units)
-        order = np.argsort(shards, kind="stable")
-        sorted_blob, sorted_lengths = batch.pack_units([units[i] for i in order.tolist()])
-        digest = batch.charge_digest(cost_units, time_ms, sorted_blob, sorted_lengths, order.astype("<u4").tobytes())
-        group_shards, group_sizes = np.unique(shards[order], return_counts=True)
+        layout = self._layouts[namespace]
+        shards = layout.shard_of(units)
+        if self._keys.clustered and namespace not in self._claimed:
+            redis_marks.claim_layout(self._redis, self._keys, namespace, layout.fingerprint)
+            self._claimed.add(namespace)
+        parts = [
+            self._part(ledger, charge_id, group, chunk, positions, units, shards, cost_units, time_ms)
+            for group, chunk, positions in charge_call.plan_parts(units, shards, self._groups, self._max_units)
+        ]
+        if self._keys.clustered:
+            ttl_ms = ledger.options.record_ttl_ms
+            redis_marks.check_manifest(self._redis, self._keys, namespace, charge_id, parts, ttl_ms, self._wait)
+        script = self._scripts["charge"]
+        calls = [
+            Call(script.sha, script.source, p.keys, p.args, self._keys.sync(namespace, p.group)) for p in parts
+        ]
+        runner = NodeRunner(self._client, calls, self._wait)
+        replies = self._redis.call(namespace, "charge", runner.run_pending)
+        if any(int(r[0]) == LAYOUT_MISMATCH for r in replies) and not self._keys.clustered:
+            stored = next(r[2].decode() for r in replies if int(r[0]) == LAYOUT_MISMATCH)
+            if self._adopt_legacy_layout(ledger, stored):
+                return self._charge_parts(self._ledgers[namespace], charge_id, units, cost_units, time_ms)
+        legacy = ledger.options.max_delay_ms != self._options.max_delay_ms
+        fingerprint = self._layouts[namespace].fingerprint
+        for reply, part in zip(replies, parts, strict=True):
+            if int(reply[0]) < 0:
+                charge_call.check_status(reply, charge_id, part, ledger, legacy, fingerprint)
+        return [charge_call.decode_reply(r, p) for r, p in zip(replies, parts, strict=True)], ledger
+
+    def _part(
+        self, ledger: NamespaceLedger, charge_id: str, group: int, chunk: int, positions: np.ndarray,
+        units: list[str], shards: np.ndarray, cost_units: tuple[int, ...], time_ms: int,
+    ) -> Part:
+        namespace = ledger.policy.name
+        part_units = [units[i] for i in positions.tolist()]
         period_ms = ledger.policy.longest_horizon_ms
         period = time_ms // period_ms
-        now_arg = "" if self._clock_ms is None else str(int(self._clock_ms()))
         opts = ledger.options
-        layout = self._layouts[namespace]
-        keys = [
-            self._record_key(namespace, charge_id, chunk),
-            self._top_key(namespace, period),
-            self._meta_key(namespace),
-        ]
-        args: list[Any] = [
-            now_arg,
-            batch.cost_argument(cost_units),
-            time_ms,
-            opts.max_delay_ms,
-            opts.max_lead_ms,
-            opts.record_ttl_ms,
-            digest,
-            self._shard_prefix(namespace),
-            sorted_blob,
-            sorted_lengths,
-            group_shards.astype("<u2").tobytes(),
-            group_sizes.astype("<u4").tobytes(),
-            len(units),
-        ]
-        static = self._static_args[namespace]
+        now_arg = "" if self._clock_ms is None else str(int(self._clock_ms()))
         top_args = [opts.top_capacity, repr(opts.top_min_fraction), (period + 2) * period_ms]
-        args = args + static[:4] + top_args + [layout.fingerprint] + static[4:]
-        reply = self._redis.call(
-            namespace, "charge", lambda: self._redis.run_script(self._scripts["charge"], keys, args)
+        order, args = charge_call.call_args(
+            part_units, shards[positions], cost_units, time_ms, now_arg, ledger,
+            self._keys.shard_prefix(namespace, group), top_args, self._layouts[namespace].fingerprint,
+            self._static_args[namespace],
         )
-        status, now_ms = int(reply[0]), int(reply[1])
-        if status == -4 and self._adopt_legacy_layout(ledger, reply[2].decode()):
-            return self._charge_chunk(self._ledgers[namespace], charge_id, chunk, units, cost_units, time_ms)
-        if status == -1:
-            legacy = opts.max_delay_ms != self._options.max_delay_ms
-            raise ChargeOutOfRange(
-                f"charge {charge_id!r}: event time {time_ms} is more than max_delay_ms={opts.max_delay_ms} behind "
-                f"the store clock ({now_ms}); its buckets may be forgotten. "
-                + (
-                    f"Namespace {namespace}'s budgets were laid out for that delay by an earlier version; "
-                    "buckets older than it may be pruned, so it is kept (see README, budget store)"
-                    if legacy
-                    else "Raise StoreOptions.max_delay_ms (the worker: STREAM_DP_INPUT_RETENTION_MS) if windows "
-                    "close this late"
-                )
-            )
-        if status == -2:
-            raise ChargeOutOfRange(
-                f"charge {charge_id!r}: event time {time_ms} is more than max_lead_ms={opts.max_lead_ms} ahead of "
-                f"the store clock ({now_ms}); check producer clocks or raise StoreOptions.max_lead_ms"
-            )
-        if status == -4:
-            raise StoreLayoutMismatch(
-                f"namespace {namespace}: budgets in Redis were written with layout {reply[2].decode()!r}, this "
-                f"store uses {layout.fingerprint!r} (v1|generation_ms|shards|horizon_ms:buckets). Every worker must "
-                "use the same StoreOptions, shards and horizons; changing them needs a new key prefix"
-            )
-        if status == -3:
-            raise ChargeConflict(
-                f"charge id {charge_id!r} (chunk {chunk}) was already charged with different units, cost or "
-                "event time; a retry must repeat the original call, a new window needs a new charge id"
-            )
-        replayed = status == 1
-        excluded = np.zeros(len(units), dtype=bool)
-        excluded[order[np.frombuffer(reply[3], dtype="<u4")]] = True
-        refusals = [int(x) for x in reply[4]]
-        transitions = np.frombuffer(reply[5] if replayed else reply[7], dtype=batch.ALERT_DTYPE).copy()
-        transitions["position"] = order[transitions["position"]]
-        transitions = transitions[np.argsort(transitions["position"], kind="stable")]
-        alerts = batch.alert_records(ledger, units, transitions, time_ms)
-        if self._metrics is not None:
-            if not replayed:
-                self._metrics.enter_levels(namespace, batch.level_entries(ledger, transitions))
-                width = len(self._metrics.fraction_buckets) + 1
-                hist = np.asarray(reply[5], dtype=np.int64).reshape(len(ledger.horizons), width)
-                for i, plan in enumerate(ledger.horizons):
-                    total = int(reply[6][i]) / plan.limit_units
-                    self._metrics.spend_fraction.observe_counts((namespace, plan.label), hist[i], total)
-            self._metrics.expire_levels(now_ms)
-        outcome = ChargeOutcome(
-            excluded=excluded,
-            charged=int(reply[2]),
-            alerts=alerts,
-            replayed=replayed,
-            excluded_by_horizon={p.label: c for p, c in zip(ledger.horizons, refusals, strict=True)},
-        )
-        return batch.ChunkResult(outcome, refusals)
+        keys = [
+            self._keys.record(namespace, charge_id, chunk, group),
+            self._keys.top(namespace, period, group),
+            self._keys.meta(namespace, group if self._keys.clustered else None),
+        ]
+        return Part(group, chunk, positions, part_units, order, keys, args)
 
     def _adopt_legacy_layout(self, ledger: NamespaceLedger, stored: str) -> bool:
         """Keep writing budgets stored before the delay followed the retention as they were (see legacy_layout)."""
@@ -361,7 +306,7 @@ class RedisBudgetStore:
             pipe = self._client.pipeline(transaction=False)
             for unit, shard in zip(units, shards, strict=True):
                 for g in generations:
-                    pipe.hget(self._shard_key(namespace, g, shard), batch.encode_unit(unit))
+                    pipe.hget(self._keys.shard(namespace, g, shard), batch.encode_unit(unit))
             return pipe.execute()
 
         raw = self._redis.call(namespace, "read", read)
@@ -389,9 +334,11 @@ class RedisBudgetStore:
         fetch = min(self._options.top_capacity, 4 * n + 16)
 
         def read_candidates() -> list[Any]:
+            # On a cluster each slot group keeps its own top set: the top n are among the groups' top n.
             pipe = self._client.pipeline(transaction=False)
-            for period in (current - 1, current, current + 1):
-                pipe.zrevrange(self._top_key(namespace, period), 0, fetch - 1)
+            for group in range(self._groups or 1):
+                for period in (current - 1, current, current + 1):
+                    pipe.zrevrange(self._keys.top(namespace, period, group), 0, fetch - 1)
             return pipe.execute()
 
         parts = self._redis.call(namespace, "read", read_candidates)
@@ -404,6 +351,9 @@ class RedisBudgetStore:
             if score > 0:
                 scored.append((unit, score))
         scored.sort(key=lambda item: (-item[1], item[0]))
+        if self._keys.clustered:
+            # Each group keeps top_capacity units; together they still track only that many.
+            return scored[: min(n, self._options.top_capacity)]
         return scored[:n]
 
     def reset(self, namespace: str, unit: str) -> bool:
@@ -411,16 +361,18 @@ class RedisBudgetStore:
         layout = self._stored_layout(namespace)
         (unit,) = batch.as_unit_list([unit])
         shard = int(layout.shard_of([unit])[0])
+        group = shard % self._groups if self._groups else 0
         period_ms = ledger.policy.longest_horizon_ms
-        keys: list[Any] = []
+        # No key is read from KEYS; on a cluster the group's layout mark routes the call to its slot.
+        keys: list[Any] = [self._keys.meta(namespace, group)] if self._keys.clustered else []
         args: list[Any] = [
             "" if self._clock_ms is None else str(int(self._clock_ms())),
-            self._shard_prefix(namespace),
+            self._keys.shard_prefix(namespace, group),
             layout.generation_ms,
             shard,
             batch.encode_unit(unit),
             period_ms,
-            f"{self._prefix}t:{namespace}:",
+            self._keys.top_prefix(namespace, group),
         ]
         removed = self._redis.call(
             namespace, "reset", lambda: self._redis.run_script(self._scripts["reset"], keys, args)
@@ -430,7 +382,7 @@ class RedisBudgetStore:
     def _stored_layout(self, namespace: str) -> StorageLayout:
         """The layout the namespace's budgets were written with (this store's if none yet)."""
         layout = self._layouts[namespace]
-        stored = self._redis.call(namespace, "read", lambda: self._client.get(self._meta_key(namespace)))
+        stored = self._redis.call(namespace, "read", lambda: self._client.get(self._keys.meta(namespace)))
         if stored is None:
             return layout
         try:
@@ -444,5 +396,5 @@ class RedisBudgetStore:
         return self._redis.server_time_ms(namespace)
 
     def durability_warnings(self) -> list[str]:
-        """Server settings under which acknowledged charges could be lost (empty if none)."""
-        return self._redis.durability_warnings()
+        """Server settings under which acknowledged charges could be lost (empty if none), on every master."""
+        return self._redis.durability_warnings(self._wait.replicas if self._wait else 0)

@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", required=True, metavar="FILE", help="query configuration YAML (namespace policies)")
         p.add_argument("--namespace", required=True, help="privacy-unit namespace, e.g. users")
-        p.add_argument("--redis-url", default=None, help=f"Redis URL (default: $REDIS_URL, else {DEFAULT_REDIS_URL})")
+        p.add_argument("--redis-url", default=None, help=f"Redis URL, redis+cluster://host:port,... for a Redis Cluster (default: $REDIS_URL, else {DEFAULT_REDIS_URL})")
         p.add_argument("--key-prefix", default="dp:", help="key prefix the workers use (default: dp:)")
         p.add_argument(
             "--input-retention-ms",

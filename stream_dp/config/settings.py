@@ -10,6 +10,8 @@ from typing import Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from stream_dp.budget.redis_nodes import ReplicaWait
+from stream_dp.budget.redis_url import check_redis_url, is_cluster_url
 from stream_dp.budget.store import DEFAULT_INPUT_RETENTION_MS, StoreOptions
 
 HOUR_MS = 3_600_000
@@ -33,8 +35,14 @@ class Settings(BaseSettings):
     kafka_ssl_certfile: str | None = Field(None, alias="KAFKA_SSL_CERTFILE")
     kafka_ssl_keyfile: str | None = Field(None, alias="KAFKA_SSL_KEYFILE")
     redis_url: SecretStr = Field(SecretStr("redis://127.0.0.1:6379/0"), alias="REDIS_URL")
+    """One Redis (``redis://``, ``rediss://``, ``unix://``) or a Redis Cluster (``redis+cluster://host:port,...``)."""
     redis_timeout_s: float = Field(2.0, alias="STREAM_DP_REDIS_TIMEOUT_S", gt=0)
     redis_retries: int = Field(3, alias="STREAM_DP_REDIS_RETRIES", ge=0)
+    redis_wait_replicas: int | None = Field(None, alias="STREAM_DP_REDIS_WAIT_REPLICAS", ge=0, le=16)
+    """Replicas that must acknowledge a charge and a stored release before it is used (``WAIT``); unset: 1 on a
+    Redis Cluster, 0 on one Redis. A failover loses what no replica acknowledged (README, budget store)."""
+    redis_wait_timeout_ms: int = Field(500, alias="STREAM_DP_REDIS_WAIT_TIMEOUT_MS", gt=0)
+    """How long a charge waits for those replicas; then it fails closed and is retried."""
     metrics_host: str = Field("127.0.0.1", alias="STREAM_DP_METRICS_HOST")
     metrics_port: int = Field(9108, alias="STREAM_DP_METRICS_PORT", ge=0, le=65535)
     """Serves ``/metrics``, ``/healthz`` (liveness) and ``/readyz`` (readiness)."""
@@ -60,6 +68,31 @@ class Settings(BaseSettings):
     """``retention.ms`` of the alerts and dead-letter topics the worker creates (they hold unit ids and events)."""
     output_retention_ms: int = Field(DEFAULT_INPUT_RETENTION_MS, alias="STREAM_DP_OUTPUT_RETENTION_MS")
     """``retention.ms`` of the output topics the worker creates; -1 keeps releases forever."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_or_cluster_url(cls, value: SecretStr) -> SecretStr:
+        check_redis_url(value.get_secret_value())
+        return value
+
+    @model_validator(mode="after")
+    def _wait_within_the_socket_timeout(self) -> Settings:
+        # WAIT blocks the connection: a socket timeout shorter than it would turn every slow
+        # acknowledgement into a dropped connection.
+        if self.replica_wait() is not None and self.redis_wait_timeout_ms > self.redis_timeout_s * 1000 / 2:
+            raise ValueError(
+                f"STREAM_DP_REDIS_WAIT_TIMEOUT_MS={self.redis_wait_timeout_ms} is over half of "
+                f"STREAM_DP_REDIS_TIMEOUT_S={self.redis_timeout_s}; a charge's WAIT must end well before its socket "
+                "times out: lower the first or raise the second"
+            )
+        return self
+
+    def replica_wait(self) -> ReplicaWait | None:
+        """What charges and stored releases wait for (None: no WAIT)."""
+        replicas = self.redis_wait_replicas
+        if replicas is None:
+            replicas = 1 if is_cluster_url(self.redis_url.get_secret_value()) else 0
+        return ReplicaWait(replicas, self.redis_wait_timeout_ms) if replicas else None
 
     @field_validator("partials_retention_ms")
     @classmethod

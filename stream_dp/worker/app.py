@@ -13,11 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client import CollectorRegistry
 
 from stream_dp.budget import BudgetPolicy, BudgetStore, NamespacePolicy, RedisBudgetStore, StoreOptions, policy_from_config
+from stream_dp.budget.redis_nodes import ping as redis_ping
+from stream_dp.budget.redis_url import client_from_url
 from stream_dp.config import ConfigError, PipelineConfig, QueryConfig, Settings
 from stream_dp.dp import ClipRange, ContributionBounds, OpenDPNoise, ReleasePlan
 from stream_dp.metrics.budget import BudgetMetrics
@@ -290,19 +291,17 @@ class Worker:
             store_options=settings.budget_store_options(), clock_ms=clock_ms,
         )
         self.runtimes = parts.runtimes
-        self._redis: redis.Redis | None = None
+        self._redis: Any = None
+        wait = settings.replica_wait()
+        self._wait_replicas = wait.replicas if wait is not None else 0
         if ledger is None:
-            self._redis = redis.Redis.from_url(
-                settings.redis_url.get_secret_value(),
-                socket_timeout=settings.redis_timeout_s,
-                socket_connect_timeout=settings.redis_timeout_s,
-            )
+            self._redis = client_from_url(settings.redis_url.get_secret_value(), timeout_s=settings.redis_timeout_s)
         if budget is None:
             # The store retries itself (safe: charges are idempotent); redis-py's own retries are off.
             budget = RedisBudgetStore.from_url(
                 settings.redis_url.get_secret_value(), parts.policy, settings.budget_store_options(),
                 socket_timeout_s=settings.redis_timeout_s, retries=settings.redis_retries,
-                metrics=BudgetMetrics(registry=registry),
+                metrics=BudgetMetrics(registry=registry), wait=wait,
             )
             try:
                 for warning in budget.durability_warnings():
@@ -310,7 +309,7 @@ class Worker:
             except Exception as exc:  # the server may not be up yet; charges fail closed until it is
                 log.warning("could not check Redis durability settings: %s", exc)
         self.budget = budget
-        self.ledger = ledger or RedisReleaseLedger(self._redis, ttl_s=settings.ledger_ttl_s)
+        self.ledger = ledger or RedisReleaseLedger(self._redis, ttl_s=settings.ledger_ttl_s, wait=wait)
         self.stop_event = asyncio.Event()
         self.health = Health(stall_after_s=settings.health_stall_s)
         self._metrics_server: Any = None
@@ -325,10 +324,11 @@ class Worker:
             raise WorkerConfigError(str(exc)) from None
 
     def _ping_redis(self) -> object:
-        """Readiness: the ledger's Redis (the budget store's too, unless injected) answers."""
+        """Readiness: the ledger's Redis (the budget store's too, unless injected) answers, on a Redis Cluster every
+        master, each with the replicas charges wait for."""
         if self._redis is None:
             return True
-        return self._redis.ping()
+        return redis_ping(self._redis, self._wait_replicas)
 
     def _close_stores(self) -> None:
         if self._redis is not None:

@@ -199,6 +199,9 @@ class IngestStage:
         batches = await self.consumer.getmany(timeout_ms=self.poll_timeout_ms, max_records=self.max_records)
         async with self._lock:
             now_ms = self.clock_ms()
+            # Before a batch can advance the watermark: partitions that are slow (or were not watched
+            # while this loop stalled) are not idle, or another partition's records would close their windows.
+            self._hold_open_slow_partitions()
             closed: list[HeldPartial] = []
             by_topic: dict[str, list[tuple[TopicPartition, list]]] = defaultdict(list)
             for tp, records in batches.items():
@@ -223,10 +226,8 @@ class IngestStage:
                 if start is not None:
                     for query in self.by_topic.get(tp.topic, ()):
                         query.engine.note_read_position(tp.partition, start)
-            not_idle = self.positions.not_idle()
+            self._hold_open_slow_partitions()
             for query in self.queries:
-                # A partition with records waiting is slow, not idle: the wall clock must not close its windows.
-                query.engine.hold_open(not_idle.get(query.config.input_topic, ()))
                 closed += [HeldPartial(query, p, now_ms) for p in query.engine.tick()]
                 self.metrics.windows_open.labels(query.name).set(len(query.engine.open_windows))
                 self.metrics.open_rows.labels(query.name).set(query.engine.open_rows)
@@ -241,6 +242,13 @@ class IngestStage:
             self._update_lag()
 
     # -- pieces --------------------------------------------------------------------------
+
+    def _hold_open_slow_partitions(self) -> None:
+        """A partition with records waiting, or whose end is not known, is slow, not idle: the wall
+        clock (or other partitions' clocks) must not close its windows."""
+        not_idle = self.positions.not_idle()
+        for query in self.queries:
+            query.engine.hold_open(not_idle.get(query.config.input_topic, ()))
 
     def _count(self, query: QueryRuntime, result: Any) -> None:
         name = query.name

@@ -34,6 +34,8 @@ from typing import Protocol
 
 import redis
 
+from stream_dp.budget.redis_nodes import Call, NodeRunner, ReplicaWait
+
 WRITTEN = b"written"
 PUBLISHED = b"published"
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
@@ -113,13 +115,26 @@ def split_chunks(payload: bytes, chunk_bytes: int) -> list[bytes]:
 
 
 class RedisReleaseLedger:
+    """The ledger on one Redis or a Redis Cluster: each key carries its query's (or charge's) hash tag.
+
+    ``wait``: replicas that must hold a stored release before it is published,
+    and a charge's unit list before it is charged (``WAIT``, see
+    :mod:`stream_dp.budget.redis_nodes`); without it a failover could forget a
+    published window and a replay would noise it again. The published mark,
+    the released-through marks and the query start do not wait: losing one
+    can make a replay publish a window's stored records again (the same
+    values), never draw new noise for it.
+    """
+
     def __init__(
         self, client: redis.Redis, *, prefix: str = "stream-dp:ledger", ttl_s: int = 7 * 86_400, journal_ttl_s: int = 7_200,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        wait: ReplicaWait | None = None,
     ) -> None:
         if ttl_s < 3_600:
             raise ValueError(f"ledger ttl_s={ttl_s} is under an hour; keep entries longer than the input topics' retention")
         self._redis = client
+        self._wait = wait
         self._prefix = prefix
         self._ttl_s = ttl_s
         # Unit lists are only needed while a replay can still rebuild the window, which is
@@ -134,18 +149,25 @@ class RedisReleaseLedger:
     def _key(self, query: str, window_start_ms: int) -> str:
         return f"{self._prefix}:{{{query}}}:{window_start_ms}"
 
-    def _store_once(self, key: str, payload: bytes, ttl_s: int, state: bytes) -> tuple[bytes, bytes | None, bool]:
-        """(stored payload, state, newly written): ``payload`` unless ``key`` already held one."""
+    def _store_once(
+        self, key: str, payload: bytes, ttl_s: int, state: bytes, sync_key: str
+    ) -> tuple[bytes, bytes | None, bool]:
+        """(stored payload, state, newly written): ``payload`` unless ``key`` already held one; with ``wait``,
+        returns only once the replicas hold what is stored (``sync_key``: a key of the same slot for WAIT)."""
         chunks = split_chunks(payload, self._chunk_bytes)
-        # The staging key shares the entry's hash tag, so both sit on one Redis Cluster slot.
+        # The staging key shares the entry's hash tag, so both sit on one Redis Cluster slot; the claim's
+        # WAIT covers the staged writes too (one ordered replication stream per master).
         staging = f"{key}:staging:{secrets.token_hex(8)}"
         if len(chunks) > 1:
             for index, chunk in enumerate(chunks[1:], start=1):
                 self._redis.hset(staging, f"c{index}", chunk)
             self._redis.expire(staging, _STAGING_TTL_S)
-        first, stored_state, count, new = self._put_once(
-            keys=[key, staging], args=[chunks[0], ttl_s, len(chunks), state]
-        )
+        keys, args = [key, staging], [chunks[0], ttl_s, len(chunks), state]
+        if self._wait is None:
+            first, stored_state, count, new = self._put_once(keys=keys, args=args)
+        else:
+            call = Call(self._put_once.sha, self._put_once.script, keys, args, sync_key)
+            ((first, stored_state, count, new),) = NodeRunner(self._redis, [call], self._wait).run_pending()
         if new:
             return payload, state or None, True
         if len(chunks) > 1:
@@ -163,7 +185,8 @@ class RedisReleaseLedger:
 
     def claim(self, query: str, window_start_ms: int, payload: bytes) -> StoredRelease:
         try:
-            stored, state, new = self._store_once(self._key(query, window_start_ms), payload, self._ttl_s, WRITTEN)
+            stored, state, new = self._store_once(self._key(query, window_start_ms), payload, self._ttl_s, WRITTEN,
+                                                  f"{self._prefix}:{{{query}}}:sync")
         except redis.RedisError as exc:
             raise LedgerUnavailable(f"release ledger write failed ({type(exc).__name__}: {exc}); not publishing") from exc
         return StoredRelease(stored, state == PUBLISHED, new)
@@ -207,7 +230,8 @@ class RedisReleaseLedger:
         """
         key = f"{self._prefix}:units:{{{charge_id}}}"
         try:
-            stored, _, new = self._store_once(key, _pack_units(units), self._journal_ttl_s, b"")
+            sync = f"{self._prefix}:units:{{{charge_id}}}:sync"
+            stored, _, new = self._store_once(key, _pack_units(units), self._journal_ttl_s, b"", sync)
         except redis.RedisError as exc:
             raise LedgerUnavailable(f"charge journal unavailable ({type(exc).__name__}); not charging") from exc
         return units if new else _unpack_units(stored)

@@ -54,6 +54,7 @@ class PartitionPositions:
         self._consumed: dict[TopicPartition, int] = {}  # offset after the last record read
         self._start: dict[TopicPartition, int] = {}  # where reading began, for partitions not read from yet
         self._durable: dict[tuple[str, TopicPartition], int] = {}  # (query, partition) -> committed closed_through
+        self._watched_at: int | None = None  # when not_idle last looked
 
     # -- reading ------------------------------------------------------------------------
 
@@ -86,10 +87,20 @@ class PartitionPositions:
             log.warning("cannot look up start offsets of %s yet (%s)", sorted(map(str, unknown)), exc)
 
     def not_idle(self) -> dict[str, set[int]]:
-        """Per topic, the assigned partitions not known to be read up to their end."""
+        """Per topic, the assigned partitions not known to be read up to their end.
+
+        After a gap of more than ``fresh_fetch_ms`` since the last call (the worker's loop was
+        stalled, e.g. on a broker outage), every partition: nobody watched them meanwhile, so
+        their silence is unknown, and records producers buffered may be about to arrive.
+        """
         out: dict[str, set[int]] = {}
         now = self.clock_ms()
+        unwatched = self._watched_at is not None and now - self._watched_at > self.fresh_fetch_ms
+        self._watched_at = now
         for tp in self.consumer.assignment():
+            if unwatched:
+                out.setdefault(tp.topic, set()).add(tp.partition)
+                continue
             highwater = self.consumer.highwater(tp)
             position = self.position(tp)
             fetched_at = self.consumer.last_poll_timestamp(tp)  # the last fetch response for tp (aiokafka, ms)

@@ -9,13 +9,17 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from stream_dp.budget import BudgetPolicy, MemoryBudgetStore, RedisBudgetStore, StoreOptions
+from stream_dp.budget.redis_nodes import ReplicaWait
+from stream_dp.budget.redis_url import client_from_url
 from stream_dp.metrics.budget import BudgetMetrics
 
+from .cluster_support import PrivateCluster
 from .support import HOUR_MS, Clock, StoreFactory, standard_policy
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -27,13 +31,17 @@ def clock() -> Clock:
     return Clock((int(time.time() * 1000) // HOUR_MS) * HOUR_MS)
 
 
-def _delete_prefix(client: redis.Redis, prefix: str) -> None:
+def _delete_prefix(client: Any, prefix: str) -> None:
     keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
     if keys:
         client.delete(*keys)
 
 
-@pytest.fixture(params=["memory", "redis"])
+CLUSTER_WAIT = ReplicaWait(replicas=1, timeout_ms=2000)
+"""The cluster suite waits for one replica per charge, as a clustered worker does by default."""
+
+
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -41,10 +49,11 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def make_store(backend: str, request: pytest.FixtureRequest, unique_name: str, clock: Clock) -> Iterator[StoreFactory]:
     """Factory of stores of the parametrised backend, on the test clock."""
-    client: redis.Redis | None = None
+    client: Any = None
     if backend == "redis":
-        url = request.getfixturevalue("redis_url")
-        client = redis.Redis.from_url(url)
+        client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+    elif backend == "redis-cluster":
+        client = client_from_url(request.getfixturevalue("redis_cluster_url"), timeout_s=5.0)
 
     def make(
         policy: BudgetPolicy | None = None,
@@ -58,6 +67,8 @@ def make_store(backend: str, request: pytest.FixtureRequest, unique_name: str, c
             store = MemoryBudgetStore(policy, options, metrics=metrics, clock_ms=clock)
         else:
             assert client is not None
+            if backend == "redis-cluster":
+                redis_kwargs = {"wait": CLUSTER_WAIT, **redis_kwargs}
             store = RedisBudgetStore(
                 client, policy, options, key_prefix=f"{unique_name}:", metrics=metrics, clock_ms=clock, **redis_kwargs
             )
@@ -158,3 +169,17 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def private_cluster(tmp_path: Path) -> Iterator[PrivateCluster]:
+    """A Redis Cluster of this test's own (3 masters + 3 replicas, random ports), for killing or resharding it."""
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        message = "redis-server and redis-cli are not on PATH (install Debian's redis-server package)"
+        if IN_CI:
+            pytest.fail(f"{message} (CI=true: a missing service is a failure, not a skip)")
+        pytest.skip(message)
+    cluster = PrivateCluster(tmp_path)
+    cluster.start()
+    yield cluster
+    cluster.stop()

@@ -84,3 +84,29 @@ def test_a_partials_retention_setting_longer_than_the_ledger_ttl_is_refused(monk
         Settings()
     monkeypatch.setenv("STREAM_DP_PARTIALS_RETENTION_MS", str(8 * DAY - 2 * HOUR))
     assert Settings().partials_topic_configs()["retention.ms"] == str(8 * DAY - 2 * HOUR)
+
+
+def test_a_cluster_url_waits_for_one_replica_by_default(monkeypatch):
+    monkeypatch.setenv("REDIS_URL", "redis+cluster://svc:pw@redis-0:6379,redis-1:6379")
+    wait = Settings().replica_wait()
+    assert wait is not None and (wait.replicas, wait.timeout_ms) == (1, 500)
+    monkeypatch.setenv("STREAM_DP_REDIS_WAIT_REPLICAS", "0")
+    assert Settings().replica_wait() is None
+    monkeypatch.setenv("REDIS_URL", "redis://redis:6379/0")
+    monkeypatch.delenv("STREAM_DP_REDIS_WAIT_REPLICAS")
+    assert Settings().replica_wait() is None  # one Redis: no replicas to wait for unless asked
+
+
+def test_bad_cluster_urls_and_wait_settings_are_refused(monkeypatch):
+    for url, match in [
+        ("redis+cluster://redis-0:6379/3", "only database 0"),
+        ("redis+cluster://redis-0", "not host:port"),
+        ("memcached://cache:11211", "use redis://"),
+    ]:
+        monkeypatch.setenv("REDIS_URL", url)
+        with pytest.raises(ValidationError, match=match):
+            Settings()
+    monkeypatch.setenv("REDIS_URL", "redis+cluster://redis-0:6379")
+    monkeypatch.setenv("STREAM_DP_REDIS_WAIT_TIMEOUT_MS", "1500")
+    with pytest.raises(ValidationError, match="over half of STREAM_DP_REDIS_TIMEOUT_S"):
+        Settings()

@@ -67,7 +67,8 @@ def test_events_buffered_through_a_broker_outage_are_not_late(tmp_path, redis_ur
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and metric_sum(_scrape(port), "stream_dp_events_total", query=name) < 5:
             time.sleep(0.2)
-        assert metric_sum(_scrape(port), "stream_dp_events_total", query=name, outcome="accepted") == 5
+        # (the producer goes on a unit a second: a slow worker may have read the sixth already)
+        assert metric_sum(_scrape(port), "stream_dp_events_total", query=name, outcome="accepted") >= 5
         broker.stop(crash=True)
         outage_started = time.monotonic()
         time.sleep(16.5)

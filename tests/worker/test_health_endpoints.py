@@ -42,8 +42,7 @@ def _wait(port: int, path: str, status: int, timeout_s: float = 60) -> str:
     raise AssertionError(f"{path} answered {last} instead of {status} within {timeout_s:.0f} s")
 
 
-@pytest.mark.slow
-def test_readiness_follows_the_group_and_redis_liveness_the_event_loop(tmp_path, kafka_bootstrap, new_topic, unique_name):
+def _config(tmp_path, new_topic, unique_name):
     name = unique_name.replace("-", "_")[-40:]
     config = {
         "namespaces": {f"{name}-users": {"budgets": [{"horizon": "1h", "epsilon": 10.0}]}},
@@ -57,6 +56,21 @@ def test_readiness_follows_the_group_and_redis_liveness_the_event_loop(tmp_path,
     }
     config_path = tmp_path / "queries.yaml"
     config_path.write_text(yaml.safe_dump(config))
+    return config_path
+
+
+def _stop(worker):
+    worker.terminate()
+    try:
+        worker.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
+
+
+@pytest.mark.slow
+def test_readiness_follows_the_group_and_redis_liveness_the_event_loop(tmp_path, kafka_bootstrap, new_topic, unique_name):
+    config_path = _config(tmp_path, new_topic, unique_name)
     redis_server = PrivateRedis(tmp_path / "redis")
     redis_server.start()
     port = free_port()
@@ -79,10 +93,26 @@ def test_readiness_follows_the_group_and_redis_liveness_the_event_loop(tmp_path,
         _wait(port, "/readyz", 200)
         assert worker.poll() is None, (tmp_path / "worker.log").read_text(errors="replace")[-3000:]
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        _stop(worker)
         redis_server.stop()
+
+
+@pytest.mark.slow
+def test_a_worker_on_a_redis_cluster_is_ready(tmp_path, kafka_bootstrap, redis_cluster_url, new_topic, unique_name):
+    """REDIS_URL=redis+cluster://...: the budget store, the ledger and /readyz's ping all use the cluster."""
+    config_path = _config(tmp_path, new_topic, unique_name)
+    port = free_port()
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, REDIS_URL=redis_cluster_url,
+               STREAM_DP_GROUP_ID=f"{unique_name}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{unique_name}.",
+               STREAM_DP_CONTRIBUTION_SECRET="test-secret-0123456789abcdef", STREAM_DP_METRICS_PORT=str(port))
+    with open(tmp_path / "worker.log", "wb") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(config_path)],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        assert _wait(port, "/readyz", 200) == "ok: 2 input partitions assigned\n", (
+            (tmp_path / "worker.log").read_text(errors="replace")[-3000:]
+        )
+        assert worker.poll() is None
+    finally:
+        _stop(worker)
+    assert "Redis durability" not in (tmp_path / "worker.log").read_text(errors="replace")

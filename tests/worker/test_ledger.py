@@ -1,4 +1,7 @@
-"""Both ledger backends: a window's release is stored once and read back unchanged."""
+"""Every ledger backend: a window's release is stored once and read back unchanged.
+
+On a Redis Cluster the ledger waits for one replica before a stored release is used, as a clustered worker does.
+"""
 
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -6,17 +9,26 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
+from stream_dp.budget.redis_nodes import ReplicaWait
+from stream_dp.budget.redis_url import client_from_url
 from stream_dp.worker.ledger import LedgerUnavailable, MemoryReleaseLedger, RedisReleaseLedger
 from stream_dp.worker.release_entry import decode_entry, pack_records
 
+URL_FIXTURES = {"redis": "redis_url", "redis-cluster": "redis_cluster_url"}
 
-@pytest.fixture(params=["memory", "redis"])
+
+def _client_and_wait(request, backend):
+    client = client_from_url(request.getfixturevalue(URL_FIXTURES[backend]), timeout_s=5.0)
+    return client, (ReplicaWait(1, 2000) if backend == "redis-cluster" else None)
+
+
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
 def ledger(request, unique_name):
     if request.param == "memory":
         yield MemoryReleaseLedger()
         return
-    client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
-    yield RedisReleaseLedger(client, prefix=f"{unique_name}:ledger")
+    client, wait = _client_and_wait(request, request.param)
+    yield RedisReleaseLedger(client, prefix=f"{unique_name}:ledger", wait=wait)
     for key in client.scan_iter(f"{unique_name}:*"):
         client.delete(key)
     client.close()
@@ -60,11 +72,12 @@ def test_charge_journal_keeps_the_first_unit_list(ledger):
     assert ledger.remember_units("q/0/2", ["u9"]) == []
 
 
-def test_released_through_mark_never_expires(redis_url, unique_name):
+@pytest.mark.parametrize("backend", ["redis", "redis-cluster"])
+def test_released_through_mark_never_expires(request, backend, unique_name):
     """Window entries expire with the ledger TTL; the mark that says "released through" must not."""
-    client = redis.Redis.from_url(redis_url)
+    client, wait = _client_and_wait(request, backend)
     prefix = f"{unique_name}:ledger"
-    ledger = RedisReleaseLedger(client, prefix=prefix, ttl_s=3_600)
+    ledger = RedisReleaseLedger(client, prefix=prefix, ttl_s=3_600, wait=wait)
     mark = f"{prefix}:{{q}}:released-through:0"
     try:
         ledger.claim("q", 0, b"")
@@ -82,10 +95,10 @@ def test_released_through_mark_never_expires(redis_url, unique_name):
         client.close()
 
 
-@pytest.fixture
-def small_chunks(redis_url, unique_name):
-    client = redis.Redis.from_url(redis_url)
-    yield client, RedisReleaseLedger(client, prefix=f"{unique_name}:ledger", chunk_bytes=1_000)
+@pytest.fixture(params=["redis", "redis-cluster"])
+def small_chunks(request, unique_name):
+    client, wait = _client_and_wait(request, request.param)
+    yield client, RedisReleaseLedger(client, prefix=f"{unique_name}:ledger", chunk_bytes=1_000, wait=wait)
     for key in client.scan_iter(f"{unique_name}:*"):
         client.delete(key)
     client.close()

@@ -124,3 +124,22 @@ def test_while_the_broker_does_not_answer_nothing_is_idle():
 def test_the_freshness_limit_must_be_positive():
     with pytest.raises(ValueError, match="fresh_fetch_ms must be positive"):
         PartitionPositions(_Consumer({}), fresh_fetch_ms=0)
+
+
+def test_after_a_stall_of_the_loop_nothing_is_idle_until_watched_again():
+    """A worker whose loop stalled (its sends and commits waiting out a broker outage) did not watch
+    its partitions meanwhile: a fresh fetch saying "read to the end" then only means the producers'
+    buffered records have not arrived yet."""
+    clock = [NOW_MS]
+    consumer = _Consumer({_tp(0): 5, _tp(1): 5}, commits={_tp(0): 5, _tp(1): 5})
+    positions = PartitionPositions(consumer, fresh_fetch_ms=3_000, clock_ms=lambda: clock[0])
+    asyncio.run(positions.learn_starts())
+    assert positions.not_idle() == {}
+    clock[0] += 3_000
+    consumer.fetched_at = clock[0]
+    assert positions.not_idle() == {}  # watched every 3 s: caught up and idle
+    clock[0] += 3_001
+    consumer.fetched_at = clock[0]
+    assert positions.not_idle() == {T: {0, 1}}  # 3.001 s unwatched
+    clock[0] += 200
+    assert positions.not_idle() == {}  # watched again
