@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client import CollectorRegistry
 
 from stream_dp.budget import BudgetPolicy, BudgetStore, NamespacePolicy, RedisBudgetStore, StoreOptions, policy_from_config
@@ -33,8 +32,9 @@ from stream_dp.worker.kafka_admin import read_commit_metadata
 from stream_dp.worker.ledger import RedisReleaseLedger, ReleaseLedger
 from stream_dp.worker.release import ReleaseStage
 from stream_dp.worker.runtime import QueryRuntime
-from stream_dp.worker.topic_setup import PRODUCER_MAX_REQUEST_BYTES, TopicLimits, prepare_topics
-from stream_dp.worker.topics import RECORD_HEADROOM, TopicSettingsError
+from stream_dp.worker.clients import kafka_clients
+from stream_dp.worker.topic_setup import TopicLimits, prepare_topics
+from stream_dp.worker.topics import TopicSettingsError
 
 log = logging.getLogger(__name__)
 
@@ -348,27 +348,11 @@ class Worker:
             runtime.combiner.partials_partitions = partials_partitions
         if self.serve_metrics:
             self._metrics_server = serve_http(settings.metrics_port, settings.metrics_host, self.registry, self.health)
-        aio = settings.aiokafka_options()
-        producer = AIOKafkaProducer(**aio, client_id=f"{self.client_id}-producer", acks="all",
-                                    enable_idempotence=True, linger_ms=5, max_request_size=PRODUCER_MAX_REQUEST_BYTES)
-        # Release records repeat their window's JSON (privacy block, times) in every record: lz4
-        # shrinks a batch several times over for the broker, and consumers decompress on their own.
-        output_producer = AIOKafkaProducer(
-            **aio, client_id=f"{self.client_id}-output", acks="all", enable_idempotence=True, linger_ms=5,
-            compression_type="lz4", max_batch_size=limits.output_batch_bytes,
-            max_request_size=max(PRODUCER_MAX_REQUEST_BYTES, limits.output_batch_bytes + RECORD_HEADROOM),
-        )
-        ingest_consumer = AIOKafkaConsumer(
-            **aio, client_id=f"{self.client_id}-ingest", group_id=settings.group_id, enable_auto_commit=False,
-            auto_offset_reset="earliest", max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
-        )
-        release_consumer = AIOKafkaConsumer(
-            **aio, client_id=f"{self.client_id}-release", group_id=f"{settings.group_id}-release",
-            enable_auto_commit=False, auto_offset_reset="earliest", max_partition_fetch_bytes=8 * 1024 * 1024,
-        )
+        clients = kafka_clients(settings.aiokafka_options(), client_id=self.client_id, group_id=settings.group_id,
+                                limits=limits)
         noise_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="noise")
         ingest = IngestStage(
-            self.runtimes, ingest_consumer, producer, self.budget, self.ledger, self.metrics,
+            self.runtimes, clients.ingest_consumer, clients.producer, self.budget, self.ledger, self.metrics,
             partials_topic=settings.partials_topic, partials_partitions=partials_partitions,
             alerts_topic=settings.alerts_topic,
             dead_letter_topic=settings.dead_letter_topic,
@@ -377,16 +361,15 @@ class Worker:
             clock_ms=self.clock_ms,
         )
         release = ReleaseStage(
-            self.runtimes, release_consumer, output_producer, self.ledger, OpenDPNoise(executor=noise_pool), self.metrics,
+            self.runtimes, clients.release_consumer, clients.output_producer, self.ledger,
+            OpenDPNoise(executor=noise_pool), self.metrics,
             partials_topic=settings.partials_topic, release_age_limit_ms=settings.release_age_limit_ms,
             output_batch_bytes=limits.output_batch_bytes, clock_ms=self.clock_ms,
         )
-        release_consumer.subscribe([settings.partials_topic], listener=release.rebalance_listener())
-        ingest_consumer.subscribe(sorted({q.config.input_topic for q in self.runtimes}), listener=ingest.rebalance_listener())
-        await producer.start()
-        await output_producer.start()
-        await ingest_consumer.start()
-        await release_consumer.start()
+        clients.release_consumer.subscribe([settings.partials_topic], listener=release.rebalance_listener())
+        clients.ingest_consumer.subscribe(sorted({q.config.input_topic for q in self.runtimes}),
+                                          listener=ingest.rebalance_listener())
+        await clients.start()
         log.info("worker running: %d queries, group %s", len(self.runtimes), settings.group_id)
         try:
             watcher = asyncio.create_task(watch_health(
@@ -401,10 +384,7 @@ class Worker:
             for task in done:
                 task.result()  # re-raise a stage's failure
         finally:
-            await ingest_consumer.stop()
-            await release_consumer.stop()
-            await producer.stop()
-            await output_producer.stop()
+            await clients.stop()
             noise_pool.shutdown(wait=False)
             if self._metrics_server is not None:
                 server, _thread = self._metrics_server
