@@ -112,8 +112,8 @@ class Workers:
             peaks.append(kb / 1024)
         return peaks
 
-    def log_text(self) -> str:
-        return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-4000:]}" for path in self.logs)
+    def log_text(self, tail: int | None = 4000) -> str:
+        return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-(tail or 0):]}" for path in self.logs)
 
     def stop(self) -> None:
         for process in self.processes:
