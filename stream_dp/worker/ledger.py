@@ -184,6 +184,7 @@ class RedisReleaseLedger:
         return first + b"".join(rest)
 
     def claim(self, query: str, window_start_ms: int, payload: bytes) -> StoredRelease:
+        _check_payload(payload)
         try:
             stored, state, new = self._store_once(self._key(query, window_start_ms), payload, self._ttl_s, WRITTEN,
                                                   f"{self._prefix}:{{{query}}}:sync")
@@ -257,6 +258,12 @@ class RedisReleaseLedger:
             raise LedgerUnavailable(f"release ledger update failed ({type(exc).__name__})") from exc
 
 
+def _check_payload(payload: object) -> None:
+    # A wrong type must not pass for a Redis outage (LedgerUnavailable is retried forever).
+    if not isinstance(payload, (bytes, bytearray)):
+        raise TypeError(f"a release is stored as bytes (release_entry.encode_entry), got {type(payload).__name__}")
+
+
 def _pack_units(units: list[str]) -> bytes:
     # Unit ids never hold NUL (the decoder rejects them), so it separates them.
     return zlib.compress("\0".join(units).encode(), 1)
@@ -278,6 +285,7 @@ class MemoryReleaseLedger:
         self._lock = threading.Lock()
 
     def claim(self, query: str, window_start_ms: int, payload: bytes) -> StoredRelease:
+        _check_payload(payload)
         with self._lock:
             key = (query, window_start_ms)
             if key in self._entries:
