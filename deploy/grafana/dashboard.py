@@ -134,6 +134,13 @@ def windows() -> list[Panel]:
                       f"sum by (query) (rate(stream_dp_noise_seconds_count{{{Q}}}{RATE}))", "{{query}} mean"),
                quantiles("stream_dp_noise_seconds", "query", Q, "{{query}}")[-1]),
               unit="s"),
+        Panel("Release time by stage", "Mean seconds per window in each stage between its close and its last "
+              "record: charge and partial_send (ingest), decode, combine, noise, encode, ledger, render and "
+              "publish (release). A stage that grows with the window's groups shows where a big window spends.",
+              (Target(f"sum by (operation) (rate(stream_dp_release_stage_seconds_sum{{{Q}}}{RATE})) / "
+                      f"sum by (operation) (rate(stream_dp_release_stage_seconds_count{{{Q}}}{RATE}))",
+                      "{{operation}}"),),
+              unit="s"),
         Panel("Replays and late data", "Zero when healthy. Republished: a stored release published again after "
               "a retry or replay (same values, no new noise). Late partials: dropped after their window was "
               "released. Expired partials and windows: older than the release ledger keeps entries, so never "

@@ -60,6 +60,14 @@ class Settings(BaseSettings):
     the default retention plus a day."""
     partials_retention_ms: int | None = Field(None, alias="STREAM_DP_PARTIALS_RETENTION_MS")
     """``retention.ms`` of the partials topic the worker creates (see ``partials_topic_configs``)."""
+    topic_replication_factor: int | None = Field(None, alias="STREAM_DP_TOPIC_REPLICATION_FACTOR", ge=1, le=32)
+    """Replicas per partition of the topics the worker creates; by default min(3, brokers)."""
+    topic_min_insync_replicas: int | None = Field(None, alias="STREAM_DP_TOPIC_MIN_INSYNC_REPLICAS", ge=1, le=32)
+    """``min.insync.replicas`` of the topics the worker creates; by default one fewer than the replicas (at least 1)."""
+    internal_retention_ms: int = Field(DEFAULT_INPUT_RETENTION_MS, alias="STREAM_DP_INTERNAL_RETENTION_MS")
+    """``retention.ms`` of the alerts and dead-letter topics the worker creates (they hold unit ids and events)."""
+    output_retention_ms: int = Field(DEFAULT_INPUT_RETENTION_MS, alias="STREAM_DP_OUTPUT_RETENTION_MS")
+    """``retention.ms`` of the output topics the worker creates; -1 keeps releases forever."""
 
     @field_validator("redis_url")
     @classmethod
@@ -94,6 +102,26 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"STREAM_DP_PARTIALS_RETENTION_MS={value} is under an hour; partials must wait in their topic "
                 "while a release is held: set it to at least 3600000, or unset it for the default"
+            )
+        return value
+
+    @field_validator("internal_retention_ms")
+    @classmethod
+    def _internal_kept_an_hour_at_least(cls, value: int) -> int:
+        if value < HOUR_MS:
+            raise ValueError(
+                f"STREAM_DP_INTERNAL_RETENTION_MS={value}; alerts and dead letters must stay long enough to be read "
+                "(and are never kept forever: they hold unit ids): set it to at least 3600000"
+            )
+        return value
+
+    @field_validator("output_retention_ms")
+    @classmethod
+    def _output_kept_an_hour_or_forever(cls, value: int) -> int:
+        if value != -1 and value < HOUR_MS:
+            raise ValueError(
+                f"STREAM_DP_OUTPUT_RETENTION_MS={value}; consumers need time to read releases: set it to at least "
+                "3600000, or -1 to keep them forever"
             )
         return value
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+_STAGE_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 
 
 class WorkerMetrics:
@@ -108,6 +109,14 @@ class WorkerMetrics:
             "From a window closing (watermark passing its end) to its last record published.",
             ["query"],
             buckets=_LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.release_stage_seconds = Histogram(
+            "stream_dp_release_stage_seconds",
+            "Time of one window in each stage between its close and its last record: charge and partial_send "
+            "(ingest), decode, combine, noise, encode, ledger, render and publish (release).",
+            ["query", "operation"],
+            buckets=_STAGE_BUCKETS_S,
             registry=registry,
         )
         self.noise_seconds = Histogram(

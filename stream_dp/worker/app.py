@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client import CollectorRegistry
 
 from stream_dp.budget import BudgetPolicy, BudgetStore, NamespacePolicy, RedisBudgetStore, StoreOptions, policy_from_config
@@ -27,20 +26,16 @@ from stream_dp.metrics.health import watch as watch_health
 from stream_dp.metrics.http import serve as serve_http
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import BoundingSpec, EventSchema, WindowEngine, WindowSpec
-from stream_dp.worker.columnar_consumer import ColumnarConsumer
 from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.process_tuning import tune_process
 from stream_dp.worker.ingest import IngestStage
-from stream_dp.worker.kafka_admin import (
-    RETENTION_CONFIGS,
-    ensure_topics,
-    partials_retention_problem,
-    read_commit_metadata,
-    read_topic_config,
-)
+from stream_dp.worker.kafka_admin import read_commit_metadata
 from stream_dp.worker.ledger import RedisReleaseLedger, ReleaseLedger
 from stream_dp.worker.release import ReleaseStage
 from stream_dp.worker.runtime import QueryRuntime
+from stream_dp.worker.clients import kafka_clients
+from stream_dp.worker.topic_setup import TopicLimits, prepare_topics
+from stream_dp.worker.topics import TopicSettingsError
 
 log = logging.getLogger(__name__)
 
@@ -323,23 +318,11 @@ class Worker:
     def request_stop(self) -> None:
         self.stop_event.set()
 
-    async def _prepare_topics(self, options: dict[str, Any]) -> int:
-        """Create missing topics, refuse a partials topic that outlives the ledger; returns its partition count."""
-        settings = self.settings
-        topics = {settings.partials_topic: settings.partials_partitions, settings.alerts_topic: 1,
-                  settings.dead_letter_topic: 1}
-        topics.update({q.config.output_topic: settings.output_partitions for q in self.runtimes})
-        partition_counts = await asyncio.to_thread(
-            ensure_topics, options, topics, configs={settings.partials_topic: settings.partials_topic_configs()}
-        )
-        in_force = await asyncio.to_thread(read_topic_config, options, settings.partials_topic, RETENTION_CONFIGS)
-        problem = partials_retention_problem(
-            settings.partials_topic, in_force, ledger_ttl_s=settings.ledger_ttl_s,
-            wanted=settings.partials_topic_configs(), bootstrap=settings.kafka_bootstrap_servers,
-        )
-        if problem is not None:
-            raise WorkerConfigError(problem)
-        return partition_counts[settings.partials_topic]
+    async def _prepare_topics(self, options: dict[str, Any]) -> TopicLimits:
+        try:
+            return await prepare_topics(self.settings, self.runtimes, options)
+        except TopicSettingsError as exc:
+            raise WorkerConfigError(str(exc)) from None
 
     def _ping_redis(self) -> object:
         """Readiness: the ledger's Redis (the budget store's too, unless injected) answers, on a Redis Cluster every
@@ -357,44 +340,37 @@ class Worker:
         settings = self.settings
         options = settings.kafka_client_options()
         try:
-            partials_partitions = await self._prepare_topics(options)
+            limits = await self._prepare_topics(options)
         except BaseException:
             self._close_stores()
             raise
+        partials_partitions = limits.partials_partitions
         for runtime in self.runtimes:
             runtime.combiner.partials_partitions = partials_partitions
         if self.serve_metrics:
             self._metrics_server = serve_http(settings.metrics_port, settings.metrics_host, self.registry, self.health)
-        aio = settings.aiokafka_options()
-        producer = AIOKafkaProducer(**aio, client_id=f"{self.client_id}-producer", acks="all",
-                                    enable_idempotence=True, linger_ms=5, max_request_size=4 * 1024 * 1024)
-        ingest_consumer = ColumnarConsumer(
-            **aio, client_id=f"{self.client_id}-ingest", group_id=settings.group_id, enable_auto_commit=False,
-            auto_offset_reset="earliest", max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
-        )
-        release_consumer = AIOKafkaConsumer(
-            **aio, client_id=f"{self.client_id}-release", group_id=f"{settings.group_id}-release",
-            enable_auto_commit=False, auto_offset_reset="earliest",
-        )
+        clients = kafka_clients(settings.aiokafka_options(), client_id=self.client_id, group_id=settings.group_id,
+                                limits=limits)
         noise_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="noise")
         ingest = IngestStage(
-            self.runtimes, ingest_consumer, producer, self.budget, self.ledger, self.metrics,
+            self.runtimes, clients.ingest_consumer, clients.producer, self.budget, self.ledger, self.metrics,
             partials_topic=settings.partials_topic, partials_partitions=partials_partitions,
             alerts_topic=settings.alerts_topic,
             dead_letter_topic=settings.dead_letter_topic,
             read_commit_metadata=lambda tps: read_commit_metadata(options, settings.group_id, tps),
+            partials_record_bytes=limits.partials_record_bytes, dead_letter_record_bytes=limits.dead_letter_record_bytes,
             clock_ms=self.clock_ms,
         )
         release = ReleaseStage(
-            self.runtimes, release_consumer, producer, self.ledger, OpenDPNoise(executor=noise_pool), self.metrics,
+            self.runtimes, clients.release_consumer, clients.output_producer, self.ledger,
+            OpenDPNoise(executor=noise_pool), self.metrics,
             partials_topic=settings.partials_topic, release_age_limit_ms=settings.release_age_limit_ms,
-            clock_ms=self.clock_ms,
+            output_batch_bytes=limits.output_batch_bytes, clock_ms=self.clock_ms,
         )
-        release_consumer.subscribe([settings.partials_topic], listener=release.rebalance_listener())
-        ingest_consumer.subscribe(sorted({q.config.input_topic for q in self.runtimes}), listener=ingest.rebalance_listener())
-        await producer.start()
-        await ingest_consumer.start()
-        await release_consumer.start()
+        clients.release_consumer.subscribe([settings.partials_topic], listener=release.rebalance_listener())
+        clients.ingest_consumer.subscribe(sorted({q.config.input_topic for q in self.runtimes}),
+                                          listener=ingest.rebalance_listener())
+        await clients.start()
         log.info("worker running: %d queries, group %s", len(self.runtimes), settings.group_id)
         try:
             watcher = asyncio.create_task(watch_health(
@@ -409,9 +385,7 @@ class Worker:
             for task in done:
                 task.result()  # re-raise a stage's failure
         finally:
-            await ingest_consumer.stop()
-            await release_consumer.stop()
-            await producer.stop()
+            await clients.stop()
             noise_pool.shutdown(wait=False)
             if self._metrics_server is not None:
                 server, _thread = self._metrics_server

@@ -7,55 +7,44 @@ partials, tell the release stage how far each partition has closed, and
 commit only offsets that no open or unpublished window still needs.
 
 Fail closed: a partial whose charge fails is held (and its offsets with it)
-and retried; it is published only after the charge succeeded. Exactly-once
-bookkeeping: the charge id is ``query/window_start/partition``; a replay after
-a crash charges nobody twice and gets the same exclusions back, so the
-re-published partial is identical.
+and retried; it is published only after the charge succeeded (``emit``).
+Exactly-once bookkeeping: the charge id is ``query/window_start/partition``;
+a replay after a crash charges nobody twice and gets the same exclusions
+back, so the re-published partial has the same contents (its close time and
+so its chunks' digest differ: the release stage keeps one of them).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 
-from stream_dp.budget import BudgetStore, BudgetUnavailable, ChargeConflict, ChargeRejected
+from stream_dp.budget import BudgetStore
 from stream_dp.metrics.worker import WorkerMetrics
-from stream_dp.windows import RawBatch, RejectReason
-from stream_dp.windows.batch import NO_TIMESTAMP
-from stream_dp.worker.combiner import window_home
+from stream_dp.windows import RejectReason
 from stream_dp.worker.background import BackgroundRounds
-from stream_dp.worker.charge_round import WindowCharge, charge_in_order
 from stream_dp.worker.commit_metadata import encode_commit_metadata, restored_progress
-from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
+from stream_dp.worker.consumed import raw_batch
+from stream_dp.worker.dead_letters import DeadLetters
+from stream_dp.worker.emit import Emitter, HeldPartial
+from stream_dp.worker.ledger import ReleaseLedger
+from stream_dp.worker.partials_out import PartialsOut
 from stream_dp.worker.positions import PartitionPositions
-from stream_dp.worker.record_columns import RecordColumns
-from stream_dp.worker.record_columns import raw_batch as columns_raw_batch
-from stream_dp.worker.records import PartialAggregate, Progress, encode_partial, encode_progress, partial_key
+from stream_dp.worker.records import Progress, encode_progress
 from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
 
-MAX_DEAD_LETTER_BYTES = 900_000  # stay under the producer's default 1 MB request limit
-
-
-@dataclass
-class _HeldPartial:
-    """A closed window partial not yet charged and published."""
-
-    query: QueryRuntime
-    partial: Any  # stream_dp.windows.WindowPartial
-    closed_at_ms: int
+# The broker's default record limit (message.max.bytes) less room for framing; the worker
+# passes the limits it reads from the cluster at start (see ``topics``).
+DEFAULT_RECORD_BYTES = 1_000_000 - 16_384
 
 
 class IngestStage:
@@ -73,6 +62,8 @@ class IngestStage:
         alerts_topic: str,
         dead_letter_topic: str,
         read_commit_metadata: Callable[[list[TopicPartition]], dict[TopicPartition, str]],
+        partials_record_bytes: int = DEFAULT_RECORD_BYTES,
+        dead_letter_record_bytes: int = DEFAULT_RECORD_BYTES,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         max_records: int = 20_000,
         poll_timeout_ms: int = 200,
@@ -94,23 +85,26 @@ class IngestStage:
         self.partials_partitions = partials_partitions
         self.alerts_topic = alerts_topic
         self.dead_letter_topic = dead_letter_topic
+        self.dead_letters = DeadLetters(producer, metrics, topic=dead_letter_topic, max_record_bytes=dead_letter_record_bytes)
+        self.emitter = Emitter(
+            queries, producer, budget, journal, metrics,
+            PartialsOut(producer, metrics, topic=partials_topic, partitions=partials_partitions,
+                        max_record_bytes=partials_record_bytes),
+            alerts_topic=alerts_topic, partition_count=self._partition_count,
+            retry_backoff_s=retry_backoff_s, retry_backoff_max_s=retry_backoff_max_s,
+        )
         self.read_commit_metadata = read_commit_metadata
         self.clock_ms = clock_ms
         self.max_records = max_records
         self.poll_timeout_ms = poll_timeout_ms
         self.commit_interval_s = commit_interval_s
         self.progress_interval_s = progress_interval_s
-        self.retry_backoff_s = retry_backoff_s
-        self.retry_backoff_max_s = retry_backoff_max_s
-        self._held: list[_HeldPartial] = []
         self._lock = asyncio.Lock()
         self._last_commit_s = 0.0
         self._last_progress_s = 0.0
         self._sent_progress: dict[tuple[str, int], int] = {}
         self.positions = PartitionPositions(consumer)
         self._joined = False  # an assignment (possibly empty) arrived from the group
-        self._charge_attempts = 0
-        self._next_charge_s = 0.0
         # Charging and publishing closed windows waits mostly on Redis: it runs beside the loop.
         self._rounds = BackgroundRounds(self._emit_round, name="ingest-emit")
 
@@ -180,11 +174,11 @@ class IngestStage:
                 for query in queries:
                     query.engine.revoke(partitions)
                 lost = set(partitions)
-                self._held = [
-                    h for h in self._held
+                self.emitter.held = [
+                    h for h in self.emitter.held
                     if not (h.query.config.input_topic == topic and h.partial.partition in lost)
                 ]
-            self._set_pending_gauge()
+            self.emitter.set_pending_gauge()
             self.positions.forget(revoked)
             for tp in revoked:
                 try:
@@ -204,7 +198,7 @@ class IngestStage:
             await self.step()
         async with self._lock:
             await self._rounds.settle(raise_failure=True)
-            await self._emit_held()
+            await self.emitter.emit()
             await self._commit(force=True)
 
     async def step(self) -> None:
@@ -214,7 +208,7 @@ class IngestStage:
             # Before a batch can advance the watermark: partitions that are slow (or were not watched
             # while this loop stalled) are not idle, or another partition's records would close their windows.
             self._hold_open_slow_partitions()
-            closed: list[_HeldPartial] = []
+            closed: list[HeldPartial] = []
             by_topic: dict[str, list[tuple[TopicPartition, list]]] = defaultdict(list)
             for tp, records in batches.items():
                 if records:
@@ -225,12 +219,12 @@ class IngestStage:
                     for tp, records in items:
                         self.consumer.seek(tp, records[0].offset)
                     continue
-                batch = _raw_batch(items)
+                batch = raw_batch(items)
                 for query in self.by_topic.get(topic, ()):
                     result = query.engine.process(batch)
                     self._count(query, result)
-                    await self._dead_letters(query, topic, result.rejections)
-                    closed += [_HeldPartial(query, p, now_ms) for p in result.partials]
+                    await self.dead_letters.send(query.name, topic, result.rejections)
+                    closed += [HeldPartial(query, p, now_ms) for p in result.partials]
             self.positions.note_batches(batches)
             await self.positions.learn_starts()
             for tp in self.consumer.assignment():
@@ -240,13 +234,13 @@ class IngestStage:
                         query.engine.note_read_position(tp.partition, start)
             self._hold_open_slow_partitions()
             for query in self.queries:
-                closed += [_HeldPartial(query, p, now_ms) for p in query.engine.tick()]
+                closed += [HeldPartial(query, p, now_ms) for p in query.engine.tick()]
                 self.metrics.windows_open.labels(query.name).set(len(query.engine.open_windows))
                 self.metrics.open_rows.labels(query.name).set(query.engine.open_rows)
                 closed_through = query.engine.closed_through_ms
                 if closed_through:
                     self.metrics.watermark.labels(query.name).set(min(closed_through.values()) / 1000)
-            self._held += closed
+            self.emitter.held += closed
             self._rounds.start()  # charge and publish what is held, while the next records are read
             await self._commit()
             # After the commit: progress vouches only for closure that later owners of the partition keep.
@@ -254,6 +248,15 @@ class IngestStage:
             self._update_lag()
 
     # -- pieces --------------------------------------------------------------------------
+
+    async def _emit_round(self) -> None:
+        """One background round: charge and publish what is held; once windows went out, commit
+        and send progress at once (progress vouches only for committed closure), unless a step
+        or a rebalance holds the stage, which then does it."""
+        if await self.emitter.emit() and not self._lock.locked():
+            async with self._lock:
+                await self._commit(force=True)
+                await self._send_progress()
 
     def _hold_open_slow_partitions(self) -> None:
         """A partition with records waiting, or whose end is not known, is slow, not idle: the wall
@@ -274,122 +277,6 @@ class IngestStage:
             self.metrics.rejected.labels(name, reason.value).inc(n)
             rejected += n
         self.metrics.events.labels(name, "rejected").inc(rejected)
-
-    async def _dead_letters(self, query: QueryRuntime, topic: str, rejections: list) -> None:
-        for rejection in rejections:
-            value = rejection.value if rejection.value is not None else b""
-            headers = [
-                ("reason", rejection.reason.value.encode()),
-                ("detail", rejection.detail.encode()[:500]),
-                ("query", query.name.encode()),
-                ("source", f"{topic}/{rejection.partition}/{rejection.offset}".encode()),
-            ]
-            if len(value) > MAX_DEAD_LETTER_BYTES:
-                headers.append(("truncated_from_bytes", str(len(value)).encode()))
-                value = value[:MAX_DEAD_LETTER_BYTES]
-            # Queued in the producer's buffer (the delivery future is not awaited
-            # here); the flush before each commit makes them durable before
-            # their offsets are committed.
-            await self.producer.send(self.dead_letter_topic, value=value, headers=headers)
-            self.metrics.dead_letters.labels(query.name).inc()
-
-    async def _emit_round(self) -> None:
-        """One background round: charge and publish what is held; once windows went out, commit
-        and send progress at once (progress vouches only for committed closure), unless a step
-        or a rebalance holds the stage, which then does it."""
-        if await self._emit_held() and not self._lock.locked():
-            async with self._lock:
-                await self._commit(force=True)
-                await self._send_progress()
-
-    async def _emit_held(self) -> bool:
-        """Charge and publish the held partials (see the module docstring); whether any went out."""
-        if not self._held:
-            self._set_pending_gauge()
-            return False
-        now_s = time.monotonic()
-        if now_s < self._next_charge_s:
-            return False
-        still_held: list[_HeldPartial] = []
-        sends = []
-        # Oldest window first, and an outage stops the round: a unit's windows are
-        # always charged in window order, as they would be without the outage.
-        ordered = sorted(self._held, key=lambda h: (h.partial.window_start_ms, h.partial.partition))
-        windows = [
-            WindowCharge(f"{h.query.name}/{h.partial.window_start_ms}/{h.partial.partition}", h.query.namespace,
-                         h.query.cost, h.query.delta, h.partial.window_end_ms, h.partial.units)
-            for h in ordered
-        ]
-        results = await asyncio.to_thread(charge_in_order, self.journal, self.budget, windows)
-        for position, (held, window, result) in enumerate(zip(ordered, windows, results)):
-            query, partial, charge_id = held.query, held.partial, window.charge_id
-            units, charged_units, outcome, exc = result.units, result.charged_units, result.outcome, result.error
-            if isinstance(exc, (BudgetUnavailable, LedgerUnavailable)):
-                self._charge_attempts += 1
-                backoff = min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (self._charge_attempts - 1))
-                self._next_charge_s = now_s + backoff
-                self.metrics.budget_failures.labels(query.name, "unavailable").inc()
-                log.warning("budget store unavailable for %s (attempt %d): %s; holding %d windows",
-                            charge_id, self._charge_attempts, exc, len(ordered) - position)
-                still_held.extend(ordered[position:])
-                break
-            if isinstance(exc, ChargeConflict):
-                # The journal makes retries repeat the first unit list, so this means
-                # another writer used the same charge id: release nothing.
-                self.metrics.budget_failures.labels(query.name, "conflict").inc()
-                log.error("charge %s conflicts with an earlier one (%s); the window is dropped unreleased", charge_id, exc)
-                continue
-            if isinstance(exc, ChargeRejected):
-                self.metrics.budget_failures.labels(query.name, "rejected").inc()
-                log.error("budget store refused %s: %s; the window is dropped unreleased", charge_id, exc)
-                continue
-            assert outcome is not None and charged_units is not None
-            self._charge_attempts = 0
-            excluded = np.asarray(outcome.excluded, dtype=bool)
-            if charged_units != units:
-                # Rebuilt from another batch than the one charged: keep only units that
-                # were charged (and not excluded) the first time.
-                self.metrics.internal_errors.labels("replay_rebuilt_differently").inc()
-                admitted = {u for u, out in zip(charged_units, excluded.tolist()) if not out}
-                excluded = np.fromiter((u not in admitted for u in units), dtype=bool, count=len(units))
-                log.warning("window %s was rebuilt with other units than first charged; releasing only the charged ones",
-                            charge_id)
-            totals = partial.aggregate(excluded if excluded.any() else None)
-            n_excluded = int(excluded.sum())
-            self.metrics.units_charged.labels(query.name, "charged").inc(len(units) - n_excluded)
-            self.metrics.units_charged.labels(query.name, "excluded").inc(n_excluded)
-            message = PartialAggregate(
-                query=query.name,
-                window_start_ms=partial.window_start_ms,
-                window_end_ms=partial.window_end_ms,
-                partition=partial.partition,
-                input_partitions=self._partition_count(query.config.input_topic),
-                groups=list(totals.groups),
-                count=totals.count,
-                sum=totals.sum if query.config.aggregations.sum is not None else None,
-                distinct_units=totals.distinct_units,
-                units_charged=len(units) - n_excluded,
-                units_excluded=n_excluded,
-                closed_at_ms=held.closed_at_ms,
-                placement_partitions=partial.partition_count,
-                placement_changed=partial.partition_count_changed,
-            )
-            sends.append(await self.producer.send(
-                self.partials_topic, key=partial_key(query.name, partial.window_start_ms), value=encode_partial(message),
-                partition=window_home(query.name, partial.window_start_ms, self.partials_partitions),
-            ))
-            for alert in outcome.alerts:
-                sends.append(await self.producer.send(self.alerts_topic, key=query.namespace.encode(), value=_alert_json(alert)))
-                self.metrics.alerts_published.labels(query.namespace).inc()
-            self.metrics.windows_closed.labels(query.name).inc()
-        if sends:
-            # Partials must be in the topic before progress says their window is closed.
-            await asyncio.gather(*sends)
-        # Steps may have added partials meanwhile: keep them.
-        taken = {id(h) for h in ordered}
-        self._held = still_held + [h for h in self._held if id(h) not in taken]
-        self._set_pending_gauge()
-        return bool(sends)
 
     def _note_partition_count(self, topic: str) -> bool:
         """Tell the topic's engines its current partition count; False while it is unknown."""
@@ -416,7 +303,7 @@ class IngestStage:
         closed = query.engine.closed_through_ms.get(partition)
         if closed is None:
             return None
-        for held in self._held:
+        for held in self.emitter.held:
             if held.query is query and held.partial.partition == partition:
                 # A held window is not closed for the release stage yet.
                 closed = min(closed, held.partial.window_start_ms)
@@ -458,7 +345,7 @@ class IngestStage:
             for query in queries:
                 for partition, offset in query.engine.committable_offsets().items():
                     per_partition[partition] = min(offset, per_partition.get(partition, offset))
-            for held in self._held:
+            for held in self.emitter.held:
                 if held.query.config.input_topic == topic and held.partial.partition in per_partition:
                     first = held.partial.first_offset
                     per_partition[held.partial.partition] = min(per_partition[held.partial.partition], first)
@@ -514,32 +401,3 @@ class IngestStage:
             lag = self.positions.lag(tp)
             if lag is not None:
                 self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
-
-    def _set_pending_gauge(self) -> None:
-        for query in self.queries:
-            self.metrics.pending_charges.labels(query.name).set(sum(1 for h in self._held if h.query is query))
-
-
-def _raw_batch(items: list[tuple[TopicPartition, list]]) -> RawBatch:
-    if all(isinstance(records, RecordColumns) for _, records in items):
-        return columns_raw_batch(items)  # the ColumnarConsumer's records: no object per record
-    values: list[bytes | None] = []
-    keys: list[bytes | None] = []
-    partitions = []
-    offsets = []
-    timestamps = []
-    for tp, records in items:
-        values.extend(r.value for r in records)
-        keys.extend(r.key for r in records)
-        partitions.append(np.full(len(records), tp.partition, dtype=np.int32))
-        offsets.append(np.fromiter((r.offset for r in records), dtype=np.int64, count=len(records)))
-        # A record of the old message format has no timestamp (None or -1): NO_TIMESTAMP either way.
-        timestamps.append(np.fromiter((r.timestamp or NO_TIMESTAMP for r in records), dtype=np.int64, count=len(records)))
-    return RawBatch(
-        values=values, partitions=np.concatenate(partitions), offsets=np.concatenate(offsets),
-        timestamps=np.concatenate(timestamps), keys=keys,
-    )
-
-
-def _alert_json(alert: Any) -> bytes:
-    return orjson.dumps({"type": "budget_alert", **dataclasses.asdict(alert)})

@@ -1,4 +1,4 @@
-"""Topic creation, topic-config and commit-metadata reads, through kafka-python's admin client
+"""Topic creation, cluster, topic-config and commit-metadata reads, through kafka-python's admin client
 (blocking; run in a thread), and the check that the partials topic forgets before the release ledger does.
 """
 
@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from aiokafka.structs import TopicPartition
+
+from stream_dp.worker.topics import TopicState, fix_command
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +29,11 @@ def ensure_topics(
     topics: dict[str, int],
     *,
     configs: Mapping[str, Mapping[str, str]] | None = None,
+    replication: Mapping[str, int] | None = None,
     timeout_s: float = 30.0,
 ) -> dict[str, int]:
-    """Create the topics that do not exist yet (name -> partitions, with ``configs[name]`` if given);
-    existing ones are left as they are.
+    """Create the topics that do not exist yet (name -> partitions, with ``configs[name]`` and
+    ``replication[name]`` replicas (1) if given); existing ones are left as they are.
 
     Returns the partition count each topic actually has.
     """
@@ -38,11 +41,12 @@ def ensure_topics(
     from kafka.errors import TopicAlreadyExistsError
 
     configs = configs or {}
+    replication = replication or {}
     admin = _admin(options)
     try:
         existing = set(admin.list_topics())
         missing = [
-            NewTopic(name, partitions, 1, topic_configs=dict(configs.get(name, {})))
+            NewTopic(name, partitions, replication.get(name, 1), topic_configs=dict(configs.get(name, {})))
             for name, partitions in topics.items()
             if name not in existing
         ]
@@ -85,6 +89,60 @@ def read_commit_metadata(options: dict[str, Any], group_id: str, partitions: lis
 
 
 RETENTION_CONFIGS = ("cleanup.policy", "retention.ms", "segment.ms")
+CHECKED_CONFIGS = (*RETENTION_CONFIGS, "min.insync.replicas", "max.message.bytes")
+
+
+def describe_cluster(options: dict[str, Any]) -> tuple[int, int | None]:
+    """(number of brokers, the smallest ``message.max.bytes`` among them, or None when the brokers do not
+    say: a user without DescribeConfigs on the cluster; each topic's ``max.message.bytes`` then decides)."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+    from kafka.errors import KafkaError
+
+    admin = _admin(options)
+    try:
+        brokers = [str(b["broker_id"]) for b in admin.describe_cluster()["brokers"]]
+        try:
+            described = admin.describe_configs(
+                [ConfigResource(ConfigResourceType.BROKER, b, configs={"message.max.bytes": None}) for b in brokers],
+                config_filter="all",
+            )
+        except KafkaError as exc:
+            log.warning("cannot read the brokers' message.max.bytes (%s); the topics' max.message.bytes decide", exc)
+            described = {}
+    finally:
+        admin.close()
+    limits = [int(entry["message.max.bytes"]["value"]) for entry in described.get("broker", {}).values()
+              if entry.get("message.max.bytes", {}).get("value") is not None]
+    if brokers and len(limits) < len(brokers):
+        log.warning("%d of %d brokers did not report message.max.bytes (grant the worker's Kafka user "
+                    "DescribeConfigs on the cluster); the topics' max.message.bytes decide", len(brokers) - len(limits),
+                    len(brokers))
+    return len(brokers), min(limits) if len(limits) == len(brokers) and limits else None
+
+
+def describe_topics(options: dict[str, Any], topics: list[str], names: tuple[str, ...] = CHECKED_CONFIGS) -> dict[str, TopicState]:
+    """Replicas per partition (the fewest) and the named configs in force of each topic."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    admin = _admin(options)
+    try:
+        described = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, t, configs=dict.fromkeys(names)) for t in topics],
+            config_filter="all",
+        ).get("topic", {})
+        replicas = {
+            t["name"]: min((len(p["replica_nodes"]) for p in t["partitions"] or ()), default=0)
+            for t in admin.describe_topics(topics)
+        }
+    finally:
+        admin.close()
+    return {
+        topic: TopicState(
+            replicas.get(topic, 0),
+            {n: e["value"] for n, e in described.get(topic, {}).items() if e.get("value") is not None},
+        )
+        for topic in topics
+    }
 
 
 def read_topic_config(options: dict[str, Any], topic: str, names: tuple[str, ...]) -> dict[str, str]:
@@ -116,11 +174,7 @@ def partials_retention_problem(
     whatever the topic keeps: this check keeps the two guards independent.)
     """
     limit_ms = ledger_ttl_s * 1000
-    fix = (
-        f"fix it with `kafka-configs.sh --bootstrap-server {bootstrap} --alter --entity-type topics "
-        f"--entity-name {topic} --add-config {','.join(f'{k}={v}' for k, v in wanted.items())}` "
-        "(add --command-config for a secured cluster)"
-    )
+    fix = f"fix it with {fix_command(bootstrap, topic, wanted)}"
     absent = [name for name in RETENTION_CONFIGS if name not in config]
     if absent:
         return (

@@ -1,11 +1,18 @@
 """The release ledger: a window's noisy values are stored before they are published.
 
-``claim`` stores the records of a (query, window) release unless some release
+``claim`` stores a (query, window) release unless some release
 is already stored, and returns whatever is stored. So noise for a window is
 drawn at most once in effect: a retried, replayed or concurrent release
 publishes the stored values, never fresh draws. If the process dies after
 drawing noise but before the ledger write, those draws were never seen by
 anyone, and drawing again is harmless.
+
+What is stored is opaque bytes (``release_entry`` encodes a window's noisy
+values in them). Redis values are kept small: a payload larger than
+``chunk_bytes`` is written as several hash fields, one write per chunk, staged
+under a key of their own and moved into place by the claim, so a claim is
+still all or nothing and a large window never becomes one huge command. The
+charge journal (unit lists, see ``remember_units``) is stored the same way.
 
 The ledger is kept in Redis beside the budget store (same durability). Window
 entries expire after ``ttl_s`` (the worker's ``STREAM_DP_LEDGER_TTL_S``): keep
@@ -19,6 +26,7 @@ would turn every old partial into one "never released".
 
 from __future__ import annotations
 
+import secrets
 import threading
 import zlib
 from dataclasses import dataclass
@@ -26,19 +34,42 @@ from typing import Protocol
 
 import redis
 
-from stream_dp.budget.redis_nodes import Call, NodeRunner, ReplicaWait, set_once
+from stream_dp.budget.redis_nodes import Call, NodeRunner, ReplicaWait
 
 WRITTEN = b"written"
 PUBLISHED = b"published"
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+_STAGING_TTL_S = 3_600  # staged chunks of a claim that never came (the writer died) go away on their own
 
-_CLAIM = """
-local existing = redis.call('HMGET', KEYS[1], 'payload', 'state')
-if existing[1] then
-  return {existing[1], existing[2], 0}
+# KEYS[1]: the entry (a hash); KEYS[2]: the staging hash with chunks 1..n-1.
+# ARGV: first chunk, TTL, chunk count n, initial state ('' for none).
+# Returns {first chunk or payload, state or false, chunk count, 1 if newly written}.
+# Entries of earlier versions: a hash with 'payload' and 'state', or (charge journal) a string.
+_PUT_ONCE = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'string' then
+  return {redis.call('GET', KEYS[1]), false, 1, 0}
 end
-redis.call('HSET', KEYS[1], 'payload', ARGV[1], 'state', 'written')
+if kind == 'hash' then
+  local found = redis.call('HMGET', KEYS[1], 'payload', 'state', 'chunks', 'c0')
+  if found[1] then
+    return {found[1], found[2], 1, 0}
+  end
+  return {found[4], found[2], tonumber(found[3] or '1'), 0}
+end
+local n = tonumber(ARGV[3])
+if n > 1 then
+  if redis.call('HLEN', KEYS[2]) ~= n - 1 then
+    return redis.error_reply('staged chunks missing: ' .. KEYS[2])
+  end
+  redis.call('RENAME', KEYS[2], KEYS[1])
+end
+redis.call('HSET', KEYS[1], 'c0', ARGV[1], 'chunks', n)
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[1], 'state', ARGV[4])
+end
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
-return {false, 'written', 1}
+return {false, ARGV[4], n, 1}
 """
 
 # SET without EX drops any TTL; PERSIST drops the TTL that marks written by
@@ -58,31 +89,15 @@ class LedgerUnavailable(RuntimeError):
     """The ledger could not be read or written; the caller must not publish."""
 
 
-Record = tuple[bytes, bytes]  # (Kafka key, record JSON)
-
-
 @dataclass(frozen=True)
 class StoredRelease:
-    records: list[Record]
+    payload: bytes  # as given to ``claim`` (or an earlier version's stored records)
     published: bool
     newly_written: bool
 
 
-def _pack(records: list[Record]) -> bytes:
-    # JSON text never holds a raw tab or newline (orjson escapes control
-    # characters), so they can separate keys, values and records.
-    return zlib.compress(b"\n".join(key + b"\t" + value for key, value in records), 1)
-
-
-def _unpack(payload: bytes) -> list[Record]:
-    data = zlib.decompress(payload)
-    if not data:
-        return []
-    return [tuple(line.split(b"\t", 1)) for line in data.split(b"\n")]  # type: ignore[misc]
-
-
 class ReleaseLedger(Protocol):
-    def claim(self, query: str, window_start_ms: int, records: list[Record]) -> StoredRelease: ...
+    def claim(self, query: str, window_start_ms: int, payload: bytes) -> StoredRelease: ...
     def mark_published(self, query: str, window_start_ms: int) -> None: ...
     def get(self, query: str, window_start_ms: int) -> StoredRelease | None: ...
     def released_through(self, query: str, home: int) -> int | None: ...
@@ -90,6 +105,13 @@ class ReleaseLedger(Protocol):
     def remember_units(self, charge_id: str, units: list[str]) -> list[str]: ...
     def mark_query_start(self, query: str, window_start_ms: int) -> None: ...
     def query_start(self, query: str) -> int | None: ...
+
+
+def split_chunks(payload: bytes, chunk_bytes: int) -> list[bytes]:
+    """``payload`` in pieces of at most ``chunk_bytes`` (one piece for an empty payload)."""
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    return [payload[i:i + chunk_bytes] for i in range(0, len(payload), chunk_bytes)] or [b""]
 
 
 class RedisReleaseLedger:
@@ -106,6 +128,7 @@ class RedisReleaseLedger:
 
     def __init__(
         self, client: redis.Redis, *, prefix: str = "stream-dp:ledger", ttl_s: int = 7 * 86_400, journal_ttl_s: int = 7_200,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         wait: ReplicaWait | None = None,
     ) -> None:
         if ttl_s < 3_600:
@@ -119,26 +142,55 @@ class RedisReleaseLedger:
         # not from the window's time, so a backlog charged late keeps them as long. A replay
         # later than this that rebuilds a window differently fails closed (ChargeConflict).
         self._journal_ttl_s = journal_ttl_s
-        self._claim = client.register_script(_CLAIM)
+        self._chunk_bytes = chunk_bytes
+        self._put_once = client.register_script(_PUT_ONCE)
         self._raise = client.register_script(_RAISE_MARK)
 
     def _key(self, query: str, window_start_ms: int) -> str:
         return f"{self._prefix}:{{{query}}}:{window_start_ms}"
 
-    def claim(self, query: str, window_start_ms: int, records: list[Record]) -> StoredRelease:
-        keys, args = [self._key(query, window_start_ms)], [_pack(records), self._ttl_s]
-        try:
-            if self._wait is None:
-                payload, state, new = self._claim(keys=keys, args=args)
-            else:
-                sync = f"{self._prefix}:{{{query}}}:sync"
-                call = Call(self._claim.sha, self._claim.script, keys, args, sync)
-                ((payload, state, new),) = NodeRunner(self._redis, [call], self._wait).run_pending()
-        except redis.RedisError as exc:
-            raise LedgerUnavailable(f"release ledger write failed ({type(exc).__name__}); not publishing") from exc
+    def _store_once(
+        self, key: str, payload: bytes, ttl_s: int, state: bytes, sync_key: str
+    ) -> tuple[bytes, bytes | None, bool]:
+        """(stored payload, state, newly written): ``payload`` unless ``key`` already held one; with ``wait``,
+        returns only once the replicas hold what is stored (``sync_key``: a key of the same slot for WAIT)."""
+        chunks = split_chunks(payload, self._chunk_bytes)
+        # The staging key shares the entry's hash tag, so both sit on one Redis Cluster slot; the claim's
+        # WAIT covers the staged writes too (one ordered replication stream per master).
+        staging = f"{key}:staging:{secrets.token_hex(8)}"
+        if len(chunks) > 1:
+            for index, chunk in enumerate(chunks[1:], start=1):
+                self._redis.hset(staging, f"c{index}", chunk)
+            self._redis.expire(staging, _STAGING_TTL_S)
+        keys, args = [key, staging], [chunks[0], ttl_s, len(chunks), state]
+        if self._wait is None:
+            first, stored_state, count, new = self._put_once(keys=keys, args=args)
+        else:
+            call = Call(self._put_once.sha, self._put_once.script, keys, args, sync_key)
+            ((first, stored_state, count, new),) = NodeRunner(self._redis, [call], self._wait).run_pending()
         if new:
-            return StoredRelease(records, False, True)  # what was just stored; not read back
-        return StoredRelease(_unpack(payload), state == PUBLISHED, False)
+            return payload, state or None, True
+        if len(chunks) > 1:
+            self._redis.delete(staging)
+        return self._rest(key, first, int(count)), stored_state or None, False
+
+    def _rest(self, key: str, first: bytes | None, count: int) -> bytes:
+        """A stored payload from its first chunk and the remaining ``count - 1`` chunk fields."""
+        if count <= 1:
+            return first or b""
+        rest = self._redis.hmget(key, [f"c{i}" for i in range(1, count)])
+        if first is None or any(chunk is None for chunk in rest):
+            raise redis.RedisError(f"ledger entry {key} lost chunks (expired while being read?)")
+        return first + b"".join(rest)
+
+    def claim(self, query: str, window_start_ms: int, payload: bytes) -> StoredRelease:
+        _check_payload(payload)
+        try:
+            stored, state, new = self._store_once(self._key(query, window_start_ms), payload, self._ttl_s, WRITTEN,
+                                                  f"{self._prefix}:{{{query}}}:sync")
+        except redis.RedisError as exc:
+            raise LedgerUnavailable(f"release ledger write failed ({type(exc).__name__}: {exc}); not publishing") from exc
+        return StoredRelease(stored, state == PUBLISHED, new)
 
     def mark_published(self, query: str, window_start_ms: int) -> None:
         try:
@@ -147,13 +199,15 @@ class RedisReleaseLedger:
             raise LedgerUnavailable(f"release ledger update failed ({type(exc).__name__})") from exc
 
     def get(self, query: str, window_start_ms: int) -> StoredRelease | None:
+        key = self._key(query, window_start_ms)
         try:
-            payload, state = self._redis.hmget(self._key(query, window_start_ms), "payload", "state")
+            legacy, state, count, first = self._redis.hmget(key, "payload", "state", "chunks", "c0")
+            if state is None:
+                return None
+            payload = legacy if legacy is not None else self._rest(key, first, int(count or 1))
         except redis.RedisError as exc:
             raise LedgerUnavailable(f"release ledger read failed ({type(exc).__name__})") from exc
-        if payload is None:
-            return None
-        return StoredRelease(_unpack(payload), state == PUBLISHED, False)
+        return StoredRelease(payload, state == PUBLISHED, False)
 
     def released_through(self, query: str, home: int) -> int | None:
         """End of the latest window released from partials partition ``home`` (windows are homed there).
@@ -177,19 +231,11 @@ class RedisReleaseLedger:
         """
         key = f"{self._prefix}:units:{{{charge_id}}}"
         try:
-            if self._wait is not None:
-                # Durable before the charge it guards: a failover that forgot it would let a
-                # replay charge a rebuilt unit list.
-                sync = f"{self._prefix}:units:{{{charge_id}}}:sync"
-                ttl_ms = self._journal_ttl_s * 1000
-                stored = set_once(self._redis, key, _pack_units(units), ttl_ms, sync, self._wait)
-                return units if stored is None else _unpack_units(stored)
-            if self._redis.set(key, _pack_units(units), nx=True, ex=self._journal_ttl_s):
-                return units
-            stored = self._redis.get(key)
+            sync = f"{self._prefix}:units:{{{charge_id}}}:sync"
+            stored, _, new = self._store_once(key, _pack_units(units), self._journal_ttl_s, b"", sync)
         except redis.RedisError as exc:
             raise LedgerUnavailable(f"charge journal unavailable ({type(exc).__name__}); not charging") from exc
-        return units if stored is None else _unpack_units(stored)
+        return units if new else _unpack_units(stored)
 
     def mark_query_start(self, query: str, window_start_ms: int) -> None:
         """Remember the first window the query released (kept by the first writer)."""
@@ -212,6 +258,12 @@ class RedisReleaseLedger:
             raise LedgerUnavailable(f"release ledger update failed ({type(exc).__name__})") from exc
 
 
+def _check_payload(payload: object) -> None:
+    # A wrong type must not pass for a Redis outage (LedgerUnavailable is retried forever).
+    if not isinstance(payload, (bytes, bytearray)):
+        raise TypeError(f"a release is stored as bytes (release_entry.encode_entry), got {type(payload).__name__}")
+
+
 def _pack_units(units: list[str]) -> bytes:
     # Unit ids never hold NUL (the decoder rejects them), so it separates them.
     return zlib.compress("\0".join(units).encode(), 1)
@@ -232,15 +284,15 @@ class MemoryReleaseLedger:
         self._starts: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def claim(self, query: str, window_start_ms: int, records: list[Record]) -> StoredRelease:
+    def claim(self, query: str, window_start_ms: int, payload: bytes) -> StoredRelease:
+        _check_payload(payload)
         with self._lock:
             key = (query, window_start_ms)
             if key in self._entries:
-                payload, published = self._entries[key]
-                return StoredRelease(_unpack(payload), published, False)
-            payload = _pack(records)
-            self._entries[key] = (payload, False)
-            return StoredRelease(_unpack(payload), False, True)
+                stored, published = self._entries[key]
+                return StoredRelease(stored, published, False)
+            self._entries[key] = (bytes(payload), False)
+            return StoredRelease(bytes(payload), False, True)
 
     def mark_published(self, query: str, window_start_ms: int) -> None:
         with self._lock:
@@ -250,7 +302,7 @@ class MemoryReleaseLedger:
     def get(self, query: str, window_start_ms: int) -> StoredRelease | None:
         with self._lock:
             entry = self._entries.get((query, window_start_ms))
-        return None if entry is None else StoredRelease(_unpack(entry[0]), entry[1], False)
+        return None if entry is None else StoredRelease(entry[0], entry[1], False)
 
     def remember_units(self, charge_id: str, units: list[str]) -> list[str]:
         with self._lock:

@@ -1,112 +1,119 @@
-"""Release records for the output topics: built as bytes in one pass, published in batches.
+"""Publishing a window's release records: per output partition, batches as large as the topic takes.
 
-A window with 100k groups must be encoded, stored and published in well under
-a second, so per-group work is one dict and one ``orjson.dumps``; values are
-taken from the noisy arrays with one ``tolist`` each, and records go to Kafka
-in per-partition batches rather than one ``send`` per record.
+Records are rendered from the release entry in slices (``release_entry``),
+their partitions computed for a whole slice with the vectorised murmur2 of
+``stream_dp.windows.partitioning`` (the same partition Kafka's default
+partitioner gives the key), and appended to one open batch per partition,
+sent whenever it is full. At most ``max_pending_bytes`` of sent batches wait
+for acknowledgement before the next slice is rendered, so a window of a
+million groups is never all in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
+import logging
+import time
+from collections.abc import Callable
 
 import numpy as np
-import orjson
 from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import murmur2
+from aiokafka.partitioner import murmur2 as murmur2_one
 
-from stream_dp.worker.combiner import CombinedWindow
-from stream_dp.worker.records import iso_utc, release_id
-from stream_dp.worker.runtime import QueryRuntime
+from stream_dp.windows.partitioning import expected_partitions
+from stream_dp.worker.release_entry import Record, ReleaseEntry, StoredRecords, build_entry
 
-KeyedRecord = tuple[bytes, bytes]  # (Kafka key: the group values as a JSON array, record JSON)
+log = logging.getLogger(__name__)
 
-
-def _finite(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else float(value)
-
-
-def _column(values, index: np.ndarray, requested: bool) -> list:
-    """Per released group, a requested column's values (None where not requested or not finite)."""
-    if not requested or values is None:
-        return [None] * len(index)
-    array = np.asarray(values)
-    if array.ndim == 0:
-        return [_finite(array.item())] * len(index)
-    picked = array[index]
-    if picked.dtype.kind == "f":
-        picked = np.where(np.isfinite(picked), picked, np.nan)
-        return [None if v != v else v for v in picked.tolist()]  # NaN -> None
-    return picked.tolist()
+KeyedRecord = Record
+SLICE_ROWS = 20_000
+RECORD_OVERHEAD = 128  # a record batch's header (61 bytes) and one record's own framing, with room
+_VECTOR_KEY_BYTES = 256  # longer keys are hashed one by one: a fixed-width array of them would waste memory
 
 
-def encode_releases(query: QueryRuntime, window: CombinedWindow, noisy, released_at_ms: int) -> list[KeyedRecord]:
-    """One record per released group (``noisy.keep``); only noisy or post-processed values about users."""
-    aggregations = query.config.aggregations
-    want_count, want_sum, want_mean = (aggregations.count is not None, aggregations.sum is not None,
-                                       aggregations.mean is not None)
-    index = np.flatnonzero(np.asarray(noisy.keep, dtype=bool))
-    counts = _column(noisy.count, index, want_count)
-    sums = _column(noisy.sum, index, want_sum)
-    means = _column(noisy.mean, index, want_mean)
-    mean_ci = _column(noisy.mean_ci95, index, want_mean)
-    ci_count = _finite(noisy.count_ci95) if want_count else None
-    ci_sum = _finite(noisy.sum_ci95) if want_sum else None
-    std = {"count": _finite(noisy.count_std) if want_count else None,
-           "sum": _finite(noisy.sum_std) if want_sum else None}
-    window_block = {
-        "start": iso_utc(window.window_start_ms),
-        "end": iso_utc(window.window_end_ms),
-        "start_ms": window.window_start_ms,
-        "end_ms": window.window_end_ms,
-    }
-    names = query.config.group_by
-    # The fields every record of the window shares are serialised once; each
-    # record splices its own values in front of them, in schema order.
-    prefix = b'{"query":' + orjson.dumps(query.name) + b',"window":' + orjson.dumps(window_block)
-    shared_tail = orjson.dumps({
-        "std": std,
-        "privacy": query.privacy,
-        "released_at_ms": released_at_ms,
-        "released_at": iso_utc(released_at_ms),
-    })[1:]
-    ci_count_json, ci_sum_json = orjson.dumps(ci_count), orjson.dumps(ci_sum)
-    dumps = orjson.dumps
-    out: list[KeyedRecord] = []
-    for j, i in enumerate(index.tolist()):
-        group = window.groups[i]
-        values = dumps(list(group))
-        record = b"".join((
-            prefix,
-            b',"release_id":', dumps(release_id(query.name, window.window_start_ms, group)),
-            b',"group":', dumps(dict(zip(names, group))),
-            b',"count":', dumps(counts[j]),
-            b',"sum":', dumps(sums[j]),
-            b',"mean":', dumps(means[j]),
-            b',"ci95":{"count":', ci_count_json, b',"sum":', ci_sum_json, b',"mean":', dumps(mean_ci[j]), b"},",
-            shared_tail,
-        ))
-        out.append((values, record))
+def encode_releases(query, window, noisy, released_at_ms: int) -> list[KeyedRecord]:
+    """Every record of a window's release (``release_entry.build_entry``, rendered)."""
+    return build_entry(query, window, noisy, released_at_ms).render()
+
+
+def output_partitions(keys: list[bytes], partitions: int) -> np.ndarray:
+    """Kafka's default partition (murmur2 of the key) of each key, vectorised for short keys."""
+    lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+    out = np.empty(len(keys), dtype=np.int64)
+    short = lengths <= _VECTOR_KEY_BYTES
+    # fixed-width arrays stop at NUL, and JSON keys hold none (orjson escapes it)
+    if short.all():
+        if keys:
+            out[:] = expected_partitions(np.array(keys, dtype="S"), partitions)
+        return out
+    index = np.flatnonzero(short)
+    if len(index):
+        out[index] = expected_partitions(np.array([keys[i] for i in index.tolist()], dtype="S"), partitions)
+    for i in np.flatnonzero(~short).tolist():
+        out[i] = (murmur2_one(keys[i]) & 0x7FFFFFFF) % partitions
     return out
 
 
-async def publish_batched(producer: AIOKafkaProducer, topic: str, records: list[KeyedRecord]) -> None:
-    """Publish and wait for every record; same key -> same partition as Kafka's default partitioner."""
+class RecordTooLarge(ValueError):
+    """A release record that does not fit an empty batch."""
+
+
+async def publish_release(
+    producer: AIOKafkaProducer,
+    topic: str,
+    release: ReleaseEntry | StoredRecords,
+    *,
+    max_batch_bytes: int,
+    slice_rows: int = SLICE_ROWS,
+    on_too_large: Callable[[int], None],
+    max_pending_bytes: int = 64 * 1024 * 1024,
+) -> tuple[int, float]:
+    """Publish every record of ``release`` and wait for all of them; returns how many were published
+    and the seconds spent rendering them (the rest is Kafka's).
+
+    ``max_batch_bytes``: the producer's batch size, at most what the topic
+    accepts in one record batch. A record that could not fit even an empty
+    batch (a group key near the size of an event) is left out and its size
+    passed to ``on_too_large``, which must account for it: the broker would
+    refuse it, and retrying the window forever would stop every release after it.
+    """
     partitions = sorted(await producer.partitions_for(topic))
-    batches = {}
-    pending = []
-    for key, value in records:
-        partition = partitions[(murmur2(key) & 0x7FFFFFFF) % len(partitions)]
-        batch = batches.get(partition)
-        if batch is None:
-            batch = batches[partition] = producer.create_batch()
-        if batch.append(key=key, value=value, timestamp=None) is None:
-            pending.append(await producer.send_batch(batch, topic, partition=partition))
-            batch = batches[partition] = producer.create_batch()
+    open_batches: dict[int, object] = {}
+    pending: list[tuple[asyncio.Future, int]] = []
+    pending_bytes = 0
+    published = 0
+    rendering_s = 0.0
+
+    async def send(partition: int) -> None:
+        nonlocal pending_bytes
+        batch = open_batches.pop(partition)
+        size = batch.size()
+        pending.append((await producer.send_batch(batch, topic, partition=partitions[partition]), size))
+        pending_bytes += size
+
+    for start in range(0, release.rows, slice_rows):
+        started = time.perf_counter()
+        records = release.render(start, start + slice_rows)
+        targets = output_partitions([key for key, _ in records], len(partitions))
+        rendering_s += time.perf_counter() - started
+        for (key, value), partition in zip(records, targets.tolist()):
+            if len(key) + len(value) + RECORD_OVERHEAD > max_batch_bytes:
+                on_too_large(len(key) + len(value))
+                continue
+            batch = open_batches.get(partition)
+            if batch is None:
+                batch = open_batches[partition] = producer.create_batch()
             if batch.append(key=key, value=value, timestamp=None) is None:
-                raise ValueError(f"a release record of {len(value)} bytes does not fit one Kafka batch")
-    for partition, batch in batches.items():
-        if batch.record_count():
-            pending.append(await producer.send_batch(batch, topic, partition=partition))
-    await asyncio.gather(*pending)
+                await send(partition)
+                batch = open_batches[partition] = producer.create_batch()
+                if batch.append(key=key, value=value, timestamp=None) is None:
+                    raise RecordTooLarge(f"a release record of {len(value)} bytes does not fit an empty batch")
+            published += 1
+        while pending_bytes > max_pending_bytes and pending:
+            future, size = pending.pop(0)
+            await future
+            pending_bytes -= size
+    for partition in list(open_batches):
+        await send(partition)
+    await asyncio.gather(*(future for future, _ in pending))
+    return published, rendering_s

@@ -4,6 +4,12 @@
   partition) and ``Progress`` markers saying an input partition has closed all
   windows through a time. Keyed by ``query|window_start_ms`` so that every
   partial of a window reaches the same combine-and-release consumer.
+
+  Wire version 2 (binary): a partial is a frame of numpy columns (group keys,
+  counts, sums, distinct units; ``stream_dp.wire``), sent as one or more chunk
+  records that each fit the topic's record limit. Progress markers stay JSON
+  (wire version 1, a few dozen bytes). Partials of version 1 (one JSON
+  record each) are still read.
 * output topics: one ``release`` record per group per window (schema:
   ``deploy/schemas/release.schema.json``); only noisy values.
 * dead-letter topic: the original bytes of a rejected event, with the reason in
@@ -20,10 +26,28 @@ import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from typing import Any
+
 import numpy as np
 import orjson
 
-WIRE_VERSION = 1
+from stream_dp.wire.chunks import CHUNK_HEADER_ROOM, Chunk, chunk_records, decode_chunk, payload_digest
+from stream_dp.wire.frame import (
+    BINARY_VERSION,
+    KIND_CHUNK,
+    UnknownWireVersion,
+    WireFormatError,
+    decode_frame,
+    encode_frame,
+    is_binary,
+    read_prefix,
+)
+from stream_dp.wire.groups import decode_columns, encode_columns, key_columns, keys_from_columns
+
+WIRE_VERSION = 1  # JSON records: progress markers, and the partials of earlier versions
+READABLE = f"versions {WIRE_VERSION} (JSON) and {BINARY_VERSION} (binary partials)"
+MIN_CHUNK_PAYLOAD = 4_096  # below this a partial of a million groups would take thousands of records
+
 
 GroupKey = tuple[str | int, ...]
 
@@ -64,28 +88,58 @@ def partial_key(query: str, window_start_ms: int) -> bytes:
     return f"{query}|{window_start_ms}".encode()
 
 
-def encode_partial(partial: PartialAggregate) -> bytes:
-    return orjson.dumps(
+def _partial_stream(partial: PartialAggregate) -> dict[str, Any]:
+    """The fields every chunk of a partial repeats: enough to route, age-check or drop it alone."""
+    return {
+        "type": "partial",
+        "query": partial.query,
+        "window_start_ms": partial.window_start_ms,
+        "window_end_ms": partial.window_end_ms,
+        "partition": partial.partition,
+    }
+
+
+def encode_partial_payload(partial: PartialAggregate) -> bytes:
+    """A partial as one binary frame (wire version 2), before chunking."""
+    width = len(partial.groups[0]) if partial.groups else 0
+    described, sections = encode_columns(key_columns(partial.groups, width))
+    sections["count"] = np.asarray(partial.count, dtype=np.int64)
+    sections["distinct_units"] = np.asarray(partial.distinct_units, dtype=np.int64)
+    if partial.sum is not None:
+        sections["sum"] = np.asarray(partial.sum, dtype=np.float64)
+    return encode_frame(
         {
-            "v": WIRE_VERSION,
-            "type": "partial",
-            "query": partial.query,
-            "window_start_ms": partial.window_start_ms,
-            "window_end_ms": partial.window_end_ms,
-            "partition": partial.partition,
+            **_partial_stream(partial),
+            "rows": len(partial.groups),
+            "groups": described,
             "input_partitions": partial.input_partitions,
-            "groups": [list(g) for g in partial.groups],
-            "count": partial.count.astype(np.int64),
-            "sum": None if partial.sum is None else partial.sum.astype(np.float64),
-            "distinct_units": partial.distinct_units.astype(np.int64),
             "units_charged": partial.units_charged,
             "units_excluded": partial.units_excluded,
             "closed_at_ms": partial.closed_at_ms,
             "placement_partitions": partial.placement_partitions,
             "placement_changed": partial.placement_changed,
         },
-        option=orjson.OPT_SERIALIZE_NUMPY,
+        sections,
     )
+
+
+def partial_records(partial: PartialAggregate, max_record_bytes: int) -> list[bytes]:
+    """The chunk records of a partial, each at most ``max_record_bytes`` (value only: leave room for
+    the record's key and Kafka's own framing when choosing it)."""
+    room = max_record_bytes - CHUNK_HEADER_ROOM
+    if room < MIN_CHUNK_PAYLOAD:
+        raise ValueError(
+            f"records of at most {max_record_bytes} bytes leave no room for partial chunks; "
+            f"the partials topic must accept records of at least {MIN_CHUNK_PAYLOAD + CHUNK_HEADER_ROOM} bytes"
+        )
+    return chunk_records(_partial_stream(partial), encode_partial_payload(partial), room)
+
+
+def encode_partial(partial: PartialAggregate) -> bytes:
+    """A partial as a single record (one chunk, however large)."""
+    payload = encode_partial_payload(partial)
+    (record,) = chunk_records(_partial_stream(partial), payload, max(1, len(payload)))
+    return record
 
 
 def encode_progress(progress: Progress) -> bytes:
@@ -101,16 +155,81 @@ def encode_progress(progress: Progress) -> bytes:
     )
 
 
-class WireFormatError(ValueError):
-    """An internal record could not be decoded (wrong version or corrupt)."""
+def decode_partial_payload(payload: bytes) -> PartialAggregate:
+    """A partial from its reassembled frame; raises ``WireFormatError``."""
+    frame = decode_frame(payload, READABLE)
+    data, sections = frame.fields, frame.sections
+    try:
+        if data.get("type") != "partial":
+            raise WireFormatError(f"expected a partial frame, got type {data.get('type')!r}")
+        rows = int(data["rows"])
+        groups = keys_from_columns(decode_columns(data["groups"], sections, rows), rows)
+        arrays = [sections["count"], sections["distinct_units"], sections.get("sum")]
+        if any(a is not None and len(a) != rows for a in arrays):
+            raise WireFormatError(f"a partial's columns are not all {rows} long")
+        return PartialAggregate(
+            query=str(data["query"]),
+            window_start_ms=int(data["window_start_ms"]),
+            window_end_ms=int(data["window_end_ms"]),
+            partition=int(data["partition"]),
+            input_partitions=int(data["input_partitions"]),
+            groups=groups,
+            count=arrays[0],
+            sum=arrays[2],
+            distinct_units=arrays[1],
+            units_charged=int(data["units_charged"]),
+            units_excluded=int(data["units_excluded"]),
+            closed_at_ms=int(data["closed_at_ms"]),
+            placement_partitions=int(data["placement_partitions"]),
+            placement_changed=bool(data["placement_changed"]),
+        )
+    except WireFormatError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireFormatError(f"corrupt partial frame: {exc!r}") from None
 
 
-def decode_internal(value: bytes) -> PartialAggregate | Progress:
-    """Decode a partials-topic record; raises ``WireFormatError`` on anything unexpected."""
+def read_internal(value: bytes) -> PartialAggregate | Progress | Chunk:
+    """A partials-topic record as it stands: a progress marker, a version-1 partial, or a chunk of a
+    version-2 partial (to reassemble). Raises ``WireFormatError`` (``UnknownWireVersion`` for a
+    version this worker does not read) on anything unexpected."""
+    if value is None:
+        raise WireFormatError("an internal record without a value")
+    if is_binary(value):
+        kind, fields, start = read_prefix(value, READABLE)
+        if kind != KIND_CHUNK:
+            raise WireFormatError(f"expected a chunk on the partials topic, got a binary record of kind {kind!r}")
+        chunk = decode_chunk(fields, value[start:])
+        if chunk.stream.get("type") != "partial":
+            raise WireFormatError(f"chunk of an unknown internal record type {chunk.stream.get('type')!r}")
+        return chunk
+    return _decode_json(value)
+
+
+def decode_internal(value: bytes) -> PartialAggregate | Progress | Chunk:
+    """Like ``read_internal``, with a partial that fits one chunk decoded at once."""
+    message = read_internal(value)
+    if isinstance(message, Chunk) and message.count == 1:
+        if len(message.piece) != message.size or payload_digest(message.piece) != message.digest:
+            raise WireFormatError("a one-chunk partial does not match its size or digest")
+        return decode_partial_payload(message.piece)
+    return message
+
+
+def chunk_stream_key(stream: dict[str, Any]) -> tuple[str, int, int]:
+    """(query, window start, input partition): the partial a chunk belongs to."""
+    try:
+        return str(stream["query"]), int(stream["window_start_ms"]), int(stream["partition"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireFormatError(f"corrupt chunk stream {stream!r}: {exc!r}") from None
+
+
+def _decode_json(value: bytes) -> PartialAggregate | Progress:
+    """A wire-version-1 (JSON) record; raises ``WireFormatError`` on anything unexpected."""
     try:
         data = orjson.loads(value)
         if data.get("v") != WIRE_VERSION:
-            raise WireFormatError(f"internal record version {data.get('v')!r}; this worker reads version {WIRE_VERSION}")
+            raise UnknownWireVersion(data.get("v"), READABLE)
         if data["type"] == "progress":
             return Progress(data["query"], int(data["partition"]), int(data["input_partitions"]), int(data["closed_through_ms"]))
         if data["type"] != "partial":

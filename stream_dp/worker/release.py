@@ -37,28 +37,19 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.structs import TopicPartition
 
 from stream_dp.metrics.worker import WorkerMetrics
+from stream_dp.wire import WireFormatError
 from stream_dp.worker.combiner import CombinedWindow
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
-from stream_dp.worker.output import encode_releases, publish_batched
-from stream_dp.worker.records import PartialAggregate, WireFormatError, decode_internal
+from stream_dp.worker.output import publish_release
+from stream_dp.worker.partials_in import PartialsIntake, too_old_to_release
+from stream_dp.worker.records import PartialAggregate
+from stream_dp.worker.release_entry import build_entry, decode_entry, encode_entry
 from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
 
-_EXPIRED_LOGGED_MAX = 10_000  # windows remembered so that each expired window is logged once
-
-
-def too_old_to_release(window_end_ms: int, record_timestamp_ms: int | None, now_ms: int, age_limit_ms: int) -> bool:
-    """Whether a window (or one of its partials) is past the age at which its ledger entry may have expired.
-
-    ``record_timestamp_ms`` is the partial's Kafka record timestamp; None or
-    negative (no timestamp) leaves the window's end alone to decide. Both
-    are at or before the window's release: see the module docstring.
-    """
-    oldest = window_end_ms
-    if record_timestamp_ms is not None and record_timestamp_ms >= 0:
-        oldest = min(oldest, record_timestamp_ms)
-    return now_ms - oldest >= age_limit_ms
+__all__ = ["ReleaseStage", "too_old_to_release"]
+DEFAULT_OUTPUT_BATCH_BYTES = 1_000_000 - 16_384  # the broker's default record limit, less room for framing
 
 
 @dataclass
@@ -68,8 +59,8 @@ class _Unpublished:
     query: QueryRuntime
     window_start_ms: int
     window_end_ms: int
-    window: CombinedWindow | None = None  # None: republishing stored records
-    records: list[tuple[bytes, bytes]] | None = None
+    window: CombinedWindow | None = None  # None: republishing a stored release
+    payload: bytes | None = None  # the release as the ledger stores it (``release_entry``)
     sources: list[tuple[int, int]] = field(default_factory=list)
     attempts: int = 0
     next_attempt_s: float = 0.0
@@ -87,6 +78,7 @@ class ReleaseStage:
         *,
         partials_topic: str,
         release_age_limit_ms: int,
+        output_batch_bytes: int = DEFAULT_OUTPUT_BATCH_BYTES,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         poll_timeout_ms: int = 200,
         commit_interval_s: float = 1.0,
@@ -113,7 +105,12 @@ class ReleaseStage:
         self._last_commit_s = 0.0
         self._lock = asyncio.Lock()
         self._next_start_lookup_s = 0.0
-        self._expired_logged: set[tuple[str, int]] = set()
+        # The output producer's batch size: it fits every output topic's record limit (see ``topic_setup``).
+        self.output_batch_bytes = output_batch_bytes
+        self.intake = PartialsIntake(
+            metrics, topic=partials_topic, age_limit_ms=release_age_limit_ms,
+            quiet_ms=lambda name: q.combiner.release_timeout_ms if (q := self.queries.get(name)) else None,
+        )
 
     def rebalance_listener(self) -> ConsumerRebalanceListener:
         stage = self
@@ -151,6 +148,7 @@ class ReleaseStage:
             # Unpublished windows of those homes were never published: the new owner
             # replays their partials and publishes (the ledger's stored values if any).
             self._unpublished = [u for u in self._unpublished if u.query.combiner.home(u.window_start_ms) not in homes]
+            self.intake.forget(homes)
             for home in homes:
                 self._positions.pop(home, None)
 
@@ -177,7 +175,10 @@ class ReleaseStage:
         for query in self.queries.values():
             expired: list[int] = []
             for start in query.combiner.ready(now_ms, owned):
+                started = time.perf_counter()
                 window = query.combiner.take(start)
+                self.metrics.release_stage_seconds.labels(query.name, "combine").observe(time.perf_counter() - started)
+                self.intake.window_taken(query.name, start)
                 # Empty windows had no partial to check: their end alone decides (see the module docstring).
                 if too_old_to_release(window.window_end_ms, None, now_ms, self.release_age_limit_ms):
                     expired.append(start)
@@ -192,6 +193,7 @@ class ReleaseStage:
                     "ledger TTL less a margin for clock skew), so whether they were released can no longer be known",
                     len(expired), query.name, expired[0], expired[-1], self.release_age_limit_ms // 1000,
                 )
+        self.intake.drop_stale()
         await self._publish_pending()
         await self._commit()
 
@@ -211,23 +213,15 @@ class ReleaseStage:
     async def _take_record(
         self, partition: int, offset: int, value: bytes, now_ms: int, timestamp_ms: int | None = None
     ) -> None:
-        try:
-            message = decode_internal(value)
-        except WireFormatError as exc:
-            self.metrics.internal_errors.labels("corrupt_internal_record").inc()
-            log.error("skipping corrupt record at %s[%d]@%d: %s", self.partials_topic, partition, offset, exc)
+        taken = self.intake.take(partition, offset, value, timestamp_ms, now_ms)
+        if taken is None:
             return
-        query = self.queries.get(message.query)
-        if query is None:
-            self.metrics.internal_errors.labels("unknown_query").inc()
-            return
+        message, source = taken.message, taken.source
+        query = self.queries[message.query]
         if not isinstance(message, PartialAggregate):
             query.combiner.add_progress(message, partition)
             return
-        if too_old_to_release(message.window_end_ms, timestamp_ms, now_ms, self.release_age_limit_ms):
-            self._drop_expired(message, partition, offset, timestamp_ms, now_ms)
-            return
-        if query.combiner.add_partial(message, now_ms, (partition, offset)):
+        if query.combiner.add_partial(message, now_ms, source):
             return
         # A window at or before what this home released: ask the ledger what became of it.
         try:
@@ -239,31 +233,13 @@ class ReleaseStage:
             stored = None
         if stored is None:
             # Never released (a later window of this home went first): combine it normally.
-            query.combiner.add_partial(message, now_ms, (partition, offset), unreleased=True)
+            query.combiner.add_partial(message, now_ms, source, unreleased=True)
         elif not stored.published:
             self._unpublished.append(
-                _Unpublished(query, message.window_start_ms, message.window_end_ms, records=stored.records)
+                _Unpublished(query, message.window_start_ms, message.window_end_ms, payload=stored.payload)
             )
         else:
             self.metrics.late_partials.labels(query.name).inc()
-
-    def _drop_expired(
-        self, message: PartialAggregate, partition: int, offset: int, timestamp_ms: int | None, now_ms: int
-    ) -> None:
-        self.metrics.partials_expired.labels(message.query).inc()
-        window = (message.query, message.window_start_ms)
-        if window in self._expired_logged:
-            return  # one line per window, not per input partition's partial
-        if len(self._expired_logged) >= _EXPIRED_LOGGED_MAX:
-            self._expired_logged.clear()
-        self._expired_logged.add(window)
-        log.warning(
-            "dropping the partials of window %d of %s (first at %s[%d]@%d, window end %d, record time %s, now %d): "
-            "older than %d s (STREAM_DP_LEDGER_TTL_S less a margin for clock skew), so its release-ledger entry may "
-            "have expired and whether it was released can no longer be known; it is not released",
-            message.window_start_ms, message.query, self.partials_topic, partition, offset, message.window_end_ms,
-            timestamp_ms, now_ms, self.release_age_limit_ms // 1000,
-        )
 
     async def _publish_pending(self) -> None:
         now_s = time.monotonic()
@@ -284,27 +260,59 @@ class ReleaseStage:
 
     async def _publish(self, item: _Unpublished) -> None:
         query, window = item.query, item.window
-        if item.records is None:
+        timing = self.metrics.release_stage_seconds
+        if item.payload is None:
             assert window is not None
             started = time.perf_counter()
-            noisy = query.plan.release(window.count, window.sum, window.distinct_units, self.noise)
+            # In a thread: a million groups take seconds of noise, and the event loop
+            # must keep both consumers' heartbeats going meanwhile.
+            noisy = await asyncio.to_thread(query.plan.release, window.count, window.sum, window.distinct_units, self.noise)
             self.metrics.noise_seconds.labels(query.name).observe(time.perf_counter() - started)
-            item.records = encode_releases(query, window, noisy, self.clock_ms())
-        stored = await asyncio.to_thread(self.ledger.claim, query.name, item.window_start_ms, item.records)
+            timing.labels(query.name, "noise").observe(time.perf_counter() - started)
+            started = time.perf_counter()
+            entry = build_entry(query, window, noisy, self.clock_ms())
+            item.payload = await asyncio.to_thread(encode_entry, entry) if entry.rows > 50_000 else encode_entry(entry)
+            timing.labels(query.name, "encode").observe(time.perf_counter() - started)
+        started = time.perf_counter()
+        stored = await asyncio.to_thread(self.ledger.claim, query.name, item.window_start_ms, item.payload)
+        timing.labels(query.name, "ledger").observe(time.perf_counter() - started)
         if stored.published:
             return  # another worker or an earlier run published this window
         if not stored.newly_written:
             self.metrics.republished.labels(query.name).inc()
-        await publish_batched(self.producer, query.config.output_topic, stored.records)
+        started = time.perf_counter()
+        try:
+            release = decode_entry(stored.payload)
+        except WireFormatError as exc:
+            # Nothing else could publish it either: count it and never retry (a retry loop would stall the stage).
+            self.metrics.internal_errors.labels("unreadable_ledger_entry").inc()
+            log.error("the stored release of %s/%d cannot be read (%s); it is not published", query.name,
+                      item.window_start_ms, exc)
+            return
+        topic = query.config.output_topic
+
+        def too_large(size: int) -> None:
+            self.metrics.internal_errors.labels("release_record_too_large").inc()
+            log.error("a release record of %d bytes of %s/%d is larger than output topic %s takes; it is left out: "
+                      "raise the topic's max.message.bytes", size, query.name, item.window_start_ms, topic)
+
+        published, rendering_s = await publish_release(
+            self.producer, topic, release,
+            max_batch_bytes=self.output_batch_bytes, on_too_large=too_large,
+        )
+        timing.labels(query.name, "render").observe(rendering_s)
+        timing.labels(query.name, "publish").observe(time.perf_counter() - started - rendering_s)
+        started = time.perf_counter()
         await asyncio.to_thread(self.ledger.mark_published, query.name, item.window_start_ms)
         home = query.combiner.home(item.window_start_ms)
         await asyncio.to_thread(self.ledger.raise_released_through, query.name, home, item.window_end_ms)
         if query.combiner.query_start_ms is None:
             await asyncio.to_thread(self.ledger.mark_query_start, query.name, item.window_start_ms)
             query.combiner.query_start_ms = await asyncio.to_thread(self.ledger.query_start, query.name)
+        timing.labels(query.name, "ledger").observe(time.perf_counter() - started)
         if stored.newly_written and window is not None:
             self.metrics.windows_released.labels(query.name).inc()
-            self.metrics.groups_released.labels(query.name).inc(len(stored.records))
+            self.metrics.groups_released.labels(query.name).inc(published)
             self.metrics.epsilon_spent.labels(query.name, query.namespace).inc(query.privacy["epsilon"])
             if window.partitions_missing:
                 self.metrics.partitions_missing.labels(query.name).inc(len(window.partitions_missing))
@@ -319,6 +327,7 @@ class ReleaseStage:
         holds: dict[int, int] = {}
         sources = [s for q in self.queries.values() for s in q.combiner.pending_source_offsets()]
         sources += [s for item in self._unpublished for s in item.sources]
+        sources += self.intake.holds()  # the first chunk of every partial still incomplete
         for partition, offset in sources:
             holds[partition] = min(offset, holds.get(partition, offset))
         return holds

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from stream_dp.config import QueryConfig
@@ -27,6 +28,7 @@ class QueryRuntime:
     def name(self) -> str:
         return self.config.name
 
-    @property
+    @cached_property
     def public_groups(self) -> list[GroupKey] | None:
+        # Built once: a query may list a million public groups, and the release stage asks often.
         return self.config.public_group_keys()

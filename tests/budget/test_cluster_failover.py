@@ -77,7 +77,7 @@ def test_a_master_killed_mid_charge_loses_no_released_charge_and_charges_none_tw
 
     def release(query: str, window: int, charge_id: str) -> bool:
         try:
-            ledger.claim(query, window, [(b"k", f"noise of {charge_id}".encode())])
+            ledger.claim(query, window, f"noise of {charge_id}".encode())
         except LedgerUnavailable:
             return False
         releases[(query, window)] = charge_id

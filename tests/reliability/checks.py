@@ -34,7 +34,8 @@ from pathlib import Path
 import jsonschema
 import orjson
 
-from stream_dp.worker.records import PartialAggregate, WireFormatError, decode_internal
+from stream_dp.worker.partials_in import PartialsReader
+from stream_dp.worker.records import PartialAggregate, WireFormatError
 from tests.reliability.model import Truth
 from tests.reliability.topics import TopicRecord
 
@@ -161,9 +162,10 @@ def _cells(partial: PartialAggregate) -> dict[tuple, tuple[int, float, int]]:
 def check_partials(observed: Observed, truth: Truth, partitions: int, report: CheckReport) -> None:
     """Every partial of the model is on the partials topic, every copy identical, and exactly the model's."""
     copies: dict[tuple[str, int, int], list[PartialAggregate]] = defaultdict(list)
+    reader = PartialsReader()
     for record in observed.partials:
         try:
-            message = decode_internal(record.value)
+            message = reader.read(record.partition, record.offset, record.value)
         except WireFormatError as exc:
             if (record.partition, record.offset) not in observed.planted_partials:
                 report.fail("corrupt partial", f"partials record {record.partition}@{record.offset} does not decode: {exc}")
@@ -200,11 +202,12 @@ def check_partials_before_release(observed: Observed, truth: Truth, report: Chec
     """No partial of the model first reached the partials topic after its window's release was published
     (both topics stamped by the broker): such a window was released without that partition's data."""
     first_copy: dict[tuple[str, int, int], int] = {}
+    reader = PartialsReader()
     for record in observed.partials:
         if (record.partition, record.offset) in observed.planted_partials:
             continue
         try:
-            message = decode_internal(record.value)
+            message = reader.read(record.partition, record.offset, record.value)  # on a partial's last chunk
         except WireFormatError:
             continue
         if isinstance(message, PartialAggregate):

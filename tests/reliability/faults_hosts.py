@@ -34,13 +34,15 @@ class ClockSkew:
     name: str = "worker clock 10 minutes ahead"
 
     def inject(self, ctx: RunContext) -> None:
-        from stream_dp.worker.records import PartialAggregate, WireFormatError, decode_internal
+        from stream_dp.worker.partials_in import PartialsReader
+        from stream_dp.worker.records import PartialAggregate, WireFormatError
 
         def skewed_partial() -> bool:
             now_ms = time.time() * 1000
+            reader = PartialsReader()
             for record in read_topic(ctx.bootstrap, ctx.partials_topic):
                 try:
-                    message = decode_internal(record.value)
+                    message = reader.read(record.partition, record.offset, record.value)
                 except WireFormatError:
                     continue
                 if isinstance(message, PartialAggregate) and message.closed_at_ms > now_ms + SKEW_S * 500:

@@ -110,7 +110,8 @@ class PoisonPartials:
     name: str = "poison records on the partials topic"
 
     def inject(self, ctx: RunContext) -> None:
-        from stream_dp.worker.records import WIRE_VERSION, PartialAggregate, encode_partial, partial_key
+        from stream_dp.wire.frame import BINARY_VERSION
+        from stream_dp.worker.records import PartialAggregate, encode_partial, partial_key
         import numpy as np
 
         time.sleep(ctx.uniform(2.0, ctx.stream.duration_s - 4.0))
@@ -119,10 +120,10 @@ class PoisonPartials:
             query="no_such_query", window_start_ms=start, window_end_ms=start + ctx.stream.window_ms, partition=0,
             input_partitions=ctx.stream.partitions, groups=[("home",)], count=np.array([3]), sum=np.array([3.0]),
             distinct_units=np.array([1]), units_charged=1, units_excluded=0, closed_at_ms=start))
-        future = stranger.replace(f'"v":{WIRE_VERSION}'.encode(), b'"v":99', 1)
-        if future == stranger:
+        if stranger[4] != BINARY_VERSION:
             raise RuntimeError("cannot forge a partial of another wire version: the encoding changed")
-        future = future.replace(b"no_such_query", sorted(ctx.output_topics)[0].encode())
+        # The version byte follows the 4 magic bytes (stream_dp.wire.frame).
+        future = stranger[:4] + bytes([99]) + stranger[5:].replace(b"no_such_query", sorted(ctx.output_topics)[0].encode())
         producer = _kafka().KafkaProducer(bootstrap_servers=ctx.bootstrap, acks="all")
         try:
             sent = []
@@ -140,8 +141,10 @@ class PoisonPartials:
 
     def verify(self, ctx: RunContext, pages: list[str], report: CheckReport) -> None:
         corrupt = sum(metric_total(t, "stream_dp_internal_errors_total", kind="corrupt_internal_record") for t in pages)
+        version = sum(metric_total(t, "stream_dp_internal_errors_total", kind="unknown_wire_version") for t in pages)
         unknown = sum(metric_total(t, "stream_dp_internal_errors_total", kind="unknown_query") for t in pages)
         planted = len(ctx.planted_partials)
-        if corrupt < planted * 2 // 3 or unknown < planted // 3:
+        if corrupt < planted // 3 or version < planted // 3 or unknown < planted // 3:
             report.fail("poison not counted", f"{planted} poison partials planted; the workers counted {corrupt:.0f} "
-                                              f"corrupt and {unknown:.0f} of an unknown query")
+                                              f"corrupt, {version:.0f} of an unknown wire version and {unknown:.0f} "
+                                              "of an unknown query")

@@ -17,7 +17,8 @@ from pathlib import Path
 import orjson
 import yaml
 
-from stream_dp.worker.records import PartialAggregate, decode_internal
+from stream_dp.worker.partials_in import PartialsReader
+from stream_dp.worker.records import PartialAggregate
 from tests.reliability.redis_proxy import FaultProxy
 from tests.reliability.services import PrivateRedis
 from tests.reliability.topics import TopicRecord, create_topic, delete_topics, read_topic, wait_until
@@ -127,8 +128,9 @@ class Scenario:
     def partials(self) -> dict[int, list[PartialAggregate]]:
         """Window start -> every partial published for it (all partitions, all copies)."""
         out: dict[int, list[PartialAggregate]] = defaultdict(list)
+        reader = PartialsReader()
         for record in read_topic(self.bootstrap, f"{self.prefix}partials"):
-            message = decode_internal(record.value)
+            message = reader.read(record.partition, record.offset, record.value)
             if isinstance(message, PartialAggregate):
                 out[message.window_start_ms].append(message)
         return out

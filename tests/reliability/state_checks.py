@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import orjson
 import redis
 
+from stream_dp.worker.release_entry import decode_entry
 from tests.reliability.checks import CheckReport
 from tests.reliability.model import FIXED_POINT, Truth
 from tests.reliability.topics import TopicRecord
@@ -60,19 +61,34 @@ def read_redis_evidence(client: redis.Redis, policy, truth: Truth) -> RedisEvide
         evidence.charge_records[namespace] = {k.decode()[len(prefix):] for k in client.scan_iter(match=f"{prefix}*")}
     journal = f"{LEDGER_PREFIX}:units:"
     for key in client.scan_iter(match=f"{journal}*"):
+        if not key.endswith(b"}"):
+            continue  # a writer's staged chunks or a WAIT sync key, not a journal
         charge_id = key.decode()[len(journal):].strip("{}")
-        text = zlib.decompress(client.get(key)).decode()
+        text = zlib.decompress(_stored_payload(client, key)).decode()
         evidence.charge_units[charge_id] = set(text.split("\0")) if text else set()
     for query in truth.namespace:
         entry_prefix = f"{LEDGER_PREFIX}:{{{query}}}:"
         for key in client.scan_iter(match=f"{entry_prefix}*"):
             suffix = key.decode()[len(entry_prefix):]
             if not suffix.isdigit():
-                continue  # released-through marks and the query start
-            payload, state = client.hmget(key, "payload", "state")
-            lines = zlib.decompress(payload).split(b"\n") if payload else []
-            evidence.ledger[(query, int(suffix))] = (state, {line.split(b"\t", 1)[-1] for line in lines if line})
+                continue  # released-through marks, the query start, staged chunks
+            state = client.hget(key, "state")
+            payload = _stored_payload(client, key)
+            values = {value for _, value in decode_entry(payload).render()} if payload else set()
+            evidence.ledger[(query, int(suffix))] = (state, values)
     return evidence
+
+
+def _stored_payload(client: redis.Redis, key: bytes) -> bytes:
+    """What a ledger entry or charge journal holds: chunk fields c0..c<n-1> of a hash (wire version 2; see the
+    README's wire formats), or an earlier version's ``payload`` field or string value."""
+    if client.type(key) in (b"string", "string"):
+        return client.get(key) or b""
+    legacy, count = client.hmget(key, "payload", "chunks")
+    if legacy is not None:
+        return legacy
+    pieces = client.hmget(key, [f"c{i}" for i in range(int(count or 0))])
+    return b"".join(p for p in pieces if p is not None)
 
 
 def check_budgets(evidence: RedisEvidence, truth: Truth, report: CheckReport) -> None:

@@ -3,12 +3,16 @@
 On a Redis Cluster the ledger waits for one replica before a stored release is used, as a clustered worker does.
 """
 
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import redis
 
 from stream_dp.budget.redis_nodes import ReplicaWait
 from stream_dp.budget.redis_url import client_from_url
 from stream_dp.worker.ledger import LedgerUnavailable, MemoryReleaseLedger, RedisReleaseLedger
+from stream_dp.worker.release_entry import decode_entry, pack_records
 
 URL_FIXTURES = {"redis": "redis_url", "redis-cluster": "redis_cluster_url"}
 
@@ -31,15 +35,15 @@ def ledger(request, unique_name):
 
 
 def test_first_claim_wins_and_later_claims_get_the_stored_values(ledger):
-    records = [(b'["/a"]', b'{"count":5}'), (b'["/b"]', b'{"count":7,"note":"tab\\tnewline\\n"}')]
-    first = ledger.claim("q", 0, records)
-    assert first.newly_written and not first.published and first.records == records
-    second = ledger.claim("q", 0, [(b'["/a"]', b'{"count":999}')])
-    assert not second.newly_written and second.records == records
+    payload = b"\x00SDP release of window 0 \t\n" + bytes(range(256))
+    first = ledger.claim("q", 0, payload)
+    assert first.newly_written and not first.published and first.payload == payload
+    second = ledger.claim("q", 0, b"another draw")
+    assert not second.newly_written and second.payload == payload
     ledger.mark_published("q", 0)
-    assert ledger.get("q", 0).published
+    assert ledger.get("q", 0).published and ledger.get("q", 0).payload == payload
     assert ledger.get("q", 60_000) is None
-    assert ledger.claim("q", 60_000, []).records == []
+    assert ledger.claim("q", 60_000, b"").payload == b""
 
 
 def test_released_through_only_moves_forward(ledger):
@@ -56,7 +60,7 @@ def test_redis_down_raises_ledger_unavailable():
     ledger = RedisReleaseLedger(client)
     try:
         with pytest.raises(LedgerUnavailable, match="not publishing"):
-            ledger.claim("q", 0, [])
+            ledger.claim("q", 0, b"")
     finally:
         client.close()
 
@@ -76,7 +80,7 @@ def test_released_through_mark_never_expires(request, backend, unique_name):
     ledger = RedisReleaseLedger(client, prefix=prefix, ttl_s=3_600, wait=wait)
     mark = f"{prefix}:{{q}}:released-through:0"
     try:
-        ledger.claim("q", 0, [])
+        ledger.claim("q", 0, b"")
         ledger.raise_released_through("q", 0, 60_000)
         assert 0 < client.ttl(f"{prefix}:{{q}}:0") <= 3_600  # the window entry does expire
         assert client.ttl(mark) == -1
@@ -89,3 +93,51 @@ def test_released_through_mark_never_expires(request, backend, unique_name):
         for key in client.scan_iter(f"{unique_name}:*"):
             client.delete(key)
         client.close()
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def small_chunks(request, unique_name):
+    client, wait = _client_and_wait(request, request.param)
+    yield client, RedisReleaseLedger(client, prefix=f"{unique_name}:ledger", chunk_bytes=1_000, wait=wait)
+    for key in client.scan_iter(f"{unique_name}:*"):
+        client.delete(key)
+    client.close()
+
+
+def test_large_entries_are_stored_in_values_no_larger_than_a_chunk(small_chunks, unique_name):
+    client, ledger = small_chunks
+    payload = bytes(range(256)) * 41  # 10,496 bytes: 11 chunks
+    assert ledger.claim("q", 0, payload).newly_written
+    key = f"{unique_name}:ledger:{{q}}:0"
+    fields = client.hgetall(key)
+    pieces = {k: v for k, v in fields.items() if k.startswith(b"c") and k != b"chunks"}
+    assert len(pieces) == 11 and max(map(len, pieces.values())) == 1_000 and fields[b"chunks"] == b"11"
+    assert 0 < client.ttl(key) <= 7 * 86_400
+    assert ledger.claim("q", 0, b"other draw" * 500).payload == payload
+    ledger.mark_published("q", 0)
+    assert ledger.get("q", 0).payload == payload and ledger.get("q", 0).published
+    assert not list(client.scan_iter(f"{unique_name}:*staging*"))  # the loser's staged chunks are gone
+    units = [f"unit-{i}" for i in range(3_000)]
+    assert ledger.remember_units("q/0/1", units) == units  # journals are chunked the same way
+    assert ledger.remember_units("q/0/1", ["other"]) == units
+
+
+def test_concurrent_claims_of_one_window_store_exactly_one_draw(small_chunks):
+    _, ledger = small_chunks
+    draws = [bytes([i]) * 5_000 for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda d: ledger.claim("q", 60_000, d), draws))
+    assert sum(r.newly_written for r in results) == 1
+    (winner,) = [r.payload for r in results if r.newly_written]
+    assert all(r.payload == winner for r in results) and ledger.get("q", 60_000).payload == winner
+
+
+def test_entries_and_journals_of_earlier_versions_are_still_read(small_chunks, unique_name):
+    client, ledger = small_chunks
+    old = pack_records([(b'["/a"]', b'{"count":5}')])
+    client.hset(f"{unique_name}:ledger:{{q}}:0", mapping={"payload": old, "state": "published"})
+    assert ledger.claim("q", 0, b"new draw").payload == old
+    stored = ledger.get("q", 0)
+    assert stored.published and decode_entry(stored.payload).render() == [(b'["/a"]', b'{"count":5}')]
+    client.set(f"{unique_name}:ledger:units:{{q/0/1}}", zlib.compress("u1\0u2".encode(), 1))
+    assert ledger.remember_units("q/0/1", ["u3"]) == ["u1", "u2"]

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import jsonschema
 import numpy as np
 import orjson
+import pytest
 import yaml
+from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import murmur2
 
 from stream_dp.config import parse_config
 from stream_dp.dp import OpenDPNoise
 from stream_dp.worker.app import build_runtimes
 from stream_dp.worker.combiner import CombinedWindow
-from stream_dp.worker.output import encode_releases
+from stream_dp.worker.output import encode_releases, output_partitions, publish_release
+from stream_dp.worker.release_entry import build_entry
+from tests.worker._support import consume_all
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "deploy/schemas/release.schema.json").read_text())
@@ -65,3 +71,39 @@ def test_selected_groups_only_kept_ones_and_exact_totals_never_appear():
         for _ in range(5)
     }
     assert len(draws) > 1
+
+
+def test_output_partitions_are_kafkas_default_partitioner_for_any_key():
+    keys = [orjson.dumps([f"/p/{i}", i]) for i in range(2_000)] + [orjson.dumps(["x" * n]) for n in (255, 300, 5_000)]
+    for partitions in (1, 3, 7):
+        expected = [(murmur2(k) & 0x7FFFFFFF) % partitions for k in keys]
+        assert output_partitions(keys, partitions).tolist() == expected
+
+
+@pytest.mark.services
+def test_a_release_is_published_in_batches_within_the_limit_each_record_once(kafka_bootstrap, new_topic):
+    topic = new_topic("out", partitions=3)
+    runtime = _runtime({"select": {"delta": 1e-6}})
+    n = 30_000
+    window = _window([(f"/p/{i}",) for i in range(n)] + [("/" + "y" * 70_000,)], [50_000] * (n + 1))
+    noisy = runtime.plan.release(window.count, window.sum, window.distinct_units, OpenDPNoise())
+    entry = build_entry(runtime, window, noisy, 0)
+    too_large: list[int] = []
+
+    async def publish() -> int:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, max_batch_size=64 * 1024, linger_ms=5,
+                                    compression_type="lz4")
+        await producer.start()
+        try:
+            published, _ = await publish_release(producer, topic, entry, max_batch_bytes=64 * 1024,
+                                                 on_too_large=too_large.append, slice_rows=7_000)
+            return published
+        finally:
+            await producer.stop()
+
+    published = asyncio.run(publish())
+    assert published == n and len(too_large) == 1 and too_large[0] > 140_000  # the huge group is left out
+    records = consume_all(kafka_bootstrap, topic, until=lambda rs: len(rs) >= n, timeout_s=60)
+    assert sorted(r.key for r in records) == sorted(k for k, _ in entry.render()[:n])
+    assert all(r.partition == (murmur2(r.key) & 0x7FFFFFFF) % 3 for r in records)
+    assert dict((r.key, r.value) for r in records) == dict(entry.render()[:n])

@@ -9,7 +9,7 @@ import pytest
 from aiokafka.structs import TopicPartition
 
 from stream_dp.windows.batch import NO_TIMESTAMP
-from stream_dp.worker.ingest import _raw_batch
+from stream_dp.worker.consumed import raw_batch as _raw_batch
 from stream_dp.worker.record_columns import RecordColumns, RecordView, raw_batch
 
 

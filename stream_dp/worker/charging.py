@@ -1,14 +1,17 @@
-"""The budget charges of one round of closed windows, made in one go off the event loop.
+"""Charging closed windows' units: the journal first, then the budget store, and which units count.
 
-Each window partial is charged as the ingest stage always charged it: its unit
-list is journaled first (so that a replay charges the same list), then the
-budget store charges the list under the partial's charge id; if the journal is
-unavailable the charge goes first and fails closed, and the journal follows.
+A charge id is ``query/window_start/partition``. Each window's unit list is
+journaled before the charge, so a replay that rebuilds the window from another
+batch (an event late the first time may land inside now) charges and releases
+by the first list, never a new one; the store's charge is idempotent per id.
+If the journal is unavailable the charge goes first and fails closed, and the
+journal follows.
+
 Windows are charged oldest first, and an outage stops the round (a unit's
 windows are always charged in window order). A charge conflict or refusal only
 drops that window.
 
-The whole round runs in one worker thread, one Redis call after the other:
+A whole round runs in one worker thread, one Redis call after the other:
 between them it needs the interpreter only for packing, so the event loop keeps
 reading and windowing records meanwhile, instead of taking a turn of the loop
 (which a busy loop gives out seldom) for every call.
@@ -16,12 +19,19 @@ reading and windowing records meanwhile, instead of taking a turn of the loop
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from stream_dp.budget import BudgetStore, BudgetUnavailable, ChargeConflict, ChargeRejected
 from stream_dp.budget.store import ChargeOutcome
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
+
+
+def charge_id(query: str, window_start_ms: int, partition: int) -> str:
+    return f"{query}/{window_start_ms}/{partition}"
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class Charged:
     charged_units: list[str] | None = None
     outcome: ChargeOutcome | None = None
     error: Exception | None = None
+    seconds: float = 0.0  # the journal and store calls of this window
 
 
 def charge_in_order(journal: ReleaseLedger, budget: BudgetStore, windows: list[WindowCharge]) -> list[Charged]:
@@ -53,6 +64,7 @@ def charge_in_order(journal: ReleaseLedger, budget: BudgetStore, windows: list[W
     results: list[Charged] = []
     for window in windows:
         units = list(window.partial_units)
+        started = time.perf_counter()
         try:
             try:
                 charged_units = journal.remember_units(window.charge_id, units)
@@ -66,10 +78,20 @@ def charge_in_order(journal: ReleaseLedger, budget: BudgetStore, windows: list[W
             if not journaled:
                 journal.remember_units(window.charge_id, units)
         except (BudgetUnavailable, LedgerUnavailable) as exc:
-            results.append(Charged(units, error=exc))
+            results.append(Charged(units, error=exc, seconds=time.perf_counter() - started))
             break
         except (ChargeConflict, ChargeRejected) as exc:
-            results.append(Charged(units, error=exc))
+            results.append(Charged(units, error=exc, seconds=time.perf_counter() - started))
             continue
-        results.append(Charged(units, charged_units=charged_units, outcome=outcome))
+        results.append(Charged(units, charged_units=charged_units, outcome=outcome, seconds=time.perf_counter() - started))
     return results
+
+
+def excluded_units(units: list[str], charged_units: list[str], excluded: Any) -> tuple[np.ndarray, bool]:
+    """Per unit of ``units``, whether it stays out of the release; and whether the window was rebuilt
+    with other units than first charged (then only units charged and admitted the first time count)."""
+    mask = np.asarray(excluded, dtype=bool)
+    if charged_units == units:
+        return mask, False
+    admitted = {u for u, out in zip(charged_units, mask.tolist()) if not out}
+    return np.fromiter((u not in admitted for u in units), dtype=bool, count=len(units)), True

@@ -1,0 +1,59 @@
+"""The worker's Kafka clients, sized to the record limits in force (``topic_setup.TopicLimits``).
+
+Nothing connects here: the caller starts and stops them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from stream_dp.worker.columnar_consumer import ColumnarConsumer
+
+from stream_dp.worker.topic_setup import PRODUCER_MAX_REQUEST_BYTES, TopicLimits
+from stream_dp.worker.topics import RECORD_HEADROOM
+
+FETCH_PARTITION_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class KafkaClients:
+    producer: AIOKafkaProducer  # partials (in chunks), progress, alerts, dead letters
+    output_producer: AIOKafkaProducer  # release records
+    ingest_consumer: ColumnarConsumer  # fetched record batches as columns, no object per record
+    release_consumer: AIOKafkaConsumer
+
+    async def start(self) -> None:
+        for client in (self.producer, self.output_producer, self.ingest_consumer, self.release_consumer):
+            await client.start()
+
+    async def stop(self) -> None:
+        for client in (self.ingest_consumer, self.release_consumer, self.producer, self.output_producer):
+            await client.stop()
+
+
+def kafka_clients(aio: dict[str, Any], *, client_id: str, group_id: str, limits: TopicLimits) -> KafkaClients:
+    """``aio``: connection options in aiokafka's terms (``Settings.aiokafka_options``)."""
+    return KafkaClients(
+        producer=AIOKafkaProducer(**aio, client_id=f"{client_id}-producer", acks="all", enable_idempotence=True,
+                                  linger_ms=5, max_request_size=PRODUCER_MAX_REQUEST_BYTES),
+        # Release records repeat their window's JSON (privacy block, times) in every record: lz4
+        # shrinks a batch several times over for the broker, and consumers decompress on their own.
+        output_producer=AIOKafkaProducer(
+            **aio, client_id=f"{client_id}-output", acks="all", enable_idempotence=True, linger_ms=5,
+            compression_type="lz4", max_batch_size=limits.output_batch_bytes,
+            max_request_size=max(PRODUCER_MAX_REQUEST_BYTES, limits.output_batch_bytes + RECORD_HEADROOM),
+        ),
+        ingest_consumer=ColumnarConsumer(
+            **aio, client_id=f"{client_id}-ingest", group_id=group_id, enable_auto_commit=False,
+            auto_offset_reset="earliest", max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
+            fetch_max_bytes=64 * 1024 * 1024,
+        ),
+        # Partial chunks are up to the partials topic's record limit: a fetch takes several.
+        release_consumer=AIOKafkaConsumer(
+            **aio, client_id=f"{client_id}-release", group_id=f"{group_id}-release", enable_auto_commit=False,
+            auto_offset_reset="earliest", max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
+        ),
+    )

@@ -1,0 +1,143 @@
+"""Closed window partials on their way out of the ingest stage: charged, filtered, published.
+
+Fail closed: a partial whose charge fails is held (and its offsets with it,
+see ``IngestStage.committable``) and retried with backoff; it is published
+only after the charge succeeded. Oldest window first, and an outage stops the
+round: a unit's windows are always charged in window order, as they would
+be without the outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from stream_dp.budget import BudgetStore, BudgetUnavailable, ChargeConflict, ChargeRejected
+from stream_dp.metrics.worker import WorkerMetrics
+from stream_dp.worker.charging import WindowCharge, charge_id, charge_in_order, excluded_units
+from stream_dp.worker.consumed import alert_json
+from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
+from stream_dp.worker.partials_out import PartialsOut, partial_message
+from stream_dp.worker.runtime import QueryRuntime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HeldPartial:
+    """A closed window partial not yet charged and published."""
+
+    query: QueryRuntime
+    partial: Any  # stream_dp.windows.WindowPartial
+    closed_at_ms: int
+
+
+class Emitter:
+    def __init__(
+        self,
+        queries: list[QueryRuntime],
+        producer: AIOKafkaProducer,
+        budget: BudgetStore,
+        journal: ReleaseLedger,
+        metrics: WorkerMetrics,
+        partials_out: PartialsOut,
+        *,
+        alerts_topic: str,
+        partition_count: Callable[[str], int],
+        retry_backoff_s: float,
+        retry_backoff_max_s: float,
+    ) -> None:
+        self.queries = queries
+        self.producer = producer
+        self.budget = budget
+        self.journal = journal
+        self.metrics = metrics
+        self.partials_out = partials_out
+        self.alerts_topic = alerts_topic
+        self.partition_count = partition_count
+        self.retry_backoff_s = retry_backoff_s
+        self.retry_backoff_max_s = retry_backoff_max_s
+        self.held: list[HeldPartial] = []
+        self._charge_attempts = 0
+        self._next_charge_s = 0.0
+
+    async def emit(self) -> bool:
+        """Charge and publish the held partials (see the module docstring); whether any went out."""
+        if not self.held:
+            self.set_pending_gauge()
+            return False
+        now_s = time.monotonic()
+        if now_s < self._next_charge_s:
+            return False
+        still_held: list[HeldPartial] = []
+        sends = []
+        # Oldest window first, and an outage stops the round: a unit's windows are
+        # always charged in window order, as they would be without the outage.
+        ordered = sorted(self.held, key=lambda h: (h.partial.window_start_ms, h.partial.partition))
+        windows = [
+            WindowCharge(charge_id(h.query.name, h.partial.window_start_ms, h.partial.partition), h.query.namespace,
+                         h.query.cost, h.query.delta, h.partial.window_end_ms, h.partial.units)
+            for h in ordered
+        ]
+        results = await asyncio.to_thread(charge_in_order, self.journal, self.budget, windows)
+        for position, (held, window, result) in enumerate(zip(ordered, windows, results)):
+            query, partial, cid = held.query, held.partial, window.charge_id
+            exc = result.error
+            if isinstance(exc, (BudgetUnavailable, LedgerUnavailable)):
+                self._charge_attempts += 1
+                backoff = min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (self._charge_attempts - 1))
+                self._next_charge_s = now_s + backoff
+                self.metrics.budget_failures.labels(query.name, "unavailable").inc()
+                log.warning("budget store unavailable for %s (attempt %d): %s; holding %d windows",
+                            cid, self._charge_attempts, exc, len(ordered) - position)
+                still_held.extend(ordered[position:])
+                break
+            if isinstance(exc, ChargeConflict):
+                # The journal makes retries repeat the first unit list, so this means
+                # another writer used the same charge id: release nothing.
+                self.metrics.budget_failures.labels(query.name, "conflict").inc()
+                log.error("charge %s conflicts with an earlier one (%s); the window is dropped unreleased", cid, exc)
+                continue
+            if isinstance(exc, ChargeRejected):
+                self.metrics.budget_failures.labels(query.name, "rejected").inc()
+                log.error("budget store refused %s: %s; the window is dropped unreleased", cid, exc)
+                continue
+            assert result.outcome is not None and result.charged_units is not None
+            units, outcome = result.units, result.outcome
+            self._charge_attempts = 0
+            excluded, rebuilt = excluded_units(units, result.charged_units, outcome.excluded)
+            if rebuilt:
+                self.metrics.internal_errors.labels("replay_rebuilt_differently").inc()
+                log.warning("window %s was rebuilt with other units than first charged; releasing only the charged ones", cid)
+            totals = partial.aggregate(excluded if excluded.any() else None)
+            n_excluded = int(excluded.sum())
+            self.metrics.units_charged.labels(query.name, "charged").inc(len(units) - n_excluded)
+            self.metrics.units_charged.labels(query.name, "excluded").inc(n_excluded)
+            self.metrics.release_stage_seconds.labels(query.name, "charge").observe(result.seconds)
+            message = partial_message(
+                query, partial, totals, input_partitions=self.partition_count(query.config.input_topic),
+                units=len(units), excluded=n_excluded, closed_at_ms=held.closed_at_ms,
+            )
+            sends += await self.partials_out.send(message)
+            for alert in outcome.alerts:
+                sends.append(await self.producer.send(self.alerts_topic, key=query.namespace.encode(), value=alert_json(alert)))
+                self.metrics.alerts_published.labels(query.namespace).inc()
+            self.metrics.windows_closed.labels(query.name).inc()
+        if sends:
+            # Partials must be in the topic before progress says their window is closed.
+            await asyncio.gather(*sends)
+        # The ingest loop may have added partials meanwhile (this runs beside it): keep them.
+        taken = {id(h) for h in ordered}
+        self.held = still_held + [h for h in self.held if id(h) not in taken]
+        self.set_pending_gauge()
+        return bool(sends)
+
+    def set_pending_gauge(self) -> None:
+        for query in self.queries:
+            self.metrics.pending_charges.labels(query.name).set(sum(1 for h in self.held if h.query is query))

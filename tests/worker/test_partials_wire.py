@@ -1,0 +1,152 @@
+"""Partials on the wire: binary frames in chunk records that fit a given record size, reassembled once by
+the release stage's intake; partials of wire version 1 still read; other versions counted and skipped."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+
+from stream_dp.metrics.worker import WorkerMetrics
+from stream_dp.wire import UnknownWireVersion, WireFormatError
+from stream_dp.worker.partials_in import PartialsIntake, PartialsReader
+from stream_dp.worker.records import (
+    MIN_CHUNK_PAYLOAD,
+    PartialAggregate,
+    Progress,
+    encode_progress,
+    partial_records,
+    read_internal,
+)
+
+HOUR_MS = 3_600_000
+NOW_MS = 1_800_000_000_000
+
+
+def _partial(rows: int = 3, **overrides) -> PartialAggregate:
+    rng = np.random.default_rng(rows)
+    values = dict(
+        query="q", window_start_ms=NOW_MS - 120_000, window_end_ms=NOW_MS - 60_000, partition=2, input_partitions=3,
+        groups=[(f"/page/{rng.integers(1 << 40):x}", int(i % 7)) for i in range(rows)],
+        count=rng.integers(1, 100, rows), sum=rng.uniform(0, 10, rows), distinct_units=rng.integers(1, 50, rows),
+        units_charged=11, units_excluded=2, closed_at_ms=NOW_MS - 50_000, placement_partitions=3,
+        placement_changed=False,
+    )
+    values.update(overrides)
+    return PartialAggregate(**values)
+
+
+def _same(a: PartialAggregate, b: PartialAggregate) -> bool:
+    arrays = ("count", "sum", "distinct_units")
+    plain = {k: v for k, v in a.__dict__.items() if k not in arrays}
+    return plain == {k: v for k, v in b.__dict__.items() if k not in arrays} and all(
+        (getattr(a, k) is None and getattr(b, k) is None) or np.array_equal(getattr(a, k), getattr(b, k))
+        for k in arrays)
+
+
+def _intake(registry: CollectorRegistry, age_limit_ms: int = 7 * 24 * HOUR_MS) -> PartialsIntake:
+    return PartialsIntake(WorkerMetrics(registry=registry), topic="p", age_limit_ms=age_limit_ms,
+                          quiet_ms=lambda name: 60_000 if name == "q" else None)
+
+
+def _errors(registry: CollectorRegistry, kind: str) -> float:
+    return registry.get_sample_value("stream_dp_internal_errors_total", {"kind": kind}) or 0.0
+
+
+def test_a_large_partial_takes_several_records_each_within_the_limit_and_comes_back_whole():
+    partial = _partial(50_000)
+    records = partial_records(partial, 64 * 1024)
+    assert len(records) > 5 and max(map(len, records)) <= 64 * 1024
+    registry = CollectorRegistry()
+    intake = _intake(registry)
+    taken = [intake.take(0, 100 + i, value, NOW_MS - 40_000 + i, NOW_MS) for i, value in enumerate(records)]
+    assert taken[:-1] == [None] * (len(records) - 1)
+    assert intake.holds() == [] and taken[-1].source == (0, 100)  # the commit holds at the first chunk
+    assert _same(taken[-1].message, partial) and taken[-1].timestamp_ms == NOW_MS - 40_000
+    # mid-way, the commit may not pass the first chunk
+    again = _intake(CollectorRegistry())
+    for i, value in enumerate(records[:3]):
+        again.take(0, 7 + i, value, NOW_MS, NOW_MS)
+    assert again.holds() == [(0, 7)]
+
+
+def test_partials_round_trip_in_one_record_and_from_a_reader():
+    for partial in (_partial(), _partial(0), _partial(sum=None), _partial(2, placement_changed=True)):
+        (record,) = partial_records(partial, 1_000_000)
+        assert _same(PartialsReader().read(0, 0, record), partial)
+    progress = Progress("q", 1, 3, 180_000)
+    assert PartialsReader().read(0, 0, encode_progress(progress)) == progress
+
+
+def test_groups_without_fields_and_with_integer_keys_survive():
+    partial = _partial(2, groups=[(), ()])
+    assert PartialsReader().read(0, 0, partial_records(partial, 10_000)[0]).groups == [(), ()]
+
+
+def test_too_small_a_record_limit_is_refused_with_the_size_needed():
+    with pytest.raises(ValueError, match=f"at least {MIN_CHUNK_PAYLOAD + 1024} bytes"):
+        partial_records(_partial(), MIN_CHUNK_PAYLOAD)
+
+
+def _json_partial(version: int = 1) -> bytes:
+    """A partial as workers of wire version 1 wrote it: one JSON record."""
+    return orjson.dumps({
+        "v": version, "type": "partial", "query": "q", "window_start_ms": NOW_MS - 120_000,
+        "window_end_ms": NOW_MS - 60_000, "partition": 1, "input_partitions": 3, "groups": [["/a"], ["/b"]],
+        "count": [3, 1], "sum": [1.5, 2.0], "distinct_units": [2, 1], "units_charged": 3, "units_excluded": 0,
+        "closed_at_ms": NOW_MS - 50_000,
+    })
+
+
+def test_partials_of_wire_version_1_are_still_read():
+    message = read_internal(_json_partial())
+    assert isinstance(message, PartialAggregate)
+    assert message.groups == [("/a",), ("/b",)] and message.count.tolist() == [3, 1]
+    assert (message.placement_partitions, message.placement_changed) == (0, False)
+
+
+def test_records_of_an_unknown_wire_version_are_counted_and_skipped_with_a_clear_error(caplog):
+    binary = bytearray(partial_records(_partial(), 100_000)[0])
+    binary[4] = 9
+    for value in (bytes(binary), _json_partial(version=7)):
+        with pytest.raises(UnknownWireVersion, match="run the same version on every worker"):
+            read_internal(value)
+    registry = CollectorRegistry()
+    intake = _intake(registry)
+    assert intake.take(0, 0, bytes(binary), NOW_MS, NOW_MS) is None
+    assert intake.take(0, 1, _json_partial(version=7), NOW_MS, NOW_MS) is None
+    assert _errors(registry, "unknown_wire_version") == 2
+    assert "wire version 9" in caplog.text and "wire version 7" in caplog.text
+
+
+@pytest.mark.parametrize("value", [b"", b"\x00SDP", b"{", b'{"v": 1, "type": "gossip"}', b"\x00SDP\x02F\x02\x00\x00\x00{}"])
+def test_corrupt_records_raise_one_error_type_and_are_counted(value):
+    with pytest.raises(WireFormatError):
+        read_internal(value)
+    registry = CollectorRegistry()
+    assert _intake(registry).take(0, 0, value, NOW_MS, NOW_MS) is None
+    assert _errors(registry, "corrupt_internal_record") == 1
+
+
+def test_a_partial_with_any_chunk_past_the_release_age_is_dropped_whole():
+    records = partial_records(_partial(20_000), 32 * 1024)
+    registry = CollectorRegistry()
+    intake = _intake(registry, age_limit_ms=HOUR_MS)
+    assert intake.take(0, 0, records[0], NOW_MS - 2 * HOUR_MS, NOW_MS) is None  # too old: its stream is dropped
+    assert [intake.take(0, i, r, NOW_MS, NOW_MS) for i, r in enumerate(records[1:], 1)] == [None] * (len(records) - 1)
+    assert intake.holds() == []  # the rest never completes, and nothing holds the commit
+    assert registry.get_sample_value("stream_dp_partials_expired_total", {"query": "q"}) == 1
+
+
+def test_a_partial_left_incomplete_by_its_writer_is_given_up_after_the_release_timeout():
+    records = partial_records(_partial(20_000), 32 * 1024)
+    registry = CollectorRegistry()
+    intake = _intake(registry)
+    intake.take(0, 0, records[0], NOW_MS - 100_000, NOW_MS)
+    intake.take(0, 1, encode_progress(Progress("q", 0, 3, NOW_MS - 100_000)), NOW_MS - 50_000, NOW_MS)
+    intake.drop_stale()
+    assert intake.holds() == [(0, 0)]  # read on 50 s of record time: within the 60 s release timeout
+    intake.take(0, 2, encode_progress(Progress("q", 0, 3, NOW_MS)), NOW_MS - 30_000, NOW_MS)
+    intake.drop_stale()
+    assert intake.holds() == [] and _errors(registry, "partial_chunks_dropped") == 1
