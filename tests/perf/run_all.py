@@ -18,7 +18,7 @@ Needs the local services (``bash deploy/services.sh start all`` and
    every command alike, and each round gives a paired worker/raw ratio. Every
    figure is given as min / median / max over the rounds.
 2. **Peers** on the largest topic: faust-streaming and PipelineDP (``bench_peers.py``).
-3. **Release latency** for 1k, 10k and 100k groups per window (``bench_release.py``).
+3. **Release latency** for 1k, 10k, 100k and 1M groups per window (``bench_release.py``).
 4. **Budget store** (``bench_budget.py``) and **noise** (``bench_noise.py``).
 5. **Memory** per open (unit, group) pair and per budgeted unit (``bench_memory.py``).
 6. **Latency at a fixed offered rate** (``bench_latency.py``): half the median
@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--clients", default=",".join(bench_consume.CLIENTS))
     parser.add_argument("--faust-events", type=int, help="events the faust peer reads per run (default 10000; --full 50000)")
     parser.add_argument("--pairs", type=int, help="open pairs of the engine memory run (default 1000000; --full 10000000)")
-    parser.add_argument("--release-groups", default="1000,10000,100000")
+    parser.add_argument("--release-groups", default="1000,10000,100000,1000000")
     parser.add_argument("--latency-rate", type=float, help="events/s offered (default: half of one worker's median)")
     parser.add_argument("--latency-minutes", type=int, help="windows measured (default 2; --full 10)")
     parser.add_argument("--skip", default="", help=f"comma-separated parts to leave out: {', '.join(PARTS)}")
