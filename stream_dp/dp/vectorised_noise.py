@@ -43,6 +43,9 @@ from stream_dp.dp.exact_sampling import (
 from stream_dp.dp.measurements import NoiseKind
 from stream_dp.dp.noise import NoiseSource, OpenDPNoise
 
+NOISE_SAMPLERS = ("exact", "opendp")
+"""Names of the production noise sources (the worker's ``STREAM_DP_NOISE_SAMPLER``)."""
+
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _FLOAT64_MAX = float(np.finfo(np.float64).max)
 _SMALLEST_NORMAL = float(np.finfo(np.float64).tiny)
@@ -114,6 +117,19 @@ class VectorisedExactNoise:
             return laplace_scale_fraction(scale, k)
         except UnsupportedScale:
             return None
+
+
+def noise_source(sampler: str, *, executor: Executor | None = None) -> NoiseSource:
+    """The production noise source named ``sampler`` (one of :data:`NOISE_SAMPLERS`).
+
+    Both draw the distributions of the OpenDP measurements that calibration
+    certifies; ``executor`` spreads OpenDP's FFI calls over threads.
+    """
+    if sampler == "exact":
+        return VectorisedExactNoise(executor=executor)
+    if sampler == "opendp":
+        return OpenDPNoise(executor=executor)
+    raise ValueError(f"unknown noise sampler {sampler!r}; use one of {', '.join(NOISE_SAMPLERS)}")
 
 
 def _one_dimensional(values: NDArray[Any]) -> NDArray[Any]:

@@ -15,7 +15,7 @@ from scipy import stats
 
 from stream_dp.dp import OpenDPNoise
 from stream_dp.dp.measurements import float_vector_measurement, integer_vector_measurement
-from stream_dp.dp.vectorised_noise import VectorisedExactNoise, grid_to_floats, round_to_grid
+from stream_dp.dp.vectorised_noise import VectorisedExactNoise, grid_to_floats, noise_source, round_to_grid
 
 P_MIN = 1e-4
 OPENDP_DRAWS = 60_000  # OpenDP draws ~10 us each
@@ -163,3 +163,10 @@ def test_shapes_dtypes_and_bad_input(fast: VectorisedExactNoise) -> None:
         fast.integers(np.zeros((2, 2), dtype=np.int64), kind="laplace", scale=1.0)
     with pytest.raises(ValueError, match="NaN"):
         fast.floats(np.array([1.0, np.nan]), kind="laplace", scale=1.0, k=-30)
+
+
+def test_noise_source_by_name() -> None:
+    assert isinstance(noise_source("exact"), VectorisedExactNoise)
+    assert type(noise_source("opendp")) is OpenDPNoise
+    with pytest.raises(ValueError, match="exact, opendp"):
+        noise_source("numpy")
