@@ -150,8 +150,35 @@ def bernoulli_half(n: int, bits: BitSource) -> NDArray[np.bool_]:
 
 def bernoulli_rational(numerator: NDArray[np.uint64], denominator: NDArray[np.uint64], bits: BitSource
                        ) -> NDArray[np.bool_]:
-    """Bernoulli(``numerator / denominator``) per element, ``0 <= numerator <= denominator``."""
-    return uniform_below(denominator, bits) < np.asarray(numerator, dtype=np.uint64)
+    """Bernoulli(``numerator / denominator``) per element, ``0 <= numerator <= denominator``.
+
+    With one denominator ``d`` for all elements (every call in this module),
+    no division per element: a word ``w`` is kept when ``w < d q`` with
+    ``q = floor(2^64 / d)``, so ``floor(w / q)`` is uniform in ``[0, d)``, and
+    ``floor(w / q) < n`` exactly when ``w < n q``.
+    """
+    numerator = np.asarray(numerator, dtype=np.uint64)
+    if np.ndim(denominator) != 0:
+        return uniform_below(denominator, bits) < numerator
+    d = int(denominator)
+    if d < 1:
+        raise ValueError("bernoulli_rational needs a denominator of at least 1")
+    if d == 1:  # numerator is 0 or 1: no coin to flip
+        return numerator == np.uint64(1)
+    q = (1 << 64) // d
+    accept_all = d * q == 1 << 64  # d is a power of two: every word is kept
+    limit, step = np.uint64((d * q) & _U64_MAX), np.uint64(q)
+    certain = numerator == np.uint64(d)  # n q may be 2^64, which uint64 cannot hold
+    threshold = numerator * step  # wraps only where certain
+    out = np.empty(numerator.size, dtype=bool)
+    pending = np.arange(numerator.size)
+    while pending.size:
+        words = bits(pending.size)
+        kept = np.ones(pending.size, dtype=bool) if accept_all else words < limit
+        chosen = pending[kept]
+        out[chosen] = certain[chosen] | (words[kept] < threshold[chosen])
+        pending = pending[~kept]
+    return out
 
 
 def bernoulli_exp_fraction(numerator: NDArray[np.uint64], denominator: NDArray[np.uint64], bits: BitSource
@@ -168,6 +195,8 @@ def bernoulli_exp_fraction(numerator: NDArray[np.uint64], denominator: NDArray[n
     if np.any(numerator > denominator):
         raise ValueError("bernoulli_exp_fraction needs gamma = numerator / denominator in [0, 1]")
     k_limit = np.uint64(_U64_MAX) // denominator  # largest k with denominator * k in uint64
+    # one coin denominator per round when all elements share one (every call in this module)
+    shared = int(denominator[0]) if numerator.size and (denominator == denominator[0]).all() else None
     stopped_at = np.zeros(numerator.size, dtype=np.uint64)
     k = np.uint64(1)
     pending = np.arange(numerator.size)
@@ -176,7 +205,10 @@ def bernoulli_exp_fraction(numerator: NDArray[np.uint64], denominator: NDArray[n
         for index in pending[overflowing]:
             stopped_at[index] = _exp_fraction_run_from(int(numerator[index]), int(denominator[index]), int(k), bits)
         pending = pending[~overflowing]
-        success = bernoulli_rational(numerator[pending], denominator[pending] * k, bits)
+        if pending.size == 0:
+            break
+        coin_denominator = np.uint64(shared * int(k)) if shared is not None else denominator[pending] * k
+        success = bernoulli_rational(numerator[pending], coin_denominator, bits)
         stopped_at[pending[~success]] = k
         pending = pending[success]
         k += np.uint64(1)

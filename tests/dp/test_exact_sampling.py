@@ -23,6 +23,7 @@ from stream_dp.dp.exact_sampling import (
     UnsupportedScale,
     UrandomBits,
     bernoulli_exp,
+    bernoulli_rational,
     bernoulli_exp_fraction,
     discrete_laplace,
     geometric_exp_minus_one,
@@ -170,3 +171,9 @@ def test_urandom_bits_hands_out_fresh_words() -> None:
     words = np.concatenate([bits(3), bits(10), bits(1)])
     assert words.dtype == np.uint64 and words.size == 14 and np.unique(words).size == 14
     assert discrete_laplace(0, 1, 1, bits)[0].size == 0
+
+
+@pytest.mark.parametrize(("numerator", "denominator"), [(1, 3), (2, 3), (3, 3), (0, 5), (1, 4), ((1 << 62) + 1, (1 << 63) + 1)])
+def test_bernoulli_rational_with_a_shared_denominator(numerator: int, denominator: int) -> None:
+    coins = bernoulli_rational(np.full(DRAWS, numerator, dtype=np.uint64), np.uint64(denominator), seeded_bits(9))
+    assert stats.binomtest(int(coins.sum()), DRAWS, numerator / denominator).pvalue > P_MIN
