@@ -1,7 +1,10 @@
 """Differential-privacy core: bounds, sensitivities, calibration, noise, accounting.
 
-Pure library: no I/O and nothing done at import time. Noise comes only from
-OpenDP's secure samplers, through an injected :class:`OpenDPNoise`.
+Pure library: no I/O and nothing done at import time. Noise comes from an
+injected :class:`NoiseSource`: :class:`VectorisedExactNoise` (exact discrete
+Laplace samplers on numpy arrays from kernel CSPRNG bits, the same laws as
+OpenDP's measurements) or :class:`OpenDPNoise` (OpenDP's samplers, one FFI call
+per draw), chosen by :func:`noise_source`.
 """
 
 from stream_dp.dp.bounds import ClipRange, ContributionBounds
@@ -18,9 +21,11 @@ from stream_dp.dp.sensitivity import (
     sum_sensitivity,
 )
 from stream_dp.dp.topk import TopKPlan
+from stream_dp.dp.vectorised_noise import NOISE_SAMPLERS, VectorisedExactNoise, noise_source
 
 __all__ = [
     "AGGREGATIONS",
+    "NOISE_SAMPLERS",
     "CalibratedNoise",
     "ClipRange",
     "ContributionBounds",
@@ -32,9 +37,11 @@ __all__ = [
     "ReleasePlan",
     "Sensitivity",
     "TopKPlan",
+    "VectorisedExactNoise",
     "cdp_delta",
     "count_sensitivity",
     "distinct_units_sensitivity",
+    "noise_source",
     "sum_sensitivity",
     "zcdp_epsilon",
     "zcdp_rho",

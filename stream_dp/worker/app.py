@@ -19,7 +19,7 @@ from stream_dp.budget import BudgetPolicy, BudgetStore, NamespacePolicy, RedisBu
 from stream_dp.budget.redis_nodes import ping as redis_ping
 from stream_dp.budget.redis_url import client_from_url
 from stream_dp.config import ConfigError, PipelineConfig, QueryConfig, Settings
-from stream_dp.dp import ClipRange, ContributionBounds, OpenDPNoise, ReleasePlan
+from stream_dp.dp import ClipRange, ContributionBounds, ReleasePlan, noise_source
 from stream_dp.metrics.budget import BudgetMetrics
 from stream_dp.metrics.health import Health
 from stream_dp.metrics.health import watch as watch_health
@@ -363,7 +363,7 @@ class Worker:
         )
         release = ReleaseStage(
             self.runtimes, clients.release_consumer, clients.output_producer, self.ledger,
-            OpenDPNoise(executor=noise_pool), self.metrics,
+            noise_source(settings.noise_sampler, executor=noise_pool), self.metrics,
             partials_topic=settings.partials_topic, release_age_limit_ms=settings.release_age_limit_ms,
             output_batch_bytes=limits.output_batch_bytes, clock_ms=self.clock_ms,
         )

@@ -110,3 +110,12 @@ def test_bad_cluster_urls_and_wait_settings_are_refused(monkeypatch):
     monkeypatch.setenv("STREAM_DP_REDIS_WAIT_TIMEOUT_MS", "1500")
     with pytest.raises(ValidationError, match="over half of STREAM_DP_REDIS_TIMEOUT_S"):
         Settings()
+
+
+def test_noise_sampler_defaults_to_exact_and_refuses_unknown_names(monkeypatch):
+    assert Settings().noise_sampler == "exact"
+    monkeypatch.setenv("STREAM_DP_NOISE_SAMPLER", " OpenDP ")
+    assert Settings().noise_sampler == "opendp"
+    monkeypatch.setenv("STREAM_DP_NOISE_SAMPLER", "numpy")
+    with pytest.raises(ValidationError, match="use 'exact' .* or 'opendp'"):
+        Settings()
