@@ -2,9 +2,13 @@
 
 Calibration (which reads their privacy maps) and :class:`~stream_dp.dp.noise.OpenDPNoise`
 (which invokes them) both build measurements here, so the mechanism that is
-certified is the mechanism that runs. All sampling happens inside OpenDP's
+certified is the mechanism that runs. OpenDPNoise samples inside OpenDP's
 Rust core with its cryptographically secure samplers (Canonne, Kamath &
-Steinke 2020; OpenDP proof documents linked from each constructor's docs).
+Steinke 2020; OpenDP proof documents linked from each constructor's docs);
+the default :class:`~stream_dp.dp.vectorised_noise.VectorisedExactNoise`
+draws the same Laplace laws with the same exact algorithms, vectorised
+(tests/dp/test_vectorised_noise.py compares the two), and leaves the
+Gaussian ones to OpenDP.
 
 Nothing here runs at import time: ``contrib`` is enabled when a measurement
 is built.
