@@ -48,7 +48,9 @@ def _send_closers(services: perfkit.Services, topic: str, ts_ms: int) -> float:
     started = time.monotonic()
     for partition in range(PARTITIONS):
         value = b'{"user_id":"closer-%d","ts":%d,"page":"/g0","value":1.0}' % (partition, ts_ms)
-        producer.produce(topic, value=value, key=b"closer-%d" % partition, partition=partition)
+        # Stamped with its event time as a live producer's record would be: a wall-clock stamp would move the
+        # worker's record clock past every later (back-dated) window of the run and close them as they fill.
+        producer.produce(topic, value=value, key=b"closer-%d" % partition, partition=partition, timestamp=ts_ms)
     if producer.flush(30):
         raise RuntimeError(f"closing events to {topic} were not acknowledged")
     return started
