@@ -12,15 +12,14 @@ and, for reference, the Gaussian release (where the vectorised source delegates 
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
+import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stream_dp.dp import (
-    ClipRange,
-    ContributionBounds,
     NoiseSource,
     OpenDPNoise,
     PartitionSelection,
@@ -28,25 +27,8 @@ from stream_dp.dp import (
     VectorisedExactNoise,
 )
 
-BOUNDS = ContributionBounds(max_groups_per_unit=3, max_events_per_group=2)
-CLIP = ClipRange(0.0, 100.0)
-
-
-def best_of(repeat: int, run: Callable[[], object]) -> float:
-    """Fastest of ``repeat`` runs, in seconds (the machine is shared)."""
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return min(times)
-
-
-def synthetic_window(groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(groups)  # synthetic data only; never used for noise
-    distinct = rng.integers(1, 200, groups)
-    counts = distinct + rng.integers(0, distinct + 1)
-    return counts.astype(np.int64), counts * rng.uniform(0.0, 100.0, groups), distinct.astype(np.int64)
+# the same window data, bounds and timing as bench_noise.py, so the two print comparable figures
+from bench_noise import BOUNDS, CLIP, best_of, synthetic_window  # noqa: E402
 
 
 def report(label: str, source: str, draws: int, seconds: float) -> None:
