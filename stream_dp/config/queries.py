@@ -175,43 +175,130 @@ class SumAggregation(_Strict):
     @field_validator("clip")
     @classmethod
     def _clip(cls, value: tuple[float, float]) -> tuple[float, float]:
-        lo, hi = value
-        if not (math.isfinite(lo) and math.isfinite(hi)) or lo >= hi:
-            raise ValueError(f"clip {list(value)} must be two finite numbers [lo, hi] with lo < hi, e.g. [0, 100]")
-        if max(abs(lo), abs(hi)) > MAX_ABS_VALUE:
-            raise ValueError(
-                f"clip {list(value)} reaches beyond ±{MAX_ABS_VALUE:g}, the largest value an event may carry; "
-                "narrow it to the values you expect"
-            )
-        return value
+        return _check_range(value, "clip")
 
 
 class MeanAggregation(_Strict):
     field: str = Field(min_length=1)
 
 
+def _check_range(value: tuple[float, float], name: str) -> tuple[float, float]:
+    lo, hi = value
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo >= hi:
+        raise ValueError(f"{name} {list(value)} must be two finite numbers [lo, hi] with lo < hi, e.g. [0, 100]")
+    if max(abs(lo), abs(hi)) > MAX_ABS_VALUE:
+        raise ValueError(
+            f"{name} {list(value)} reaches beyond ±{MAX_ABS_VALUE:g}, the largest value an event may carry; "
+            "narrow it to the values you expect"
+        )
+    return value
+
+
+class TopKAggregation(_Strict):
+    """The ``k`` groups with the most bounded events of each window, best first (permute-and-flip)."""
+
+    k: int = Field(ge=1, le=1000)
+
+
+class QuantilesAggregation(_Strict):
+    """Quantiles of ``field`` per group per window (exponential mechanism over ``bins`` candidates in ``bounds``)."""
+
+    field: str = Field(min_length=1)
+    q: list[float] = Field(min_length=1, max_length=20)
+    bounds: tuple[float, float]
+    bins: int = Field(256, ge=2, le=4096)
+
+    @field_validator("q")
+    @classmethod
+    def _probabilities(cls, value: list[float]) -> list[float]:
+        for q in value:
+            if not (0.0 < q < 1.0):
+                raise ValueError(f"quantile {q} is not strictly between 0 and 1; use e.g. q: [0.5, 0.9, 0.99]")
+        if len(set(value)) != len(value) or value != sorted(value):
+            raise ValueError(f"quantiles {value} must be distinct and in increasing order, e.g. [0.5, 0.9, 0.99]")
+        return value
+
+    @field_validator("bounds")
+    @classmethod
+    def _bounds(cls, value: tuple[float, float]) -> tuple[float, float]:
+        return _check_range(value, "quantile bounds")
+
+
 class Aggregations(_Strict):
     count: CountAggregation | None = None
     sum: SumAggregation | None = None
     mean: MeanAggregation | None = None
+    top_k: TopKAggregation | None = None
+    quantiles: QuantilesAggregation | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Aggregations:
-        if self.count is None and self.sum is None and self.mean is None:
+        if not self.names():
             raise ValueError("no aggregation; add at least `count: {}`")
         if self.mean is not None:
             if self.sum is None:
                 raise ValueError("mean needs a sum with a clip range on the same field, e.g. sum: {field: value, clip: [0, 100]}")
             if self.mean.field != self.sum.field:
                 raise ValueError(f"mean.field {self.mean.field!r} differs from sum.field {self.sum.field!r}; a mean is the sum over the count of one field")
+        if self.quantiles is not None and self.sum is not None:
+            # The worker clips one value field per query, once, before bounding.
+            if self.quantiles.field != self.sum.field:
+                raise ValueError(
+                    f"quantiles.field {self.quantiles.field!r} differs from sum.field {self.sum.field!r}; a query reads "
+                    "one value field: use the same field, or a second query for the other field"
+                )
+            if tuple(self.quantiles.bounds) != tuple(self.sum.clip):
+                raise ValueError(
+                    f"quantiles.bounds {list(self.quantiles.bounds)} differ from sum.clip {list(self.sum.clip)}; values "
+                    "are clipped once per query: give both the same range"
+                )
         return self
 
     @property
     def value_field(self) -> str | None:
-        return self.sum.field if self.sum else None
+        if self.sum is not None:
+            return self.sum.field
+        return self.quantiles.field if self.quantiles is not None else None
+
+    @property
+    def value_range(self) -> tuple[float, float] | None:
+        """The range every value is clipped into (the sum's clip, else the quantiles' bounds)."""
+        if self.sum is not None:
+            return tuple(self.sum.clip)  # type: ignore[return-value]
+        return tuple(self.quantiles.bounds) if self.quantiles is not None else None  # type: ignore[return-value]
 
     def names(self) -> frozenset[str]:
-        return frozenset(n for n in ("count", "sum", "mean") if getattr(self, n) is not None)
+        return frozenset(n for n in ("count", "sum", "mean", "top_k", "quantiles") if getattr(self, n) is not None)
+
+
+class ContinualConfig(_Strict):
+    """Running totals since the start of each ``period``, released after every window (binary tree mechanism).
+
+    ``max_windows_per_unit``: in how many windows of one period a unit may contribute; its
+    contributions to later windows of the period are left out. The period's loss is charged once,
+    at the first window a unit contributes to.
+    """
+
+    period_ms: DurationMs = Field(alias="period")
+    max_windows_per_unit: int = Field(1, ge=1, le=10_000)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class HierarchyConfig(_Strict):
+    """Release every prefix level of ``group_by``; ``split`` weighs each level's share of the budget (coarsest first)."""
+
+    split: list[float] | None = None
+
+    @field_validator("split")
+    @classmethod
+    def _weights(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and not all(math.isfinite(w) and w > 0 for w in value):
+            raise ValueError(f"hierarchy.split {value} must be positive weights, one per group_by level, e.g. [1, 1, 2]")
+        return value
+
+
+MAX_WINDOWS_PER_PERIOD = 1 << 20
 
 
 class QueryConfig(_Strict):
@@ -235,6 +322,8 @@ class QueryConfig(_Strict):
     partitioner: Literal["murmur2", "crc32"] = "murmur2"
     max_message_bytes: int = Field(65_536, ge=64, le=10_485_760)
     release_timeout_ms: DurationMs = Field(60_000, alias="release_timeout")
+    continual: ContinualConfig | None = None
+    hierarchy: bool | HierarchyConfig = False
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -259,8 +348,9 @@ class QueryConfig(_Strict):
         if repeated:
             raise ValueError(
                 f"event field(s) {repeated} serve more than one role (privacy_unit.field, timestamp_field, group_by, "
-                "aggregations.sum.field) or appear twice in group_by; give each role its own field"
+                "aggregations.sum.field or quantiles.field) or appear twice in group_by; give each role its own field"
             )
+        self._check_options()
         if self.input_topic == self.output_topic:
             raise ValueError("output_topic equals input_topic; releases must go to their own topic")
         if isinstance(self.groups, PublicGroups):
@@ -273,6 +363,65 @@ class QueryConfig(_Strict):
                         + ("one string or integer per group" if width == 1 else f"a list of {width} strings or integers per group")
                     )
         return self
+
+    def _check_options(self) -> None:
+        """Continual releases and hierarchies: what they can be combined with."""
+        public = isinstance(self.groups, PublicGroups)
+        if self.continual is not None:
+            period, size = self.continual.period_ms, self.window.size_ms
+            if period % size or period < 2 * size:
+                raise ValueError(
+                    f"continual.period of {period} ms is not a multiple of at least two windows of {size} ms; "
+                    "use e.g. period: 1d with 1m windows"
+                )
+            if period // size > MAX_WINDOWS_PER_PERIOD:
+                raise ValueError(
+                    f"continual.period holds {period // size} windows, more than {MAX_WINDOWS_PER_PERIOD}; "
+                    "use a shorter period or larger windows"
+                )
+            if self.continual.max_windows_per_unit > period // size:
+                raise ValueError(
+                    f"continual.max_windows_per_unit {self.continual.max_windows_per_unit} exceeds the "
+                    f"{period // size} windows of a period; lower it"
+                )
+            if self.mechanism != "laplace":
+                raise ValueError("continual releases use the binary tree mechanism with Laplace noise; set mechanism: laplace")
+            if not public:
+                raise ValueError("continual releases keep a running total per group: list the groups under groups.public")
+            extra = sorted(self.aggregations.names() - {"count", "sum", "mean"})
+            if extra:
+                raise ValueError(f"continual releases running counts, sums and means; {extra} cannot be released "
+                                 "continually: move them to a query without continual")
+            if self.hierarchy:
+                raise ValueError("continual and hierarchy cannot be combined in one query; use two queries")
+        if not public and not self.aggregations.names() & {"count", "sum", "mean"}:
+            raise ValueError(
+                "with privately selected groups, top_k and quantiles work on the groups a count or sum release "
+                "keeps: add count: {}, or list the groups under groups.public"
+            )
+        if self.hierarchy:
+            if len(self.group_by) < 2:
+                raise ValueError(f"hierarchy needs at least two group_by fields (coarsest first), got {self.group_by}")
+            if not public:
+                raise ValueError("hierarchy releases every level of the public groups: list them under groups.public")
+            split = self.hierarchy.split if isinstance(self.hierarchy, HierarchyConfig) else None
+            if split is not None and len(split) != len(self.group_by):
+                raise ValueError(
+                    f"hierarchy.split has {len(split)} weights for {len(self.group_by)} levels of group_by "
+                    f"{self.group_by}; give one weight per level"
+                )
+            if not self.aggregations.names() & {"count", "sum"}:
+                raise ValueError("hierarchy rolls up counts and sums: add count: {} or a sum")
+
+    @property
+    def hierarchy_split(self) -> list[float] | None:
+        """Per level (coarsest first) share of the count and sum budgets; None without hierarchy."""
+        if not self.hierarchy:
+            return None
+        split = self.hierarchy.split if isinstance(self.hierarchy, HierarchyConfig) else None
+        weights = split or [1.0] * len(self.group_by)
+        total = sum(weights)
+        return [w / total for w in weights]
 
     def public_group_keys(self) -> list[tuple[str | int, ...]] | None:
         """Public group keys as tuples, or None when groups are selected privately."""
