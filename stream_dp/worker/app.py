@@ -19,7 +19,8 @@ from stream_dp.budget import BudgetPolicy, BudgetStore, NamespacePolicy, RedisBu
 from stream_dp.budget.redis_nodes import ping as redis_ping
 from stream_dp.budget.redis_url import client_from_url
 from stream_dp.config import ConfigError, PipelineConfig, QueryConfig, Settings
-from stream_dp.dp import ClipRange, ContributionBounds, ReleasePlan, noise_source
+from stream_dp.dp import ClipRange, ContributionBounds, noise_source
+from stream_dp.dp.query_plan import ContinualRequest, QuantileRequest, QueryPlan
 from stream_dp.metrics.budget import BudgetMetrics
 from stream_dp.metrics.health import Health
 from stream_dp.metrics.health import watch as watch_health
@@ -46,13 +47,15 @@ class WorkerConfigError(ValueError):
     """The configuration and settings cannot run a worker; the message says how to fix it."""
 
 
-def build_plan(query: QueryConfig) -> ReleasePlan:
+def build_plan(query: QueryConfig) -> QueryPlan:
     aggregations = query.aggregations
     clip = ClipRange(*aggregations.sum.clip) if aggregations.sum is not None else None
-    names = set(aggregations.names())
+    names = set(aggregations.names()) & {"count", "sum", "mean"}
     if "mean" in names:
         names.add("count")  # a mean is noisy sum over noisy count
-    return ReleasePlan.build(
+    quantiles = aggregations.quantiles
+    continual = query.continual
+    return QueryPlan.build(
         mechanism=query.mechanism,
         epsilon=query.epsilon,
         delta=query.delta,
@@ -60,10 +63,16 @@ def build_plan(query: QueryConfig) -> ReleasePlan:
         clip=clip,
         aggregations=frozenset(names),
         selection_delta=None if query.public_group_keys() is not None else query.groups.select.delta,  # type: ignore[union-attr]
+        hierarchy_split=query.hierarchy_split,
+        top_k=aggregations.top_k.k if aggregations.top_k is not None else None,
+        quantiles=None if quantiles is None else QuantileRequest(
+            tuple(quantiles.q), float(quantiles.bounds[0]), float(quantiles.bounds[1]), quantiles.bins),
+        continual=None if continual is None else ContinualRequest(
+            continual.period_ms // query.window.size_ms, continual.max_windows_per_unit),
     )
 
 
-def window_cost(plan: ReleasePlan, accounting: str, query: str) -> tuple[float, float]:
+def window_cost(plan: QueryPlan, accounting: str, query: str) -> tuple[float, float]:
     """One window's per-unit loss as (cost in the namespace's unit, delta charged beside it).
 
     An epsilon namespace is charged the window's (epsilon, delta): delta from
@@ -117,7 +126,7 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
     for query in config.queries:
         namespace = config.namespaces[query.privacy_unit.namespace]
         aggregations = query.aggregations
-        clip = aggregations.sum.clip if aggregations.sum is not None else (0.0, 0.0)
+        clip = aggregations.value_range or (0.0, 0.0)
         engine = WindowEngine(
             EventSchema(
                 unit_field=query.privacy_unit.field,
@@ -167,6 +176,7 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
             release_timeout_ms=query.release_timeout_ms,
             public_groups=query.public_group_keys(),
             has_sum=aggregations.sum is not None,
+            period=None if query.continual is None else (query.continual.period_ms, query.window.offset_ms),
         )
         cost, delta = window_cost(plan, namespace.accounting, query.name)
         check_cost_fits(query.name, query.privacy_unit.namespace, namespace, cost, delta)

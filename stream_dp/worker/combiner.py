@@ -35,8 +35,15 @@ from stream_dp.worker.records import GroupKey, PartialAggregate, Progress
 MAX_EMPTY_WINDOWS_PER_STEP = 1_000  # bounds the work after a long silence
 
 
-def window_home(query: str, window_start_ms: int, partials_partitions: int) -> int:
-    """The partials-topic partition of a (query, window): stable across processes and versions."""
+def window_home(query: str, window_start_ms: int, partials_partitions: int, period: tuple[int, int] | None = None) -> int:
+    """The partials-topic partition of a (query, window): stable across processes and versions.
+
+    ``period`` = (period_ms, offset_ms) of a continual query: all windows of one period share a
+    home, so one release consumer continues the period's tree window after window, in order.
+    """
+    if period is not None:
+        period_ms, offset_ms = period
+        window_start_ms = offset_ms + (window_start_ms - offset_ms) // period_ms * period_ms
     digest = hashlib.blake2b(f"{query}|{window_start_ms}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % partials_partitions
 
@@ -104,6 +111,7 @@ class WindowCombiner:
         public_groups: list[GroupKey] | None,
         has_sum: bool,
         partials_partitions: int = 1,
+        period: tuple[int, int] | None = None,
     ) -> None:
         if window_size_ms <= 0:
             raise ValueError(f"window_size_ms must be positive, got {window_size_ms}")
@@ -119,6 +127,7 @@ class WindowCombiner:
         self._public_index = {g: i for i, g in enumerate(public_groups)} if public_groups is not None else None
         self.has_sum = has_sum
         self.partials_partitions = partials_partitions
+        self.period = period  # (period_ms, offset_ms) of a continual query: windows of a period share a home
         self.input_partitions = 0
         self.released_through_ms: dict[int, int] = {}  # per home partition
         # Start of the query's first released window (from the ledger): empty
@@ -128,7 +137,7 @@ class WindowCombiner:
         self._pending: dict[int, _Pending] = {}
 
     def home(self, window_start_ms: int) -> int:
-        return window_home(self.query, window_start_ms, self.partials_partitions)
+        return window_home(self.query, window_start_ms, self.partials_partitions, self.period)
 
     # -- input ---------------------------------------------------------------------------
 

@@ -89,7 +89,8 @@ class IngestStage:
         self.emitter = Emitter(
             queries, producer, budget, journal, metrics,
             PartialsOut(producer, metrics, topic=partials_topic, partitions=partials_partitions,
-                        max_record_bytes=partials_record_bytes),
+                        max_record_bytes=partials_record_bytes,
+                        periods={q.name: q.combiner.period for q in queries if q.combiner.period is not None}),
             alerts_topic=alerts_topic, partition_count=self._partition_count,
             retry_backoff_s=retry_backoff_s, retry_backoff_max_s=retry_backoff_max_s,
         )

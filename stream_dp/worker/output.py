@@ -91,7 +91,7 @@ async def publish_release(
         pending.append((await producer.send_batch(batch, topic, partition=partitions[partition]), size))
         pending_bytes += size
 
-    for start in range(0, release.rows, slice_rows):
+    for start in range(0, release.total, slice_rows):
         started = time.perf_counter()
         records = release.render(start, start + slice_rows)
         targets = output_partitions([key for key, _ in records], len(partitions))

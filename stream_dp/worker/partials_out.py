@@ -47,12 +47,13 @@ def partial_message(query: Any, partial: Any, totals: Any, *, input_partitions: 
 
 class PartialsOut:
     def __init__(self, producer: AIOKafkaProducer, metrics: Any, *, topic: str, partitions: int,
-                 max_record_bytes: int) -> None:
+                 max_record_bytes: int, periods: dict[str, tuple[int, int]] | None = None) -> None:
         self.producer = producer
         self.metrics = metrics
         self.topic = topic
         self.partitions = partitions
         self.max_record_bytes = max_record_bytes
+        self.periods = periods or {}  # continual queries: (period_ms, offset_ms), see ``window_home``
 
     async def send(self, message: PartialAggregate) -> list[asyncio.Future]:
         """Queue every chunk of ``message`` for its window's home partition; returns their delivery futures."""
@@ -62,7 +63,7 @@ class PartialsOut:
             records = await asyncio.to_thread(partial_records, message, limit)
         else:
             records = partial_records(message, limit)
-        home = window_home(message.query, message.window_start_ms, self.partitions)
+        home = window_home(message.query, message.window_start_ms, self.partitions, self.periods.get(message.query))
         key = partial_key(message.query, message.window_start_ms)
         sends = [await self.producer.send(self.topic, key=key, value=value, partition=home) for value in records]
         self.metrics.release_stage_seconds.labels(message.query, "partial_send").observe(time.perf_counter() - started)

@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
@@ -43,7 +44,8 @@ from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.output import publish_release
 from stream_dp.worker.partials_in import PartialsIntake, too_old_to_release
 from stream_dp.worker.records import PartialAggregate
-from stream_dp.worker.release_entry import build_entry, decode_entry, encode_entry
+from stream_dp.worker.release_build import build_release
+from stream_dp.worker.release_entry import decode_entry, encode_entry
 from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,7 @@ class ReleaseStage:
         self._positions: dict[int, int] = {}
         self._last_commit_s = 0.0
         self._lock = asyncio.Lock()
+        self._trees: dict[str, tuple[int, Any]] = {}  # continual queries: (window start, tree state after it)
         self._next_start_lookup_s = 0.0
         # The output producer's batch size: it fits every output topic's record limit (see ``topic_setup``).
         self.output_batch_bytes = output_batch_bytes
@@ -244,9 +247,14 @@ class ReleaseStage:
     async def _publish_pending(self) -> None:
         now_s = time.monotonic()
         remaining: list[_Unpublished] = []
+        # A continual query's window continues the tree of the one before: after a held window,
+        # the later ones of that query wait too.
+        held_continual: set[str] = set()
         for item in sorted(self._unpublished, key=lambda u: u.window_start_ms):
-            if item.next_attempt_s > now_s:
+            if item.next_attempt_s > now_s or item.query.name in held_continual:
                 remaining.append(item)
+                if item.query.plan.continual is not None:
+                    held_continual.add(item.query.name)
                 continue
             try:
                 await self._publish(item)
@@ -256,6 +264,8 @@ class ReleaseStage:
                 self.metrics.internal_errors.labels("ledger_unavailable").inc()
                 log.warning("release of %s/%d held: %s", item.query.name, item.window_start_ms, exc)
                 remaining.append(item)
+                if item.query.plan.continual is not None:
+                    held_continual.add(item.query.name)
         self._unpublished = remaining
 
     async def _publish(self, item: _Unpublished) -> None:
@@ -263,14 +273,14 @@ class ReleaseStage:
         timing = self.metrics.release_stage_seconds
         if item.payload is None:
             assert window is not None
+            previous = await self._tree_state(query, item.window_start_ms) if query.plan.continual is not None else None
             started = time.perf_counter()
             # In a thread: a million groups take seconds of noise, and the event loop
             # must keep both consumers' heartbeats going meanwhile.
-            noisy = await asyncio.to_thread(query.plan.release, window.count, window.sum, window.distinct_units, self.noise)
+            entry = await asyncio.to_thread(build_release, query, window, self.noise, self.clock_ms(), previous)
             self.metrics.noise_seconds.labels(query.name).observe(time.perf_counter() - started)
             timing.labels(query.name, "noise").observe(time.perf_counter() - started)
             started = time.perf_counter()
-            entry = build_entry(query, window, noisy, self.clock_ms())
             item.payload = await asyncio.to_thread(encode_entry, entry) if entry.rows > 50_000 else encode_entry(entry)
             timing.labels(query.name, "encode").observe(time.perf_counter() - started)
         started = time.perf_counter()
@@ -289,6 +299,9 @@ class ReleaseStage:
             log.error("the stored release of %s/%d cannot be read (%s); it is not published", query.name,
                       item.window_start_ms, exc)
             return
+        if query.plan.continual is not None:
+            # What the ledger holds, which an earlier run may have drawn: the next window continues from it.
+            self._trees[query.name] = (item.window_start_ms, release.state)
         topic = query.config.output_topic
 
         def too_large(size: int) -> None:
@@ -321,6 +334,30 @@ class ReleaseStage:
                 log.warning("window %s of %s released without data: %s", window.window_start_ms, query.name, window.withheld)
             if window.closed_at_ms is not None:
                 self.metrics.release_latency.labels(query.name).observe(max(0.0, (self.clock_ms() - window.closed_at_ms) / 1000))
+
+    async def _tree_state(self, query: QueryRuntime, window_start_ms: int) -> Any:
+        """The binary tree state stored with the previous window of this window's period, or None.
+
+        None starts the period's tree at this window: at the period's first window, or when the
+        previous window was never released (it expired). A restarted tree stays within the period's
+        loss: a unit still contributes to at most ``max_windows_per_unit`` windows of the period,
+        and the new tree has no more levels than the period's.
+        """
+        period_ms, offset_ms = query.combiner.period  # type: ignore[misc]
+        period_start = offset_ms + (window_start_ms - offset_ms) // period_ms * period_ms
+        if window_start_ms == period_start:
+            return None
+        previous = window_start_ms - query.config.window.size_ms
+        cached = self._trees.get(query.name)
+        if cached is not None and cached[0] == previous:
+            return cached[1]
+        stored = await asyncio.to_thread(self.ledger.get, query.name, previous)  # LedgerUnavailable: held
+        if stored is None:
+            return None
+        try:
+            return decode_entry(stored.payload).state
+        except WireFormatError:
+            return None
 
     def _holds(self) -> dict[int, int]:
         """Lowest partials-topic offset per partition that an unreleased window still needs."""

@@ -59,10 +59,28 @@ class ReleaseEntry:
     prefix: bytes  # '{"query":...,"window":{...}'
     ci: tuple[bytes, bytes]  # the count and sum 95% half-widths, shared by every row
     tail: bytes  # '"std":...,"privacy":...,"released_at_ms":...,"released_at":"..."}'
+    #: Per row, a JSON fragment (``,"name":value...``) placed after the ci95 block (quantiles), or None.
+    row_extra: list[bytes] | None = None
+    #: Whole records published after the rows (other hierarchy levels, a top-k record).
+    extras: tuple[Record, ...] = ()
+    #: Internal state stored with the release, never rendered (a continual release's tree):
+    #: JSON-able fields and named numpy arrays.
+    state: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None
+
+    @property
+    def total(self) -> int:
+        """Records in all: the rows, then the extra records."""
+        return self.rows + len(self.extras)
 
     def render(self, start: int = 0, stop: int | None = None) -> list[Record]:
-        """The records of rows ``start`` .. ``stop``."""
-        stop = self.rows if stop is None else min(stop, self.rows)
+        """Records ``start`` .. ``stop`` of ``total``: rows first, then the extra records."""
+        stop = self.total if stop is None else min(stop, self.total)
+        rows = self._render_rows(start, min(stop, self.rows))
+        if stop > self.rows:
+            rows += list(self.extras[max(0, start - self.rows):stop - self.rows])
+        return rows
+
+    def _render_rows(self, start: int, stop: int) -> list[Record]:
         n = max(0, stop - start)
         if n == 0:
             return []
@@ -79,7 +97,8 @@ class ReleaseEntry:
             repeat(b'},"count":'), value["count"], repeat(b',"sum":'), value["sum"],
             repeat(b',"mean":'), value["mean"],
             repeat(b',"ci95":{"count":' + ci_count + b',"sum":' + ci_sum + b',"mean":'), value["mean_ci"],
-            repeat(b"}," + self.tail),
+            repeat(b"}"), repeat(b"", n) if self.row_extra is None else self.row_extra[start:stop],
+            repeat(b"," + self.tail),
         )))
         return list(zip(keys, records))
 
@@ -139,17 +158,32 @@ def _value_column(values: Any, index: np.ndarray, requested: bool) -> np.ndarray
     raise TypeError(f"a release column of dtype {picked.dtype} cannot be rendered")
 
 
-def build_entry(query: Any, window: Any, noisy: Any, released_at_ms: int) -> ReleaseEntry:
+def build_entry(
+    query: Any,
+    window: Any,
+    noisy: Any,
+    released_at_ms: int,
+    *,
+    group_names: list[str] | None = None,
+    groups: list[Any] | None = None,
+    extra_prefix: bytes = b"",
+    privacy: dict[str, Any] | None = None,
+) -> ReleaseEntry:
     """The release of ``window`` for ``query`` (a ``QueryRuntime``): its kept groups (``noisy.keep``)
-    with their noisy or post-processed values only, and what every record shares."""
+    with their noisy or post-processed values only, and what every record shares.
+
+    ``group_names`` / ``groups`` replace the query's group-by fields and the window's groups (a
+    coarser level of a hierarchy); ``extra_prefix`` (``,"name":value``) is added to every record
+    after its window block; ``privacy`` replaces the query's privacy block."""
     aggregations = query.config.aggregations
     want_count, want_sum, want_mean = (aggregations.count is not None, aggregations.sum is not None,
                                        aggregations.mean is not None)
     index = np.flatnonzero(np.asarray(noisy.keep, dtype=bool))
     window_block = {"start": iso_utc(window.window_start_ms), "end": iso_utc(window.window_end_ms),
                     "start_ms": window.window_start_ms, "end_ms": window.window_end_ms}
-    names = list(query.config.group_by)
-    kept = [window.groups[i] for i in index.tolist()]
+    names = list(query.config.group_by) if group_names is None else list(group_names)
+    source = window.groups if groups is None else groups
+    kept = [source[i] for i in index.tolist()]
     return ReleaseEntry(
         query=query.name,
         window_start_ms=window.window_start_ms,
@@ -162,13 +196,13 @@ def build_entry(query: Any, window: Any, noisy: Any, released_at_ms: int) -> Rel
             "mean": _value_column(noisy.mean, index, want_mean),
             "mean_ci": _value_column(noisy.mean_ci95, index, want_mean),
         },
-        prefix=b'{"query":' + orjson.dumps(query.name) + b',"window":' + orjson.dumps(window_block),
+        prefix=b'{"query":' + orjson.dumps(query.name) + b',"window":' + orjson.dumps(window_block) + extra_prefix,
         ci=(orjson.dumps(_finite(noisy.count_ci95) if want_count else None),
             orjson.dumps(_finite(noisy.sum_ci95) if want_sum else None)),
         tail=orjson.dumps({
             "std": {"count": _finite(noisy.count_std) if want_count else None,
                     "sum": _finite(noisy.sum_std) if want_sum else None},
-            "privacy": query.privacy,
+            "privacy": query.privacy if privacy is None else privacy,
             "released_at_ms": released_at_ms,
             "released_at": iso_utc(released_at_ms),
         })[1:],
@@ -184,11 +218,22 @@ def encode_entry(entry: ReleaseEntry) -> bytes:
             shared[name] = value.decode()
         else:
             sections[name] = value
-    return encode_frame({
+    fields: dict[str, Any] = {
         "type": "release", "query": entry.query, "window_start_ms": entry.window_start_ms,
         "group_names": entry.group_names, "groups": described, "rows": entry.rows, "shared": shared,
         "prefix": entry.prefix.decode(), "ci": [entry.ci[0].decode(), entry.ci[1].decode()], "tail": entry.tail.decode(),
-    }, sections)
+    }
+    if entry.row_extra is not None:
+        sections["row_extra"] = b"".join(entry.row_extra)
+        sections["row_extra_ends"] = np.cumsum([len(t) for t in entry.row_extra], dtype=np.int64)
+    if entry.extras:
+        sections["extras"] = pack_records(entry.extras)
+    if entry.state is not None:
+        state_fields, arrays = entry.state
+        fields["state"] = {"fields": state_fields, "arrays": sorted(arrays)}
+        for name, array in arrays.items():
+            sections[f"state.{name}"] = array
+    return encode_frame(fields, sections)
 
 
 @dataclass(frozen=True)
@@ -200,6 +245,12 @@ class StoredRecords:
     @property
     def rows(self) -> int:
         return len(self.records)
+
+    @property
+    def total(self) -> int:
+        return len(self.records)
+
+    state = None
 
     def render(self, start: int = 0, stop: int | None = None) -> list[Record]:
         return self.records[start:stop]
@@ -221,12 +272,23 @@ def decode_entry(payload: bytes) -> ReleaseEntry | StoredRecords:
             values[name] = shared.encode() if shared is not None else sections[name]
             if not isinstance(values[name], bytes) and len(values[name]) != rows:
                 raise WireFormatError(f"release column {name} holds {len(values[name])} values, expected {rows}")
+        row_extra = None
+        if "row_extra" in sections:
+            ends = sections["row_extra_ends"]
+            if len(ends) != rows:
+                raise WireFormatError(f"release row extras hold {len(ends)} rows, expected {rows}")
+            blob, starts = sections["row_extra"], np.concatenate(([0], ends[:-1])) if rows else ends
+            row_extra = [blob[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+        extras = tuple(_unpack_records(sections["extras"])) if "extras" in sections else ()
+        state = None
+        if "state" in data:
+            state = (dict(data["state"]["fields"]), {n: sections[f"state.{n}"] for n in data["state"]["arrays"]})
         return ReleaseEntry(
             query=str(data["query"]), window_start_ms=int(data["window_start_ms"]),
             group_names=[str(n) for n in data["group_names"]],
             groups=decode_columns(data["groups"], sections, rows), rows=rows, values=values,
             prefix=data["prefix"].encode(), ci=(data["ci"][0].encode(), data["ci"][1].encode()),
-            tail=data["tail"].encode(),
+            tail=data["tail"].encode(), row_extra=row_extra, extras=extras, state=state,
         )
     except WireFormatError:
         raise

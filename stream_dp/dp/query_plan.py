@@ -1,0 +1,190 @@
+"""One query's whole release: per-window counts and sums, and the options beside them.
+
+A query's ``epsilon`` (and ``delta``) is what one window's release costs one
+unit, all parts together. Parts and their mechanisms:
+
+* counts, sums, means (``ReleasePlan``): Laplace or Gaussian noise, with
+  partition selection when the groups are not public;
+* ``hierarchy``: the counts and sums at every prefix level of ``group_by``
+  (coarsest first), each level a ``ReleasePlan`` with its share of the budget,
+  made consistent afterwards (children sum to their parent) by post-processing;
+* ``top_k``: the k groups with the most events, permute-and-flip (``TopKPlan``);
+* ``quantiles``: per group, the exponential mechanism over bin edges
+  (``QuantilesPlan``);
+* ``continual``: running totals over a period with the binary tree mechanism
+  (``ContinualPlan``); its loss is per *period*, charged once per unit per period.
+
+Budget split: every component -- selection, count, sum, top_k, quantiles --
+gets an equal share of ``epsilon``; the count-and-sum share of a hierarchy is
+split across levels by the configured weights. Sequential composition adds
+the parts' losses (Dwork & Roth Theorem 3.16; Bun & Steinke 2016 Lemma 2.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stream_dp.dp.bounds import ClipRange, ContributionBounds
+from stream_dp.dp.loss import PrivacyLoss
+from stream_dp.dp.plan import ReleasePlan
+from stream_dp.dp.topk import TopKPlan
+
+_BASE = ("count", "sum", "mean")
+
+
+@dataclass(frozen=True)
+class QuantileRequest:
+    q: tuple[float, ...]
+    lo: float
+    hi: float
+    bins: int
+
+
+@dataclass(frozen=True)
+class ContinualRequest:
+    windows_per_period: int
+    max_windows_per_unit: int
+
+
+def _coarse_bounds(bounds: ContributionBounds) -> ContributionBounds:
+    """Bounds that hold at a coarser level: a unit's L0 groups may all share one parent, which then
+    gets up to L0 * Linf of its events (same l1, larger l2 than at the finest level)."""
+    return ContributionBounds(1, bounds.max_groups_per_unit * bounds.max_events_per_group)
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """Every part of one query's release, calibrated up front. Use :meth:`build`."""
+
+    levels: tuple[ReleasePlan, ...]  # coarsest first; the last is the finest (the group_by groups)
+    top_k: TopKPlan | None
+    quantiles: Any | None  # stream_dp.dp.quantiles.QuantilesPlan
+    continual: Any | None  # stream_dp.dp.continual.ContinualPlan
+    loss: PrivacyLoss
+    shares: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def base(self) -> ReleasePlan | None:
+        """The plan of the per-group counts and sums (finest level), if the query has them."""
+        return self.levels[-1] if self.levels else None
+
+    @property
+    def hierarchy(self) -> bool:
+        return len(self.levels) > 1
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        mechanism: str,
+        epsilon: float,
+        delta: float = 0.0,
+        bounds: ContributionBounds,
+        clip: ClipRange | None,
+        aggregations: Iterable[str],
+        selection_delta: float | None = None,
+        hierarchy_split: Sequence[float] | None = None,
+        top_k: int | None = None,
+        quantiles: QuantileRequest | None = None,
+        continual: ContinualRequest | None = None,
+    ) -> QueryPlan:
+        """Split ``epsilon`` (and ``delta``) over the parts and calibrate each (module docstring)."""
+        chosen = frozenset(aggregations)
+        base_names = frozenset(chosen & set(_BASE))
+        if "mean" in base_names:
+            base_names |= {"count", "sum"}
+        if continual is not None:
+            from stream_dp.dp.continual import ContinualPlan
+
+            if top_k is not None or quantiles is not None or hierarchy_split is not None:
+                raise ValueError("a continual release holds running counts, sums and means only")
+            plan = ContinualPlan.build(
+                epsilon=epsilon, bounds=bounds, clip=clip, aggregations=base_names,
+                windows_per_period=continual.windows_per_period,
+                max_windows_per_unit=continual.max_windows_per_unit,
+            )
+            return cls((), None, None, plan, plan.loss, {"continual": 1.0})
+        base_components = len(base_names - {"mean"}) + (1 if selection_delta is not None and base_names else 0)
+        components = base_components + (top_k is not None) + (quantiles is not None)
+        if components == 0:
+            raise ValueError("nothing to release: ask for count, sum, mean, top_k or quantiles")
+        share = 1.0 / components
+        shares: dict[str, float] = {}
+        levels: list[ReleasePlan] = []
+        loss: PrivacyLoss | None = None
+        if base_names:
+            base_share = share * base_components
+            shares["counts_and_sums"] = base_share
+            weights = list(hierarchy_split) if hierarchy_split is not None else [1.0]
+            total_weight = sum(weights)
+            for depth, weight in enumerate(weights):
+                fraction = base_share * weight / total_weight
+                finest = depth == len(weights) - 1
+                level = ReleasePlan.build(
+                    mechanism=mechanism, epsilon=epsilon * fraction,
+                    delta=delta * fraction if mechanism == "gaussian" else 0.0,
+                    bounds=bounds if finest else _coarse_bounds(bounds), clip=clip, aggregations=base_names,
+                    selection_delta=selection_delta if finest else None,
+                )
+                levels.append(level)
+                loss = level.loss if loss is None else loss + level.loss
+        topk_plan = None
+        if top_k is not None:
+            shares["top_k"] = share
+            topk_plan = TopKPlan.build(epsilon=epsilon * share * (1 - 1e-9), k=top_k, bounds=bounds)
+            loss = topk_plan.loss if loss is None else loss + topk_plan.loss
+        quantiles_plan = None
+        if quantiles is not None:
+            from stream_dp.dp.quantiles import QuantilesPlan
+
+            shares["quantiles"] = share
+            quantiles_plan = QuantilesPlan.build(
+                epsilon=epsilon * share * (1 - 1e-9), q=list(quantiles.q), lo=quantiles.lo, hi=quantiles.hi,
+                bins=quantiles.bins, bounds=bounds,
+            )
+            loss = quantiles_plan.loss if loss is None else loss + quantiles_plan.loss
+        assert loss is not None
+        if loss.epsilon > epsilon * (1 + 1e-9) or loss.delta > delta + (selection_delta or 0.0) + 1e-15:
+            raise RuntimeError(f"the certified loss {loss} exceeds the requested budget epsilon={epsilon}, "
+                               f"delta={delta}; nothing is released")
+        return cls(tuple(levels), topk_plan, quantiles_plan, None, loss, shares)
+
+    def release(self, counts: Any, sums: Any, distinct_units: Any, noise: Any) -> Any:
+        """The per-group counts, sums and means of one window (``ReleasePlan.release`` of the finest level)."""
+        if self.base is None:
+            raise ValueError("this query releases no per-group counts or sums (top_k, quantiles or continual only)")
+        return self.base.release(counts, sums, distinct_units, noise)
+
+    def accuracy_at(self, count: int) -> dict[str, float | None]:
+        if self.base is not None:
+            return self.base.accuracy_at(count)
+        return {"count": float(count), "count_std": None, "count_ci95": None, "sum_std": None, "sum_ci95": None,
+                "mean_ci95": None, "keep_probability": 1.0}
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able statement of every part: the finest level's fields at the top, the options beside them."""
+        if self.continual is not None:
+            described = dict(self.continual.describe())
+            described.setdefault("count_scale", None)
+            described.setdefault("sum_scale", None)
+            described.setdefault("selection_threshold", None)
+        elif self.base is not None:
+            described = self.base.describe()
+        else:
+            described = {"count_scale": None, "sum_scale": None, "selection_threshold": None}
+        described.update(self.loss.to_dict())
+        described["shares"] = dict(self.shares)
+        if self.hierarchy:
+            described["levels"] = [
+                {"level": i, **level.loss.to_dict(), "count_scale": level.describe()["count_scale"],
+                 "sum_scale": level.describe()["sum_scale"]}
+                for i, level in enumerate(self.levels)
+            ]
+        if self.top_k is not None:
+            described["top_k"] = {"mechanism": "permute_and_flip", "k": self.top_k.k, "scale": self.top_k.scale,
+                                  **self.top_k.loss.to_dict()}
+        if self.quantiles is not None:
+            described["quantiles"] = self.quantiles.describe()
+        return described

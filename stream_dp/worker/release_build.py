@@ -1,0 +1,126 @@
+"""A combined window to the release entry the ledger stores: every noise draw of the window, once.
+
+The per-group counts, sums and means are the entry's rows. The options add:
+quantiles as a ``quantiles`` object on each row; the other levels of a
+hierarchy and the top-k list as whole records after the rows; a continual
+query's rows are running totals, and the binary tree's state after the window
+is stored with the entry (never published), so the next window -- on this
+worker or after a restart on another -- continues from the very noise
+released here.
+
+Pure functions of the window, the plan and the noise source; no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from stream_dp.worker.records import iso_utc, release_id
+from stream_dp.worker.release_entry import ReleaseEntry, build_entry
+
+
+@dataclass(frozen=True)
+class _Placeholder:
+    """A release with no per-group values (a query of top_k or quantiles alone): every group is a row."""
+
+    keep: np.ndarray
+    count: None = None
+    sum: None = None
+    mean: None = None
+    mean_ci95: None = None
+    count_std: None = None
+    sum_std: None = None
+    count_ci95: None = None
+    sum_ci95: None = None
+
+
+def _component_privacy(query: Any, mechanism: str, loss: Any, **scales: Any) -> dict[str, Any]:
+    """The privacy block of an option's record: what that part spent, beside the whole window's loss."""
+    return {
+        **{k: v for k, v in query.privacy.items() if k in ("namespace", "unit_field", "groups",
+                                                           "max_groups_per_unit", "max_events_per_group")},
+        "mechanism": mechanism, "epsilon": loss.epsilon, "delta": loss.delta, "rho": loss.rho,
+        "count_scale": None, "sum_scale": None, **scales,
+        "window_epsilon": query.privacy["epsilon"], "window_delta": query.privacy["delta"],
+    }
+
+
+def build_release(query: Any, window: Any, noise: Any, released_at_ms: int, previous_state: Any = None) -> ReleaseEntry:
+    """Draw every noise of ``window`` for ``query`` (a ``QueryRuntime``) and build its ledger entry.
+
+    ``previous_state``: for a continual query, the tree state stored with the previous window of
+    the period (``ReleaseEntry.state``), or None to start the period's tree at this window.
+    """
+    plan = query.plan
+    if plan.continual is not None:
+        from stream_dp.worker.continual_release import build_continual
+
+        return build_continual(query, window, noise, released_at_ms, previous_state)
+    base = plan.base
+    if base is not None:
+        noisy = base.release(window.count, window.sum, window.distinct_units, noise)
+    else:
+        noisy = _Placeholder(keep=np.ones(len(window.groups), dtype=bool))
+    extras: list[tuple[bytes, bytes]] = []
+    if plan.hierarchy:
+        from stream_dp.worker.hierarchy_release import release_levels
+
+        noisy, level_entries = release_levels(query, window, noisy, noise, released_at_ms)
+        for entry in level_entries:
+            extras += entry.render()
+    index = np.flatnonzero(np.asarray(noisy.keep, dtype=bool))
+    row_extra = None
+    if plan.quantiles is not None:
+        row_extra = _quantile_fragments(plan, window, noisy, index, noise)
+    if plan.top_k is not None:
+        extras.append(_top_k_record(query, window, noisy, index, noise, released_at_ms))
+    entry = build_entry(query, window, noisy, released_at_ms,
+                        extra_prefix=b',"level":%d' % (len(plan.levels) - 1) if plan.hierarchy else b"")
+    if row_extra is not None or extras:
+        entry = ReleaseEntry(**{**entry.__dict__, "row_extra": row_extra, "extras": tuple(extras)})
+    return entry
+
+
+def _quantile_fragments(plan: Any, window: Any, noisy: Any, index: np.ndarray, noise: Any) -> list[bytes]:
+    """``,"quantiles":{...}`` for each released group."""
+    quantiles = plan.quantiles
+    histogram = window.histogram
+    if histogram is None:  # an empty window of public groups
+        histogram = np.zeros((len(window.groups), quantiles.bins), dtype=np.int64)
+    noisy_counts = None if noisy.count is None else np.asarray(noisy.count)[index]
+    released = quantiles.release(np.asarray(histogram)[index], noise, noisy_counts=noisy_counts,
+                                 count_ci=noisy.count_ci95)
+    return [b',"quantiles":' + orjson.dumps(block) for block in released.to_json_blocks()]
+
+
+def _top_k_record(query: Any, window: Any, noisy: Any, index: np.ndarray, noise: Any, released_at_ms: int) -> tuple[bytes, bytes]:
+    """One record listing the k groups with the most events among the released ones, best first.
+
+    The candidates are the public groups, or the groups the selection released, so choosing among
+    them reveals nothing beyond what is already published.
+    """
+    top_k = query.plan.top_k
+    counts = np.asarray(window.count, dtype=np.int64)[index]
+    chosen = top_k.select(counts, noise) if len(index) else np.zeros(0, dtype=np.int64)
+    names = list(query.config.group_by)
+    groups = [window.groups[i] for i in index[np.asarray(chosen, dtype=np.int64)].tolist()]
+    key = ["top_k"]
+    record = {
+        "query": query.name,
+        "kind": "top_k",
+        # no group key holds null: this id never equals a group's
+        "release_id": release_id(query.name, window.window_start_ms, (None, "top_k")),
+        "window": {"start": iso_utc(window.window_start_ms), "end": iso_utc(window.window_end_ms),
+                   "start_ms": window.window_start_ms, "end_ms": window.window_end_ms},
+        "k": top_k.k,
+        "top": [{"rank": rank, "group": dict(zip(names, group))} for rank, group in enumerate(groups, 1)],
+        "candidates": int(len(index)),
+        "privacy": _component_privacy(query, "permute_and_flip", top_k.loss, top_k_scale=top_k.scale),
+        "released_at_ms": released_at_ms,
+        "released_at": iso_utc(released_at_ms),
+    }
+    return orjson.dumps(key), orjson.dumps(record)
