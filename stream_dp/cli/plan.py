@@ -33,8 +33,10 @@ def plan_config(config) -> list[dict]:
         cost, delta = window_cost(plan, namespace.accounting, query.name)
         check_cost_fits(query.name, query.privacy_unit.namespace, namespace, cost, delta)
         horizons = []
+        # A continual query charges once per period: count periods, not windows.
+        charge_every_ms = query.continual.period_ms if query.continual is not None else query.window.size_ms
         for budget in namespace.budgets:
-            windows_in_horizon = budget.horizon_ms // query.window.size_ms
+            windows_in_horizon = max(1, budget.horizon_ms // charge_every_ms)
             # A unit joins a window only while every limit of the horizon affords it.
             affordable = int(budget.limit // cost)
             if delta > 0 and budget.delta is not None:
@@ -67,8 +69,45 @@ def plan_config(config) -> list[dict]:
             # Windows are charged at their end: an interval of event time of a horizon's length
             # holds the windows charged in it plus, at its end, at most one straddling window per query.
             "interval_slack_windows": 1,
+            "charged_per": "period" if query.continual is not None else "window",
+            "options": _options(query, plan, described),
         })
     return out
+
+
+def _options(query, plan, described) -> list[str]:
+    """One line per query option: its mechanism, what it costs and how accurate it is."""
+    lines = []
+    if plan.hierarchy:
+        names = list(query.group_by)
+        for level, entry in enumerate(described["levels"]):
+            accuracy = plan.levels[level].accuracy_at(0)
+            lines.append(
+                f"hierarchy level {level} ({', '.join(names[:level + 1])}): epsilon {entry['epsilon']:.4g}, count "
+                f"scale {_fmt(entry['count_scale'])} (±{_fmt(accuracy['count_ci95'])} at 95% before consistency); "
+                "levels made consistent by weighted least squares (post-processing, no extra cost)")
+    if plan.top_k is not None:
+        lines.append(f"top_k: k={plan.top_k.k}, permute-and-flip over the released groups, scale "
+                     f"{plan.top_k.scale:.4g}, epsilon {plan.top_k.loss.epsilon:.4g} (k x max_events_per_group / scale)")
+    if plan.quantiles is not None:
+        q = described["quantiles"]
+        lines.append(f"quantiles: {q.get('q')}, exponential mechanism over {q.get('candidates')} candidates, "
+                     f"epsilon {plan.quantiles.loss.epsilon:.4g} ({q.get('epsilon_per_quantile', 0):.4g} per q); "
+                     f"95% rank error ±{q.get('rank_error_95', float('nan')):.4g} events")
+    if plan.continual is not None:
+        c = plan.continual
+        described_c = c.describe()
+        lines.append(f"continual: binary tree over {described_c.get('windows_per_period')} windows per period "
+                     f"(depth {described_c.get('depth')}), a unit counts in at most "
+                     f"{described_c.get('max_windows_per_unit')} windows and is charged epsilon "
+                     f"{plan.loss.epsilon:.4g} once per period")
+        for row in c.error_table():
+            if not row.get("applicable", True):
+                lines.append(f"  running count after {row['t']:>5} windows: beyond the period")
+                continue
+            lines.append(f"  running count after {row['t']:>5} windows: ±{_fmt(row['tree_ci95'])} (tree) vs "
+                         f"±{_fmt(row['naive_ci95'])} (summing per-window releases)")
+    return lines
 
 
 def _fmt(value) -> str:
@@ -106,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {limits} per {h['horizon']}: a unit can join {joinable} of {h['windows_in_horizon']} windows "
                   f"(a unit active in every window is {note}; it spends {spends[p['accounting']]:.6g} "
                   f"{p['accounting']}, delta {spends['delta']:.3g} per {h['horizon']})")
+        for line in p["options"]:
+            print("  " + line)
         print(f"  windows are charged at their end: an interval of event time of one horizon may also overlap "
               f"{p['interval_slack_windows']} window of this query straddling its end, beyond the limit")
     return 0
