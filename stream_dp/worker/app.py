@@ -168,6 +168,7 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
             "max_groups_per_unit": query.bounds.max_groups_per_unit,
             "max_events_per_group": query.bounds.max_events_per_group,
             "clip": list(aggregations.sum.clip) if aggregations.sum is not None else None,
+            "charged": "per_period" if query.continual is not None else "per_window",
         }
         combiner = WindowCombiner(
             query.name,

@@ -1,0 +1,75 @@
+"""A continual query's window: the running totals of its period, continuing the stored tree.
+
+The binary tree's state after each window (true and noisy partial sums) is
+stored with that window's release in the ledger, so the next window -- on
+this worker, or after a restart or rebalance on another -- adds its node to
+the very noise already published. With no state for the previous window of
+the period (it expired before it was released), the tree restarts at this
+window: records then say so in ``continual.tree_restarted_ms``, and the
+loss stays the period's (a unit still counts in at most
+``max_windows_per_unit`` windows of the period, and the restarted tree has no
+more levels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from stream_dp.dp.continual import TreeState
+from stream_dp.worker.records import iso_utc
+from stream_dp.worker.release_entry import ReleaseEntry, build_entry
+
+
+@dataclass(frozen=True)
+class _Running:
+    """The running totals in the shape ``build_entry`` reads."""
+
+    keep: np.ndarray
+    count: Any
+    sum: Any
+    mean: Any
+    mean_ci95: Any
+    count_std: float | None
+    sum_std: float | None
+    count_ci95: float | None
+    sum_ci95: float | None
+
+
+def period_of(query: Any, window_start_ms: int) -> tuple[int, int]:
+    """(period start, 1-based index of the window in its period)."""
+    period_ms, offset_ms = query.combiner.period
+    start = offset_ms + (window_start_ms - offset_ms) // period_ms * period_ms
+    return start, (window_start_ms - start) // query.config.window.size_ms + 1
+
+
+def build_continual(query: Any, window: Any, noise: Any, released_at_ms: int, previous: Any) -> ReleaseEntry:
+    plan = query.plan.continual
+    period_start, index = period_of(query, window.window_start_ms)
+    if previous is None:
+        state, restarted_ms = None, (window.window_start_ms if index > 1 else None)
+    else:
+        fields, arrays = previous
+        state, restarted_ms = TreeState.from_columns(fields["tree"], arrays), fields.get("restarted_ms")
+    step = 1 if state is None else state.t + 1
+    counts = np.asarray(window.count, dtype=np.int64)
+    sums = None if window.sum is None else np.asarray(window.sum, dtype=np.float64)
+    released, state = plan.step(state, step, counts, sums, noise)
+    running = _Running(
+        keep=np.ones(len(window.groups), dtype=bool),
+        count=released.count, sum=released.sum, mean=released.mean, mean_ci95=released.mean_ci95,
+        count_std=released.count_std, sum_std=released.sum_std,
+        count_ci95=released.count_ci95, sum_ci95=released.sum_ci95,
+    )
+    block = {
+        "period_start": iso_utc(period_start), "period_start_ms": period_start,
+        "period_end_ms": period_start + query.config.continual.period_ms,
+        "window_index": index, "windows_per_period": plan.windows_per_period,
+        "max_windows_per_unit": plan.max_windows_per_unit, "tree_restarted_ms": restarted_ms,
+    }
+    entry = build_entry(query, window, running, released_at_ms, extra_prefix=b',"continual":' + orjson.dumps(block))
+    tree_fields, arrays = state.to_columns()
+    return ReleaseEntry(**{**entry.__dict__, "state": ({"tree": tree_fields, "restarted_ms": restarted_ms}, arrays)})

@@ -1,0 +1,188 @@
+"""End to end on the real broker and Redis: top_k, quantiles, hierarchy and continual queries in one worker.
+
+One input topic feeds four queries. The data is known exactly, so each
+release is checked against values computed here from the README's semantics,
+with bounds wide enough (4x a 95% half-width, or a gap of many noise scales)
+that the whole test fails by chance with probability below 1e-3. Every record
+must match the release schema.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import orjson
+import pytest
+import redis
+import yaml
+from kafka import KafkaProducer
+
+from stream_dp.budget import RedisBudgetStore, policy_from_config
+from stream_dp.config import load_config
+from tests.worker._support import consume_all, free_port
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = json.loads((REPO / "deploy/schemas/release.schema.json").read_text())
+WINDOW_MS = 5_000
+PERIOD_WINDOWS = 4
+WINDOWS = 2 * PERIOD_WINDOWS  # two periods
+UNITS = 40
+# events per unit per window and page: "a" clearly the most popular, then "b", then "c"
+PAGE_EVENTS = {"a": 3, "b": 2, "c": 1}
+PLACES = {"a": ("FR", "IDF", "Paris"), "b": ("FR", "ARA", "Lyon"), "c": ("DE", "BE", "Berlin")}
+MAX_WINDOWS_PER_UNIT = 2
+
+
+def _query(name: str, topic: str, output: str, namespace: str, **options) -> dict:
+    return {
+        "name": name, "input_topic": topic, "output_topic": output,
+        "privacy_unit": {"namespace": namespace, "field": "user_id"},
+        "timestamp_field": "ts",
+        "window": {"size": "5s", "allowed_lateness": "1s", "idle_timeout": "2s"},
+        "group_by": ["page"], "groups": {"public": list(PAGE_EVENTS)},
+        "bounds": {"max_groups_per_unit": 3, "max_events_per_group": 3},
+        "release_timeout": "30s",
+        **options,
+    }
+
+
+def _config(tmp_path: Path, topic: str, outputs: dict[str, str], namespace: str, tag: str) -> Path:
+    config = {
+        "namespaces": {namespace: {"budgets": [{"horizon": "1h", "epsilon": 1000.0}]}},
+        "queries": [
+            _query(f"{tag}_top", topic, outputs["top"], namespace, aggregations={"count": {}, "top_k": {"k": 2}}, epsilon=20.0),
+            _query(f"{tag}_quantiles", topic, outputs["quantiles"], namespace, epsilon=20.0, aggregations={
+                "count": {}, "quantiles": {"field": "value", "q": [0.5, 0.9], "bounds": [0, 100], "bins": 100}}),
+            _query(f"{tag}_places", topic, outputs["places"], namespace, epsilon=20.0,
+                   group_by=["country", "region", "city"], groups={"public": [list(p) for p in PLACES.values()]},
+                   hierarchy={"split": [1, 1, 2]}, aggregations={"count": {}, "sum": {"field": "value", "clip": [0, 100]}}),
+            _query(f"{tag}_today", topic, outputs["today"], namespace, epsilon=20.0,
+                   continual={"period": f"{PERIOD_WINDOWS * WINDOW_MS // 1000}s",
+                              "max_windows_per_unit": MAX_WINDOWS_PER_UNIT},
+                   aggregations={"count": {}, "sum": {"field": "value", "clip": [0, 100]}}),
+        ],
+    }
+    path = tmp_path / "queries.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _value(unit: int, event: int) -> float:
+    """Values 1..UNITS*3 spread evenly: the median of a page's values is known."""
+    return float(1 + (unit * 3 + event) % 90)
+
+
+def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name):
+    topic = new_topic("in", partitions=2)
+    outputs = {k: f"{unique_name}-{k}" for k in ("top", "quantiles", "places", "today")}
+    namespace = f"{unique_name}-users"
+    config_path = _config(tmp_path, topic, outputs, namespace, unique_name.replace("-", "_")[-30:])
+    period_ms = PERIOD_WINDOWS * WINDOW_MS
+    first_start = (int(time.time() * 1000) - 180_000) // period_ms * period_ms
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    values: dict[str, list[float]] = collections.defaultdict(list)  # per page, every event of one window
+    for w in range(WINDOWS):
+        for u in range(UNITS):
+            for page, events in PAGE_EVENTS.items():
+                country, region, city = PLACES[page]
+                for e in range(events):
+                    ts = first_start + w * WINDOW_MS + 50 * u + e
+                    event = {"user_id": f"u{u}", "ts": ts, "page": page, "value": _value(u, e),
+                             "country": country, "region": region, "city": city}
+                    if w == 0:
+                        values[page].append(event["value"])
+                    producer.send(topic, key=f"u{u}".encode(), value=orjson.dumps(event), timestamp_ms=ts)
+    producer.flush()
+
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, REDIS_URL=redis_url,
+               STREAM_DP_GROUP_ID=f"{unique_name}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{unique_name}.",
+               STREAM_DP_CONTRIBUTION_SECRET="test-secret-0123456789abcdef", STREAM_DP_METRICS_PORT=str(free_port()))
+    log = open(tmp_path / "worker.log", "wb")
+    worker = subprocess.Popen([sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(config_path)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=log)
+    starts = [first_start + w * WINDOW_MS for w in range(WINDOWS)]
+    try:
+        def windows_of(records, kind=None):
+            return {orjson.loads(m.value)["window"]["start_ms"] for m in records
+                    if kind is None or orjson.loads(m.value).get("kind") == kind}
+
+        got = {}
+        for key, topic_name in outputs.items():
+            got[key] = [orjson.loads(m.value) for m in consume_all(
+                kafka_bootstrap, topic_name, until=lambda rs: set(starts) <= windows_of(rs), timeout_s=150)]
+            assert set(starts) <= {r["window"]["start_ms"] for r in got[key]}, f"{key}: missing windows; log {tmp_path}"
+    finally:
+        worker.terminate()
+        worker.wait(30)
+        log.close()
+
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    for key, records in got.items():
+        for record in records:
+            validator.validate(record)
+        ids = collections.Counter(r["release_id"] for r in records)
+        assert max(ids.values()) == 1, f"{key}: a release published twice"
+
+    # top_k: one record per window; "a" (3 events per unit) is far ahead of "b" (2 per unit):
+    # a gap of UNITS events = 40 against a Gumbel scale of k * Linf / epsilon_topk = 2 * 3 / 10 = 0.6.
+    tops = [r for r in got["top"] if r.get("kind") == "top_k" and r["window"]["start_ms"] in starts]
+    assert len(tops) == WINDOWS
+    for record in tops:
+        assert [t["group"]["page"] for t in record["top"]] == ["a", "b"], record
+        assert record["privacy"]["mechanism"] == "permute_and_flip"
+        assert record["privacy"]["epsilon"] <= record["privacy"]["window_epsilon"] + 1e-9
+
+    # quantiles: the median of page "a" values (UNITS units x 3 events, values known) within a few bins.
+    for record in got["quantiles"]:
+        if record["window"]["start_ms"] not in starts or record["group"]["page"] != "a":
+            continue
+        ordered = sorted(values["a"])
+        true_median = ordered[len(ordered) // 2]
+        released = record["quantiles"]["0.5"]
+        assert abs(released["value"] - true_median) <= 10, (record, true_median)
+        assert 0 <= released["q_interval"][0] <= 0.5 <= released["q_interval"][1] <= 1
+
+    # hierarchy: every level present; children add up to their parent; values near the truth.
+    window0 = [r for r in got["places"] if r["window"]["start_ms"] == starts[0]]
+    by_level = collections.defaultdict(dict)
+    for record in window0:
+        by_level[record["level"]][tuple(record["group"].values())] = record
+    assert sorted(by_level) == [0, 1, 2]
+    assert set(by_level[0]) == {("FR",), ("DE",)}
+    assert set(by_level[1]) == {("FR", "IDF"), ("FR", "ARA"), ("DE", "BE")}
+    for level in (1, 2):
+        totals = collections.defaultdict(float)
+        for key, record in by_level[level].items():
+            totals[key[:-1]] += record["count"]
+        for parent, total in totals.items():
+            assert total == pytest.approx(by_level[level - 1][parent]["count"], abs=1e-6)
+    for page, place in PLACES.items():
+        true_count = UNITS * PAGE_EVENTS[page]
+        assert abs(by_level[2][place]["count"] - true_count) <= 4 * by_level[2][place]["ci95"]["count"]
+
+    # continual: running totals since the period's start; a unit counts in its first 2 windows of a period.
+    per_window = {p: UNITS * n for p, n in PAGE_EVENTS.items()}
+    for record in got["today"]:
+        start = record["window"]["start_ms"]
+        if start not in starts:
+            continue
+        t = (start - first_start) % period_ms // WINDOW_MS + 1
+        assert record["continual"]["window_index"] == t
+        assert record["continual"]["period_start_ms"] == first_start + (start - first_start) // period_ms * period_ms
+        true_count = per_window[record["group"]["page"]] * min(t, MAX_WINDOWS_PER_UNIT)
+        assert abs(record["count"] - true_count) <= 4 * record["ci95"]["count"], (t, record)
+        assert record["privacy"]["charged"] == "per_period"
+
+    # charged once per period: two periods, 20 epsilon each, plus the other three queries' windows
+    store = RedisBudgetStore(redis.Redis.from_url(redis_url), policy_from_config(load_config(config_path)))
+    (hour,) = store.spend(namespace, "u0", int(time.time() * 1000))
+    assert hour.spent == pytest.approx(2 * 20.0 + 3 * WINDOWS * 20.0, rel=1e-6)
