@@ -64,7 +64,8 @@ def build_release(query: Any, window: Any, noise: Any, released_at_ms: int, prev
     if base is not None:
         noisy = base.release(window.count, window.sum, window.distinct_units, noise)
     else:
-        noisy = _Placeholder(keep=np.ones(len(window.groups), dtype=bool))
+        # rows only to carry quantiles; a top_k-only query publishes its list alone
+        noisy = _Placeholder(keep=np.full(len(window.groups), plan.quantiles is not None, dtype=bool))
     extras: list[tuple[bytes, bytes]] = []
     if plan.hierarchy:
         from stream_dp.worker.hierarchy_release import release_levels
@@ -77,7 +78,8 @@ def build_release(query: Any, window: Any, noise: Any, released_at_ms: int, prev
     if plan.quantiles is not None:
         row_extra = _quantile_fragments(plan, window, noisy, index, noise)
     if plan.top_k is not None:
-        extras.append(_top_k_record(query, window, noisy, index, noise, released_at_ms))
+        candidates = index if base is not None else np.arange(len(window.groups))  # public groups
+        extras.append(_top_k_record(query, window, noisy, candidates, noise, released_at_ms))
     entry = build_entry(query, window, noisy, released_at_ms,
                         extra_prefix=b',"level":%d' % (len(plan.levels) - 1) if plan.hierarchy else b"")
     if row_extra is not None or extras:
