@@ -41,9 +41,10 @@ charge of its last window can still be accepted. Past it, every unit looks
 range: nothing is admitted on a forgotten register.
 
 Memory: one hash field per unit per (query, period, partition): the unit id
-and 4 bytes per registered window (at most ``max_windows``), about
-``70 + len(unit id) + 4 * windows`` bytes in Redis (hash table entry, two
-strings), for the period and its max delay.
+and 4 bytes per registered window (at most ``max_windows``), in Redis about
+``45 + len(unit id) + 4 * windows`` bytes (hash table entry and two strings;
+measured 58 bytes a unit for 13-byte ids in one window, 82 in four), kept for
+the period and the store's max delay after it.
 """
 
 from __future__ import annotations

@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from stream_dp.budget import BudgetPolicy, HorizonLimit, MemoryBudgetStore, NamespacePolicy, RedisBudgetStore, StoreOptions
+from stream_dp.budget import (
+    BudgetPolicy,
+    HorizonLimit,
+    MemoryBudgetStore,
+    NamespacePolicy,
+    RedisBudgetStore,
+    StoreOptions,
+)
 from stream_dp.budget.redis_nodes import ReplicaWait
 from stream_dp.budget.redis_url import client_from_url
 from stream_dp.worker.ledger import MemoryReleaseLedger, RedisReleaseLedger
@@ -68,7 +75,8 @@ class Backends:
         prefix = f"{self.name}:{self._made}"
         return Backend(
             RedisReleaseLedger(self.client, prefix=f"{prefix}:ledger", wait=self.wait),
-            RedisBudgetStore(self.client, policy, options, key_prefix=f"{prefix}:", clock_ms=self.clock, wait=self.wait),
+            RedisBudgetStore(self.client, policy, options, key_prefix=f"{prefix}:", clock_ms=self.clock,
+                             wait=self.wait),
             self.register(prefix, options, **register_kwargs),
         )
 
