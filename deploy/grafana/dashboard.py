@@ -191,9 +191,12 @@ def budget() -> list[Panel]:
                       "{{namespace}} excluded")),
               unit="ops"),
         Panel("Excluded share by query", "Share of the units in a query's closed windows excluded for lack of "
-              "budget (the namespace-wide share alerts above 10%: StreamDpBudgetExclusionsHigh).",
+              "budget (the namespace-wide share alerts above 10%: StreamDpBudgetExclusionsHigh), and of continual "
+              "queries' units left out because their windows of the period were used up.",
               (Target(f'sum by (query) (rate(stream_dp_window_units_total{{outcome="excluded", {Q}}}{RATE})) / '
-                      f"sum by (query) (rate(stream_dp_window_units_total{{{Q}}}{RATE}))", "{{query}}"),),
+                      f"sum by (query) (rate(stream_dp_window_units_total{{{Q}}}{RATE}))", "{{query}}"),
+               Target(f'sum by (query) (rate(stream_dp_window_units_total{{outcome="over_period_cap", {Q}}}{RATE})) / '
+                      f"sum by (query) (rate(stream_dp_window_units_total{{{Q}}}{RATE}))", "{{query}} over period cap")),
               unit="percentunit", width=8),
         Panel("Refusals by horizon", "Charges refused per second by each horizon's limit (a unit refused by two "
               "horizons counts in both).",

@@ -24,6 +24,12 @@ a privacy filter with individual accounting (Feldman & Zrnic 2021; Cookie
 Monster, Tholoniat et al., SOSP 2024): the decision to exclude a unit depends
 only on that unit's own past charges.
 
+*Continual queries* release running totals over a period (the binary tree
+mechanism, calibrated for a unit in at most W windows of a period): a unit is
+charged the whole period's loss once, at the end of the first window of the
+period it contributes to, and its contributions to windows after its W-th
+are left out (:mod:`stream_dp.worker.period_charging`).
+
 **The admission rule.** Charges arrive out of event-time order (several
 queries, late windows, replays), so checking only the horizon that ends at
 the charge time would be unsound: a later charge at an earlier time could

@@ -40,7 +40,8 @@ class WorkerMetrics:
         )
         self.units_charged = Counter(
             "stream_dp_window_units_total",
-            "Privacy units in closed windows, by budget outcome (charged or excluded).",
+            "Privacy units in closed windows, by budget outcome: charged (admitted), excluded (no budget left), "
+            "over_period_cap (continual queries: the unit's windows of the period are used up).",
             ["query", "outcome"],
             registry=registry,
         )

@@ -32,6 +32,7 @@ from stream_dp.worker.process_tuning import tune_process
 from stream_dp.worker.ingest import IngestStage
 from stream_dp.worker.kafka_admin import read_commit_metadata
 from stream_dp.worker.ledger import RedisReleaseLedger, ReleaseLedger
+from stream_dp.worker.periods import MemoryPeriodRegister, PeriodRegister, RedisPeriodRegister
 from stream_dp.worker.release import ReleaseStage
 from stream_dp.worker.runtime import QueryRuntime
 from stream_dp.worker.clients import kafka_clients
@@ -322,6 +323,11 @@ class Worker:
                 log.warning("could not check Redis durability settings: %s", exc)
         self.budget = budget
         self.ledger = ledger or RedisReleaseLedger(self._redis, ttl_s=settings.ledger_ttl_s, wait=wait)
+        # Continual queries' registrations live beside the ledger, as long as the budget store accepts their charges.
+        self.periods: PeriodRegister = (
+            RedisPeriodRegister(self._redis, options=settings.budget_store_options(), wait=wait)
+            if self._redis is not None else MemoryPeriodRegister(settings.budget_store_options())
+        )
         self.stop_event = asyncio.Event()
         self.health = Health(stall_after_s=settings.health_stall_s)
         self._metrics_server: Any = None
@@ -370,7 +376,7 @@ class Worker:
             dead_letter_topic=settings.dead_letter_topic,
             read_commit_metadata=lambda tps: read_commit_metadata(options, settings.group_id, tps),
             partials_record_bytes=limits.partials_record_bytes, dead_letter_record_bytes=limits.dead_letter_record_bytes,
-            clock_ms=self.clock_ms,
+            clock_ms=self.clock_ms, periods=self.periods,
         )
         release = ReleaseStage(
             self.runtimes, clients.release_consumer, clients.output_producer, self.ledger,

@@ -24,6 +24,7 @@ from stream_dp.worker.charging import WindowCharge, charge_id, charge_in_order, 
 from stream_dp.worker.consumed import alert_json
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.partials_out import PartialsOut, partial_message
+from stream_dp.worker.periods import PeriodRegister, PeriodWindow
 from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class Emitter:
         partition_count: Callable[[str], int],
         retry_backoff_s: float,
         retry_backoff_max_s: float,
+        periods: PeriodRegister | None = None,
     ) -> None:
         self.queries = queries
         self.producer = producer
@@ -63,6 +65,7 @@ class Emitter:
         self.partition_count = partition_count
         self.retry_backoff_s = retry_backoff_s
         self.retry_backoff_max_s = retry_backoff_max_s
+        self.periods = periods  # continual queries' period register
         self.held: list[HeldPartial] = []
         self._charge_attempts = 0
         self._next_charge_s = 0.0
@@ -80,12 +83,8 @@ class Emitter:
         # Oldest window first, and an outage stops the round: a unit's windows are
         # always charged in window order, as they would be without the outage.
         ordered = sorted(self.held, key=lambda h: (h.partial.window_start_ms, h.partial.partition))
-        windows = [
-            WindowCharge(charge_id(h.query.name, h.partial.window_start_ms, h.partial.partition), h.query.namespace,
-                         h.query.cost, h.query.delta, h.partial.window_end_ms, h.partial.units)
-            for h in ordered
-        ]
-        results = await asyncio.to_thread(charge_in_order, self.journal, self.budget, windows)
+        windows = [window_charge(h.query, h.partial) for h in ordered]
+        results = await asyncio.to_thread(charge_in_order, self.journal, self.budget, windows, self.periods)
         for position, (held, window, result) in enumerate(zip(ordered, windows, results)):
             query, partial, cid = held.query, held.partial, window.charge_id
             exc = result.error
@@ -108,17 +107,21 @@ class Emitter:
                 self.metrics.budget_failures.labels(query.name, "rejected").inc()
                 log.error("budget store refused %s: %s; the window is dropped unreleased", cid, exc)
                 continue
-            assert result.outcome is not None and result.charged_units is not None
+            assert result.outcome is not None and result.charged_units is not None and result.excluded is not None
             units, outcome = result.units, result.outcome
             self._charge_attempts = 0
-            excluded, rebuilt = excluded_units(units, result.charged_units, outcome.excluded)
+            excluded, rebuilt = excluded_units(units, result.charged_units, result.excluded)
             if rebuilt:
                 self.metrics.internal_errors.labels("replay_rebuilt_differently").inc()
                 log.warning("window %s was rebuilt with other units than first charged; releasing only the charged ones", cid)
             totals = partial.aggregate(excluded if excluded.any() else None)
             n_excluded = int(excluded.sum())
+            # Counted over the journaled list: a window rebuilt with fewer units can have fewer left out.
+            over_cap = min(result.over_cap, n_excluded)
             self.metrics.units_charged.labels(query.name, "charged").inc(len(units) - n_excluded)
-            self.metrics.units_charged.labels(query.name, "excluded").inc(n_excluded)
+            self.metrics.units_charged.labels(query.name, "excluded").inc(n_excluded - over_cap)
+            if over_cap:
+                self.metrics.units_charged.labels(query.name, "over_period_cap").inc(over_cap)
             self.metrics.release_stage_seconds.labels(query.name, "charge").observe(result.seconds)
             message = partial_message(
                 query, partial, totals, input_partitions=self.partition_count(query.config.input_topic),
@@ -141,3 +144,16 @@ class Emitter:
     def set_pending_gauge(self) -> None:
         for query in self.queries:
             self.metrics.pending_charges.labels(query.name).set(sum(1 for h in self.held if h.query is query))
+
+
+def window_charge(query: QueryRuntime, partial: Any) -> WindowCharge:
+    """What charging ``partial`` (a ``WindowPartial`` of ``query``) needs; a continual query's window counts in
+    its period."""
+    period = None
+    continual = query.continual
+    if continual is not None:
+        start = partial.window_start_ms
+        period = PeriodWindow(query.name, partial.partition, continual.period_start(start), continual.period_end(start),
+                              continual.window_index(start), continual.max_windows_per_unit)
+    return WindowCharge(charge_id(query.name, partial.window_start_ms, partial.partition), query.namespace,
+                        query.cost, query.delta, partial.window_end_ms, partial.units, period)

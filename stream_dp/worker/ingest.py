@@ -36,6 +36,7 @@ from stream_dp.worker.dead_letters import DeadLetters
 from stream_dp.worker.emit import Emitter, HeldPartial
 from stream_dp.worker.ledger import ReleaseLedger
 from stream_dp.worker.partials_out import PartialsOut
+from stream_dp.worker.periods import PeriodRegister
 from stream_dp.worker.positions import PartitionPositions
 from stream_dp.worker.records import Progress, encode_progress
 from stream_dp.worker.runtime import QueryRuntime
@@ -71,6 +72,7 @@ class IngestStage:
         progress_interval_s: float = 5.0,
         retry_backoff_s: float = 0.5,
         retry_backoff_max_s: float = 10.0,
+        periods: PeriodRegister | None = None,
     ) -> None:
         self.queries = queries
         self.by_topic: dict[str, list[QueryRuntime]] = defaultdict(list)
@@ -92,7 +94,7 @@ class IngestStage:
                         max_record_bytes=partials_record_bytes,
                         periods={q.name: q.combiner.period for q in queries if q.combiner.period is not None}),
             alerts_topic=alerts_topic, partition_count=self._partition_count,
-            retry_backoff_s=retry_backoff_s, retry_backoff_max_s=retry_backoff_max_s,
+            retry_backoff_s=retry_backoff_s, retry_backoff_max_s=retry_backoff_max_s, periods=periods,
         )
         self.read_commit_metadata = read_commit_metadata
         self.clock_ms = clock_ms

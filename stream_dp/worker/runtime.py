@@ -11,6 +11,73 @@ from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.records import GroupKey
 
 
+@dataclass(frozen=True)
+class ContinualCharging:
+    """How a continual query's windows fall into periods, and in how many of a period a unit may take part.
+
+    Periods are cut on the windows' grid: period ``k`` covers event times
+    ``[offset_ms + k * period_ms, offset_ms + (k + 1) * period_ms)``, so each
+    window lies in exactly one period. A unit is charged the period's loss at
+    the first window of a period it contributes to, and is left out of every
+    window of the period after its ``max_windows_per_unit``-th.
+    """
+
+    period_ms: int
+    offset_ms: int  # the windows' offset
+    window_size_ms: int
+    max_windows_per_unit: int
+
+    def __post_init__(self) -> None:
+        for name in ("period_ms", "offset_ms", "window_size_ms", "max_windows_per_unit"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"continual {name} must be an int, got {value!r}")
+        size, period = self.window_size_ms, self.period_ms
+        if size < 1 or period < size or period % size:
+            raise ValueError(
+                f"continual period of {period} ms is not a whole number of windows of {size} ms; "
+                "use a period that is a multiple of the window size (e.g. 1d with 1m windows)"
+            )
+        if not 0 <= self.offset_ms < size:
+            raise ValueError(f"window offset {self.offset_ms} ms must lie in [0, {size}) ms, the window size")
+        if not 1 <= self.max_windows_per_unit <= period // size:
+            raise ValueError(
+                f"max_windows_per_unit {self.max_windows_per_unit} must be between 1 and the {period // size} "
+                "windows of a period"
+            )
+
+    @classmethod
+    def of(cls, query: QueryConfig) -> ContinualCharging | None:
+        """The continual charging of ``query``, or None if it is not continual."""
+        if query.continual is None:
+            return None
+        return cls(
+            period_ms=query.continual.period_ms,
+            offset_ms=query.window.offset_ms,
+            window_size_ms=query.window.size_ms,
+            max_windows_per_unit=query.continual.max_windows_per_unit,
+        )
+
+    def _check_window(self, window_start_ms: int) -> None:
+        if (window_start_ms - self.offset_ms) % self.window_size_ms:
+            raise ValueError(
+                f"{window_start_ms} is not the start of a window of {self.window_size_ms} ms at offset "
+                f"{self.offset_ms} ms; pass a window's start"
+            )
+
+    def period_start(self, window_start_ms: int) -> int:
+        """Start of the period holding the window that starts at ``window_start_ms``."""
+        self._check_window(window_start_ms)
+        return (window_start_ms - self.offset_ms) // self.period_ms * self.period_ms + self.offset_ms
+
+    def period_end(self, window_start_ms: int) -> int:
+        return self.period_start(window_start_ms) + self.period_ms
+
+    def window_index(self, window_start_ms: int) -> int:
+        """The window's place in its period: 1 for the period's first window."""
+        return (window_start_ms - self.period_start(window_start_ms)) // self.window_size_ms + 1
+
+
 @dataclass
 class QueryRuntime:
     """A query's engine (ingest side), combiner and release plan (release side)."""
@@ -20,9 +87,12 @@ class QueryRuntime:
     plan: Any  # stream_dp.dp.ReleasePlan
     combiner: WindowCombiner
     namespace: str
-    cost: float  # per-unit charge of one window, in the namespace's unit (epsilon or rho)
-    delta: float  # per-unit delta of one window, charged beside ``cost`` to the namespace's delta limits
+    # Per-unit charge of one window, in the namespace's unit (epsilon or rho); of a continual query,
+    # of one period (charged once per unit and period, see ``continual``).
+    cost: float
+    delta: float  # charged beside ``cost`` to the namespace's delta limits, per window or (continual) per period
     privacy: dict[str, Any]  # the `privacy` block of every release record of this query
+    continual: ContinualCharging | None = None  # set for continual queries: charged per period, not per window
 
     @property
     def name(self) -> str:
