@@ -105,8 +105,11 @@ def _options(query, plan, described) -> list[str]:
             if not row.get("applicable", True):
                 lines.append(f"  running count after {row['t']:>5} windows: beyond the period")
                 continue
-            lines.append(f"  running count after {row['t']:>5} windows: ±{_fmt(row['tree_ci95'])} (tree) vs "
-                         f"±{_fmt(row['naive_ci95'])} (summing per-window releases)")
+            count = row["count"] or row["sum"]
+            what = "count" if row["count"] else "sum"
+            lines.append(f"  running {what} after {row['t']:>5} windows: std {_fmt(count['tree_std'])} "
+                         f"(95% ±{_fmt(count['tree_ci95'])}) with the tree vs std {_fmt(count['naive_std'])} "
+                         "summing per-window releases of the same period budget")
     return lines
 
 
@@ -130,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
         charged = f"{p['per_window_cost']:.6g} {p['accounting']}"
         if p["per_window_delta"]:
             charged += f" and delta {p['per_window_delta']:.3g}"
-        print("  per window and unit: " + ", ".join(f"{k}={_fmt(v)}" for k, v in loss.items() if v is not None)
+        per = "period" if p["charged_per"] == "period" else "window"
+        print(f"  per {per} and unit: " + ", ".join(f"{k}={_fmt(v)}" for k, v in loss.items() if v is not None)
               + f"; charged {charged}")
         print(f"  noise scale: count {_fmt(p['count_scale'])}, sum {_fmt(p['sum_scale'])}"
               + (f"; selection threshold {_fmt(p['selection_threshold'])} units" if p["selection_threshold"] else ""))
@@ -139,11 +143,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {int(a['count']):>10,} {_fmt(a.get('count_ci95')):>11} {_fmt(a.get('sum_ci95')):>10} {_fmt(a.get('mean_ci95')):>10}")
         for h in p["horizons"]:
             joinable = h["windows_a_unit_can_join"]
-            note = "excluded before the horizon ends" if h["fully_active_unit_excluded"] else "never runs out"
+            note = "excluded before the horizon ends" if h["fully_active_unit_excluded"] else "never excluded"
             limits = f"{h['limit']:g}" + (f" (delta {h['delta_limit']:g})" if h["delta_limit"] is not None else "")
             spends = h["fully_active_unit_spends"]
-            print(f"  {limits} per {h['horizon']}: a unit can join {joinable} of {h['windows_in_horizon']} windows "
-                  f"(a unit active in every window is {note}; it spends {spends[p['accounting']]:.6g} "
+            print(f"  {limits} per {h['horizon']}: a unit can join {joinable} of {h['windows_in_horizon']} {per}s "
+                  f"(a unit active in every {per} is {note}; it spends {spends[p['accounting']]:.6g} "
                   f"{p['accounting']}, delta {spends['delta']:.3g} per {h['horizon']})")
         for line in p["options"]:
             print("  " + line)

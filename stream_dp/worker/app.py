@@ -34,7 +34,7 @@ from stream_dp.worker.kafka_admin import read_commit_metadata
 from stream_dp.worker.ledger import RedisReleaseLedger, ReleaseLedger
 from stream_dp.worker.periods import MemoryPeriodRegister, PeriodRegister, RedisPeriodRegister
 from stream_dp.worker.release import ReleaseStage
-from stream_dp.worker.runtime import QueryRuntime
+from stream_dp.worker.runtime import ContinualCharging, QueryRuntime
 from stream_dp.worker.clients import kafka_clients
 from stream_dp.worker.topic_setup import TopicLimits, prepare_topics
 from stream_dp.worker.topics import TopicSettingsError
@@ -184,7 +184,7 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
         check_cost_fits(query.name, query.privacy_unit.namespace, namespace, cost, delta)
         runtimes.append(QueryRuntime(
             config=query, engine=engine, plan=plan, combiner=combiner, namespace=query.privacy_unit.namespace,
-            cost=cost, delta=delta, privacy=privacy,
+            cost=cost, delta=delta, privacy=privacy, continual=ContinualCharging.of(query),
         ))
     return runtimes
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from stream_dp.dp.accuracy import mean_with_ci
-from stream_dp.dp.hierarchy import consistent_tree, rollup_levels
+from stream_dp.dp.hierarchy import Rollup, aggregate_to_levels, consistent_estimates, rollup_levels
 from stream_dp.worker.release_entry import ReleaseEntry, build_entry
 
 
@@ -31,16 +31,15 @@ class _LevelWindow:
 
 
 @lru_cache(maxsize=64)
-def _levels(groups: tuple[Any, ...], depth: int) -> tuple[list[list[Any]], list[np.ndarray]]:
-    """Per level (coarsest first) its group keys and the parent of each (computed once per public list)."""
+def _levels(groups: tuple[Any, ...], depth: int) -> Rollup:
+    """The rollup of a query's public groups (computed once per public list)."""
     return rollup_levels(list(groups), depth)
 
 
-def _up(values: np.ndarray, parents: list[np.ndarray], sizes: list[int]) -> list[np.ndarray]:
-    """Leaf values summed to every level (coarsest first)."""
-    out = [np.asarray(values, dtype=np.float64)]
-    for level in range(len(sizes) - 1, 0, -1):
-        out.insert(0, np.bincount(parents[level], weights=out[0], minlength=sizes[level - 1]))
+def _leaves(values: Any, rollup: Rollup, dtype: Any) -> np.ndarray:
+    """Window-ordered values in the rollup's leaf order (public groups are distinct: one leaf each)."""
+    out = np.zeros(len(rollup.keys[-1]), dtype=dtype)
+    out[rollup.leaf_index] = np.asarray(values, dtype=dtype)
     return out
 
 
@@ -48,41 +47,50 @@ def release_levels(query: Any, window: Any, finest: Any, noise: Any, released_at
     """The finest level's release made consistent, and one entry for each coarser level."""
     plan = query.plan
     depth = len(plan.levels)
-    keys, parents = _levels(tuple(window.groups), depth)
-    sizes = [len(k) for k in keys]
-    counts = _up(window.count, parents, sizes)
-    sums = _up(window.sum, parents, sizes) if window.sum is not None else None
+    rollup = _levels(tuple(window.groups), depth)
+    keys, parents = [list(k) for k in rollup.keys], list(rollup.parents)
+    top = len(keys[0])
+    counts = aggregate_to_levels(_leaves(window.count, rollup, np.int64), parents, top_size=top)
+    sums = None if window.sum is None else aggregate_to_levels(_leaves(window.sum, rollup, np.float64), parents,
+                                                               top_size=top)
     noisy = []
     for level, level_plan in enumerate(plan.levels[:-1]):
-        noisy.append(level_plan.release(
-            counts[level].astype(np.int64), None if sums is None else sums[level], None, noise))
-    noisy.append(finest)
+        noisy.append(level_plan.release(counts[level], None if sums is None else sums[level], None, noise))
+    # the finest level was released in window order: put it in leaf order, and back at the end
+    leaf = rollup.leaf_index
+    noisy.append(replace(
+        finest,
+        count=None if finest.count is None else _leaves(finest.count, rollup, np.int64),
+        sum=None if finest.sum is None else _leaves(finest.sum, rollup, np.float64),
+    ))
     described = [level_plan.describe() for level_plan in plan.levels]
     consistent_count = consistent_sum = None
     if finest.count is not None:
-        # counts before clamping at 0 would be better inputs; the clamped ones keep the release's own values
-        consistent_count = consistent_tree(
+        # the released counts are clamped at 0 (post-processing): consistency starts from what was released
+        consistent_count = consistent_estimates(
             [np.asarray(n.count, dtype=np.float64) for n in noisy], [n.count_std ** 2 for n in noisy], parents)
     if finest.sum is not None:
-        consistent_sum = consistent_tree(
+        consistent_sum = consistent_estimates(
             [np.asarray(n.sum, dtype=np.float64) for n in noisy], [n.sum_std ** 2 for n in noisy], parents)
     out = []
     for level in range(depth):
         release = noisy[level]
+        count = None if consistent_count is None else consistent_count[level]
+        total = None if consistent_sum is None else consistent_sum[level]
         mean = mean_ci = None
-        if release.mean is not None and consistent_count is not None and consistent_sum is not None:
-            clip = plan.levels[level].clip
+        if release.mean is not None and count is not None and total is not None:
             accuracy = plan.levels[level]
-            mean, mean_ci = mean_with_ci(
-                consistent_count[level], consistent_sum[level],
-                accuracy._count_accuracy.ci975, accuracy._sum_accuracy.ci975, clip)
-        out.append(replace(
-            release,
-            count=None if consistent_count is None else consistent_count[level],
-            sum=None if consistent_sum is None else consistent_sum[level],
-            mean=mean if mean is not None else release.mean,
-            mean_ci95=mean_ci if mean_ci is not None else release.mean_ci95,
-        ))
+            mean, mean_ci = mean_with_ci(count, total, accuracy._count_accuracy.ci975,
+                                         accuracy._sum_accuracy.ci975, accuracy.clip)
+        if level == depth - 1:  # back to window order
+            count = None if count is None else count[leaf]
+            total = None if total is None else total[leaf]
+            mean = None if mean is None else mean[leaf]
+            mean_ci = None if mean_ci is None else mean_ci[leaf]
+        out.append(replace(release, count=count, sum=total,
+                           mean=mean if mean is not None else release.mean,
+                           mean_ci95=mean_ci if mean_ci is not None else release.mean_ci95,
+                           keep=finest.keep if level == depth - 1 else release.keep))
     names = list(query.config.group_by)
     entries = []
     for level in range(depth - 1):
