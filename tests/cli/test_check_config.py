@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stream_dp.cli.main import main
 from stream_dp.worker.app import Worker
@@ -145,7 +146,10 @@ def test_an_unexpected_failure_while_building_is_named_not_raised(monkeypatch, c
 
     monkeypatch.setattr(app, "build_plan", overflowing_plan)
     assert main(["check-config", str(EXAMPLE)]) == 1
-    assert capsys.readouterr().err.strip() == (
-        f"{EXAMPLE}: queries[0] (pageviews_by_page): OverflowError: cannot convert float infinity to integer "
+    lines = capsys.readouterr().err.strip().splitlines()
+    names = [q["name"] for q in yaml.safe_load(EXAMPLE.read_text())["queries"]]
+    assert lines == [
+        f"{EXAMPLE}: queries[{i}] ({name}): OverflowError: cannot convert float infinity to integer "
         "(the worker cannot be built from these values)"
-    )
+        for i, name in enumerate(names)
+    ]
