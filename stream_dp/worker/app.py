@@ -117,7 +117,7 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
     for query in config.queries:
         namespace = config.namespaces[query.privacy_unit.namespace]
         aggregations = query.aggregations
-        clip = aggregations.sum.clip if aggregations.sum is not None else (0.0, 0.0)
+        clip = aggregations.value_range or (0.0, 0.0)
         engine = WindowEngine(
             EventSchema(
                 unit_field=query.privacy_unit.field,

@@ -115,7 +115,7 @@ class Emitter:
             if rebuilt:
                 self.metrics.internal_errors.labels("replay_rebuilt_differently").inc()
                 log.warning("window %s was rebuilt with other units than first charged; releasing only the charged ones", cid)
-            totals = partial.aggregate(excluded if excluded.any() else None)
+            totals = partial.aggregate(excluded if excluded.any() else None, histogram=query.histogram)
             n_excluded = int(excluded.sum())
             self.metrics.units_charged.labels(query.name, "charged").inc(len(units) - n_excluded)
             self.metrics.units_charged.labels(query.name, "excluded").inc(n_excluded)
