@@ -5,10 +5,11 @@ canonical order -- units and pairs by keyed hash, groups by their type-tagged
 encoding, each pair's events summed in event-hash order -- so the same input
 gives bit-identical partials however it arrived.
 
-A partial also keeps each kept event's clipped value (``row_value``, the
-pairs' events one after the other in that order), from which ``aggregate``
-builds per-group value histograms for a quantiles query; other queries never
-read it, and it is the array the engine had already filled, not a copy.
+A partial of a query with a value field also keeps each kept event's clipped
+value (``row_value``, the pairs' events one after the other in that order),
+from which ``aggregate`` builds per-group value histograms for a quantiles
+query; other queries never read it, and it is the array the engine had
+already filled, not a copy.
 """
 
 from __future__ import annotations
@@ -195,6 +196,7 @@ def build_partial(
     groups: GroupTable,
     partition_count: int = 0,
     partition_count_changed: bool = False,
+    keep_values: bool = True,
 ) -> WindowPartial:
     """The partial of one partition's pruned rows of one window.
 
@@ -202,6 +204,7 @@ def build_partial(
     event hash), which becomes the order of units and pairs: it depends only
     on the rows, never on how they arrived. Groups are listed by their
     canonical encoding. ``offsets`` is (first offset, last offset, accepted events).
+    ``keep_values=False`` (a query without a value field) leaves ``row_value`` out.
     """
     n = len(rows)
     new_unit = unit_starts(rows.unit)
@@ -232,5 +235,5 @@ def build_partial(
         partition_count=partition_count,
         partition_count_changed=partition_count_changed,
         # rows are pair by pair already: the value column is kept as it is (no copy, no work)
-        row_value=rows.value,
+        row_value=rows.value if keep_values else None,
     )

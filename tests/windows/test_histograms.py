@@ -9,7 +9,8 @@ import pytest
 
 from stream_dp.windows import EventSchema
 from stream_dp.windows.histogram import HistogramSpec, SparseHistogram, add_histograms
-from tests.windows._support import NOW_MS, batch_of, event, make_engine
+from tests.windows._support import NOW_MS, batch_of, by_key, event, make_engine
+from tests.windows.test_properties import CLIP, SIZE, Event, arrange, batches, crash_and_replay
 
 SPEC = HistogramSpec(bins=10, lo=0.0, hi=100.0)
 WINDOW_START = NOW_MS - 120_000  # a closed minute before the fake clock
@@ -156,12 +157,11 @@ def test_histograms_and_partials_do_not_depend_on_arrival_order_or_batching():
     assert a.histogram == b.histogram and a.groups == b.groups
 
 
-def test_count_only_queries_keep_zero_values_and_no_histogram_unless_asked():
+def test_count_only_queries_keep_no_values():
     schema = EventSchema(unit_field="user_id", timestamp_field="ts", group_by=("page",))
     partial = _closed_partial([event("a", WINDOW_START, "/x", None), event("b", WINDOW_START + 1, "/x", None)],
                               schema=schema)
-    assert partial.aggregate().histogram is None
-    assert partial.row_value.tolist() == [0.0, 0.0]
+    assert partial.row_value is None and partial.aggregate().histogram is None
 
 
 def test_a_partial_without_row_values_says_so():
@@ -170,3 +170,21 @@ def test_a_partial_without_row_values_says_so():
     assert bare != partial
     with pytest.raises(ValueError, match="build it with build_partial"):
         bare.aggregate(histogram=SPEC)
+
+
+def test_a_replay_after_a_crash_rebuilds_bit_identical_values_and_histograms():
+    rng = np.random.default_rng(6)
+    events = [
+        Event(int(rng.integers(0, 40)), int(rng.integers(0, 6)), int(t), float(rng.uniform(-10, 110)))
+        for t in np.sort(rng.integers(0, 12 * SIZE, 1_500))
+    ]
+    stream = batches(arrange(events, [0, 150, 400], 3), list(range(0, 1_500, 111)))
+    after_crash, replayed = map(by_key, crash_and_replay(stream, 5, 3, 2))
+    assert len(after_crash) > 10 and replayed.keys() == after_crash.keys()
+    spec = HistogramSpec(bins=16, lo=CLIP[0], hi=CLIP[1])
+    for key, partial in after_crash.items():
+        again = replayed[key]
+        assert again.row_value.tobytes() == partial.row_value.tobytes()
+        excluded = partial.unit_mask(partial.units[::3])
+        assert again.aggregate(again.unit_mask(partial.units[::3]), histogram=spec).histogram == partial.aggregate(
+            excluded, histogram=spec).histogram
