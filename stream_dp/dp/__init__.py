@@ -12,6 +12,7 @@ from stream_dp.dp.calibration import CalibratedNoise
 from stream_dp.dp.loss import PrivacyLoss, cdp_delta, zcdp_epsilon, zcdp_rho
 from stream_dp.dp.noise import NoiseSource, OpenDPNoise
 from stream_dp.dp.plan import AGGREGATIONS, ReleasePlan
+from stream_dp.dp.quantiles import QuantilesPlan, QuantilesRelease
 from stream_dp.dp.release import NoisyRelease
 from stream_dp.dp.selection import PartitionSelection
 from stream_dp.dp.sensitivity import (
@@ -34,6 +35,8 @@ __all__ = [
     "OpenDPNoise",
     "PartitionSelection",
     "PrivacyLoss",
+    "QuantilesPlan",
+    "QuantilesRelease",
     "ReleasePlan",
     "Sensitivity",
     "TopKPlan",

@@ -101,3 +101,31 @@ def top_k_measurement(k: int, scale: float) -> Any:
     dp = opendp()
     space = dp.vector_domain(dp.atom_domain(T="i64")), dp.linf_distance(T="i64", monotonic=True)
     return dp.m.make_noisy_top_k(*space, dp.max_divergence(), k=k, scale=scale)
+
+
+def quantile_score_transformation(candidates: list[float], alpha: float) -> Any:
+    """OpenDP's ``make_quantile_score_candidates`` on ``f64`` vectors under the symmetric distance.
+
+    Scores ``|(den - num) #(x < c) - num #(x > c)|`` per candidate ``c``, with
+    ``num / den`` OpenDP's rational approximation of ``alpha`` (Smith 2011);
+    its stability map takes the number of records added or removed and
+    returns the l-infinity change of the scores, ``d * max(num, den - num)``.
+    """
+    dp = opendp()
+    domain = dp.vector_domain(dp.atom_domain(T=float, nan=False))
+    return dp.t.make_quantile_score_candidates(domain, dp.symmetric_distance(), candidates, alpha)
+
+
+def private_quantile_measurement(candidates: list[float], alpha: float, scale: float) -> Any:
+    """OpenDP's ``make_private_quantile`` under pure DP: the score above, then report-noisy-max.
+
+    Under ``max_divergence`` the selection is report-noisy-max with exponential
+    noise of ``scale * den`` on the integer scores, which is permute-and-flip
+    (McKenna & Sheldon 2020; Ding, Kifer, Steinke, Wang, Xiao, Zhang and Zhang,
+    "The permute-and-flip mechanism is identical to report-noisy-max with
+    exponential noise", 2021); the scores are not monotonic, so the map takes
+    the records added or removed and returns ``2 d max(num, den - num) / (den scale)``.
+    """
+    dp = opendp()
+    domain = dp.vector_domain(dp.atom_domain(T=float, nan=False))
+    return dp.m.make_private_quantile(domain, dp.symmetric_distance(), dp.max_divergence(), candidates, alpha, scale)

@@ -488,6 +488,8 @@ class WindowEngine:
             if not progress.replaying:
                 progress.close_through(boundary)
         partials: list[WindowPartial] = []
+        # only a query with a value field can ask for histograms: the others' values are all zeros
+        keep_values = self.schema.value_field is not None
         for start in sorted(self._windows):
             window = self._windows[start]
             due = [
@@ -496,7 +498,7 @@ class WindowEngine:
                 if (through := self._progress[p].closed_through_ms) is not None and window.end_ms <= through
             ]
             if due:
-                partials.extend(window.close(due, self.bounding, self._groups))
+                partials.extend(window.close(due, self.bounding, self._groups, keep_values=keep_values))
                 if not window.offsets:
                     del self._windows[start]
         if partials:

@@ -84,8 +84,12 @@ class OpenWindow:
         self.pending_ids = [ids[m] for ids, m in zip(self.pending_ids, masks)]
         self.pending_rows = sum(map(len, self.pending))
 
-    def close(self, partitions: list[int], bounding: BoundingSpec, groups: GroupTable) -> list[WindowPartial]:
+    def close(
+        self, partitions: list[int], bounding: BoundingSpec, groups: GroupTable, *, keep_values: bool = True
+    ) -> list[WindowPartial]:
         """Emit and drop the parts of ``partitions`` (each must have delivered events), in partition order.
+
+        ``keep_values``: the partials keep their events' values (for histograms; see ``partial``).
 
         The parts of one window normally close together; they close apart only
         after a partition was assigned with an older restored state. Bounding
@@ -108,6 +112,7 @@ class OpenWindow:
                     groups=groups,
                     partition_count=self.partition_count,
                     partition_count_changed=self.partition_count_changed,
+                    keep_values=keep_values,
                 )
             )
         if len(partitions) == len(self.offsets):

@@ -4,6 +4,12 @@ A partial holds the bounded per-(unit, group) contributions in columns, in a
 canonical order -- units and pairs by keyed hash, groups by their type-tagged
 encoding, each pair's events summed in event-hash order -- so the same input
 gives bit-identical partials however it arrived.
+
+A partial of a query with a value field also keeps each kept event's clipped
+value (``row_value``, the pairs' events one after the other in that order),
+from which ``aggregate`` builds per-group value histograms for a quantiles
+query; other queries never read it, and it is the array the engine had
+already filled, not a copy.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from stream_dp.windows.bounding import ContributionRows, unit_starts
+from stream_dp.windows.histogram import HistogramSpec, SparseHistogram
 from stream_dp.windows.interning import GroupTable
 from stream_dp.windows.names import UnitNames, to_str
 
@@ -29,6 +36,8 @@ class GroupTotals:
     count: np.ndarray  # int64, bounded events
     sum: np.ndarray  # float64, clipped values
     distinct_units: np.ndarray  # int64
+    #: Per-group value histogram, rows aligned with ``groups`` (None unless asked for).
+    histogram: SparseHistogram | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +58,9 @@ class WindowPartial:
     appears once, with its kept event count (``<= max_events_per_group``) and
     the sum of their clipped values. ``first_offset`` and ``last_offset``
     bound the offsets of the accepted events; ``accepted_events`` counts
-    them before bounding.
+    them before bounding. ``row_value`` holds the clipped value of every kept
+    event, pair by pair in pair order (``pair_count[k]`` values for pair ``k``),
+    each pair's in event-hash order; None in partials built without it.
     """
 
     window_start_ms: int
@@ -68,6 +79,7 @@ class WindowPartial:
     #: ``partition_count_changed``: the count changed while the window was open, so the check is void.
     partition_count: int = 0
     partition_count_changed: bool = False
+    row_value: np.ndarray | None = None  # float64, one per kept event
 
     def __eq__(self, other: object) -> bool:
         """Field-by-field equality, arrays compared bit for bit (dtype included)."""
@@ -75,7 +87,9 @@ class WindowPartial:
             return NotImplemented
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if isinstance(mine, np.ndarray):
+            if isinstance(mine, np.ndarray) or isinstance(theirs, np.ndarray):
+                if not (isinstance(mine, np.ndarray) and isinstance(theirs, np.ndarray)):
+                    return False
                 if mine.dtype != theirs.dtype or mine.shape != theirs.shape or mine.tobytes() != theirs.tobytes():
                     return False
             elif mine != theirs:
@@ -92,13 +106,17 @@ class WindowPartial:
         mask[np.array(hits, dtype=np.int64)] = True
         return mask
 
-    def aggregate(self, excluded_units: np.ndarray | None = None) -> GroupTotals:
+    def aggregate(
+        self, excluded_units: np.ndarray | None = None, *, histogram: HistogramSpec | None = None
+    ) -> GroupTotals:
         """Per-group count, sum and distinct units, leaving out ``excluded_units``.
 
         ``excluded_units`` is a boolean array over ``units`` (see ``unit_mask``),
         true for units to leave out, e.g. those without privacy budget. Groups
         whose only contributors are left out are left out too: their keys came
         from excluded units alone and must not reach partition selection.
+        ``histogram``: also count the kept events' values per group in these
+        bins (``GroupTotals.histogram``); only a quantiles query asks.
         """
         keep = self._kept_pairs(excluded_units)
         n_groups = len(self.groups)
@@ -110,18 +128,40 @@ class WindowPartial:
             count=np.bincount(group, weights=count, minlength=n_groups).astype(np.int64),
             sum=np.bincount(group, weights=total, minlength=n_groups),
             distinct_units=np.bincount(group, minlength=n_groups).astype(np.int64),
+            histogram=None if histogram is None else self._histogram(keep, histogram),
         )
         if keep is None:
             return totals  # every group has at least one pair
         present = np.flatnonzero(totals.distinct_units > 0)
         if len(present) == n_groups:
             return totals
+        if totals.histogram is not None:
+            position = np.full(n_groups, -1, dtype=np.int64)
+            position[present] = np.arange(len(present))
+            hist: SparseHistogram | None = totals.histogram.take_groups(position, len(present))
+        else:
+            hist = None
         return GroupTotals(
             groups=[self.groups[i] for i in present.tolist()],
             count=totals.count[present],
             sum=totals.sum[present],
             distinct_units=totals.distinct_units[present],
+            histogram=hist,
         )
+
+    def _histogram(self, keep: np.ndarray | None, spec: HistogramSpec) -> SparseHistogram:
+        """Per-group histogram of the values of the kept pairs' events (groups as in ``self.groups``)."""
+        if self.row_value is None:
+            raise ValueError(
+                "this partial was built without its events' values, so it has no histogram; build it with "
+                "build_partial (the window engine does)"
+            )
+        kept_rows = None if keep is None else np.repeat(keep, self.pair_count)
+        row_group = np.repeat(self.pair_group.astype(np.int64), self.pair_count)
+        values = self.row_value
+        if kept_rows is not None:
+            row_group, values = row_group[kept_rows], values[kept_rows]
+        return SparseHistogram.from_cells(len(self.groups), spec.bins, row_group, spec.bin_of(values))
 
     def unit_totals(self) -> UnitTotals:
         """Each unit's contribution: groups, kept events and clipped sum."""
@@ -156,6 +196,7 @@ def build_partial(
     groups: GroupTable,
     partition_count: int = 0,
     partition_count_changed: bool = False,
+    keep_values: bool = True,
 ) -> WindowPartial:
     """The partial of one partition's pruned rows of one window.
 
@@ -163,6 +204,7 @@ def build_partial(
     event hash), which becomes the order of units and pairs: it depends only
     on the rows, never on how they arrived. Groups are listed by their
     canonical encoding. ``offsets`` is (first offset, last offset, accepted events).
+    ``keep_values=False`` (a query without a value field) leaves ``row_value`` out.
     """
     n = len(rows)
     new_unit = unit_starts(rows.unit)
@@ -192,4 +234,6 @@ def build_partial(
         pair_sum=np.add.reduceat(rows.value, starts) if n else np.zeros(0),
         partition_count=partition_count,
         partition_count_changed=partition_count_changed,
+        # rows are pair by pair already: the value column is kept as it is (no copy, no work)
+        row_value=rows.value if keep_values else None,
     )

@@ -38,7 +38,7 @@ PREFIX = struct.Struct("<4sBcI")  # magic, version, kind, header length
 _LEVEL = 1  # fastest zstd level: on partials level 3 was 2x slower and 1% smaller
 _MAX_BODY_BYTES = 1 << 34  # a sanity bound on declared sizes, far above any real window
 
-_DTYPES = {"u1": np.uint8, "u4": np.uint32, "i4": np.int32, "i8": np.int64, "f8": np.float64, "bytes": None}
+_DTYPES = {"u1": np.uint8, "u2": np.uint16, "u4": np.uint32, "i4": np.int32, "i8": np.int64, "f8": np.float64, "bytes": None}
 
 
 class WireFormatError(ValueError):

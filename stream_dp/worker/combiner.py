@@ -21,6 +21,11 @@ For queries with public groups, windows in which no partition had any event
 are released too (all counts zero before noise) once every partition's
 progress has passed them: otherwise the mere presence of a release would say,
 without noise, that somebody was active in that window.
+
+A quantiles query's partials carry per-group value histograms; the combined
+window adds them up cell by cell into ``CombinedWindow.histogram``, a sparse
+``(len(groups), bins)`` matrix aligned with its groups (a public group without
+data is an all-zero row, i.e. no cell).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from stream_dp.windows.histogram import SparseHistogram, add_histograms
 from stream_dp.worker.records import GroupKey, PartialAggregate, Progress
 
 MAX_EMPTY_WINDOWS_PER_STEP = 1_000  # bounds the work after a long silence
@@ -69,6 +75,23 @@ def placement_conflict(partials: list[PartialAggregate]) -> str | None:
     return None
 
 
+def histogram_conflict(partials: list[PartialAggregate], bins: int | None) -> str | None:
+    """Why these partials' histograms cannot be added up into ``bins`` bins, or None.
+
+    With ``bins`` set (a quantiles query) every partial must carry a histogram
+    of that many bins: one without (written by a worker that did not count
+    values) or with another bin count (a changed configuration) would make
+    the window's quantiles those of part of its data. Without ``bins`` the
+    partials that carry histograms must agree with each other.
+    """
+    held = {p.histogram.bins for p in partials if p.histogram is not None}
+    if bins is not None:
+        if any(p.histogram is None for p in partials):
+            return "histogram_missing"
+        held.add(bins)
+    return "histogram_bins_differ" if len(held) > 1 else None
+
+
 @dataclass
 class _Pending:
     window_end_ms: int
@@ -96,6 +119,9 @@ class CombinedWindow:
     source_offsets: list[tuple[int, int]] = field(default_factory=list)
     #: Why the partials' data was left out (the window is released as if empty), or None.
     withheld: str | None = None
+    #: Quantiles queries: per-group value histogram, sparse, rows aligned with ``groups`` (a group
+    #: without data has no cell); None for other queries (and windows without any histogram to add).
+    histogram: SparseHistogram | None = None
 
 
 class WindowCombiner:
@@ -112,13 +138,22 @@ class WindowCombiner:
         has_sum: bool,
         partials_partitions: int = 1,
         period: tuple[int, int] | None = None,
+        quantile_bins: int | None = None,
     ) -> None:
+        """``quantile_bins``: the bin count of a quantiles query's histograms; then every combined
+        window has a histogram, empty and withheld windows an all-zero one."""
         if window_size_ms <= 0:
             raise ValueError(f"window_size_ms must be positive, got {window_size_ms}")
         if release_timeout_ms <= 0:
             raise ValueError(f"release_timeout_ms must be positive, got {release_timeout_ms}")
         if partials_partitions < 1:
             raise ValueError(f"partials_partitions must be at least 1, got {partials_partitions}")
+        if quantile_bins is not None and (isinstance(quantile_bins, bool) or not isinstance(quantile_bins, int)
+                                          or quantile_bins < 1):
+            raise ValueError(
+                f"quantile_bins must be a positive int or None, got {quantile_bins!r}; pass the query's quantiles.bins"
+            )
+        self.quantile_bins = quantile_bins
         self.query = query
         self.window_size_ms = window_size_ms
         self.window_offset_ms = window_offset_ms
@@ -283,8 +318,8 @@ class WindowCombiner:
         home = self.home(window_start_ms)
         window_end_ms = window_start_ms + self.window_size_ms if pending is None else pending.window_end_ms
         partials = [] if pending is None else [pending.partials[p] for p in sorted(pending.partials)]
-        withheld = placement_conflict(partials)
-        groups, count, sums, distinct = self._merge([] if withheld else partials)
+        withheld = placement_conflict(partials) or histogram_conflict(partials, self.quantile_bins)
+        groups, count, sums, distinct, histogram = self._merge([] if withheld else partials)
         reported = {p.partition for p in partials}
         missing = [
             p for p in range(self.input_partitions)
@@ -306,9 +341,12 @@ class WindowCombiner:
             closed_at_ms=min((p.closed_at_ms for p in partials), default=None),
             source_offsets=[] if pending is None else list(pending.source_offsets),
             withheld=withheld,
+            histogram=histogram,
         )
 
-    def _merge(self, partials: list[PartialAggregate]) -> tuple[list[GroupKey], np.ndarray, np.ndarray | None, np.ndarray]:
+    def _merge(
+        self, partials: list[PartialAggregate]
+    ) -> tuple[list[GroupKey], np.ndarray, np.ndarray | None, np.ndarray, SparseHistogram | None]:
         if self._public_index is not None:
             index = self._public_index
             groups = list(self.public_groups)  # type: ignore[arg-type]
@@ -322,6 +360,7 @@ class WindowCombiner:
         count = np.zeros(n, dtype=np.int64)
         distinct = np.zeros(n, dtype=np.int64)
         sums = np.zeros(n, dtype=np.float64) if self.has_sum else None
+        histograms: list[SparseHistogram] = []
         for partial in partials:
             # Groups outside the public list are dropped here (-1): they are never released.
             positions = np.fromiter((index.get(g, -1) for g in partial.groups), dtype=np.int64, count=len(partial.groups))
@@ -330,4 +369,8 @@ class WindowCombiner:
             np.add.at(distinct, positions[keep], partial.distinct_units[keep])
             if sums is not None and partial.sum is not None:
                 np.add.at(sums, positions[keep], partial.sum[keep])
-        return groups, count, sums, distinct
+            if partial.histogram is not None:
+                histograms.append(partial.histogram.take_groups(positions, n))
+        bins = self.quantile_bins if self.quantile_bins is not None else (histograms[0].bins if histograms else None)
+        histogram = None if bins is None else add_histograms(histograms, n, bins)
+        return groups, count, sums, distinct, histogram

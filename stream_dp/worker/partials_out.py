@@ -26,7 +26,8 @@ _ENCODE_IN_THREAD_GROUPS = 20_000  # larger partials are encoded off the event l
 def partial_message(query: Any, partial: Any, totals: Any, *, input_partitions: int, units: int, excluded: int,
                     closed_at_ms: int) -> PartialAggregate:
     """The budget-filtered partial of ``query`` (a ``QueryRuntime``) as published: ``totals`` are the
-    group totals of ``partial`` (a ``WindowPartial``) without its excluded units."""
+    group totals of ``partial`` (a ``WindowPartial``) without its excluded units, with their histogram
+    when the query has quantiles (``partial.aggregate(excluded, histogram=query.histogram)``)."""
     return PartialAggregate(
         query=query.name,
         window_start_ms=partial.window_start_ms,
@@ -42,6 +43,7 @@ def partial_message(query: Any, partial: Any, totals: Any, *, input_partitions: 
         closed_at_ms=closed_at_ms,
         placement_partitions=partial.partition_count,
         placement_changed=partial.partition_count_changed,
+        histogram=totals.histogram,
     )
 
 

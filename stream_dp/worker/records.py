@@ -7,7 +7,12 @@
 
   Wire version 2 (binary): a partial is a frame of numpy columns (group keys,
   counts, sums, distinct units; ``stream_dp.wire``), sent as one or more chunk
-  records that each fit the topic's record limit. Progress markers stay JSON
+  records that each fit the topic's record limit. A quantiles query's partial
+  also holds its per-group value histogram, sparse: the nonzero cells as
+  columns ``hist.group`` (int64, index into the groups), ``hist.bin`` (uint16)
+  and ``hist.count`` (int64), sorted by group then bin, with the bin count in
+  the header; partials without them (all earlier ones) read with no
+  histogram. Progress markers stay JSON
   (wire version 1, a few dozen bytes). Partials of version 1 (one JSON
   record each) are still read.
 * output topics: one ``release`` record per group per window (schema:
@@ -25,13 +30,19 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
-
 from typing import Any
 
 import numpy as np
 import orjson
 
-from stream_dp.wire.chunks import CHUNK_HEADER_ROOM, Chunk, chunk_records, decode_chunk, payload_digest
+from stream_dp.windows.histogram import SparseHistogram
+from stream_dp.wire.chunks import (
+    CHUNK_HEADER_ROOM,
+    Chunk,
+    chunk_records,
+    decode_chunk,
+    payload_digest,
+)
 from stream_dp.wire.frame import (
     BINARY_VERSION,
     KIND_CHUNK,
@@ -42,7 +53,12 @@ from stream_dp.wire.frame import (
     is_binary,
     read_prefix,
 )
-from stream_dp.wire.groups import decode_columns, encode_columns, key_columns, keys_from_columns
+from stream_dp.wire.groups import (
+    decode_columns,
+    encode_columns,
+    key_columns,
+    keys_from_columns,
+)
 
 WIRE_VERSION = 1  # JSON records: progress markers, and the partials of earlier versions
 READABLE = f"versions {WIRE_VERSION} (JSON) and {BINARY_VERSION} (binary partials)"
@@ -72,6 +88,8 @@ class PartialAggregate:
     #: that count changed while the window was open (then a unit may sit on two partitions).
     placement_partitions: int = 0
     placement_changed: bool = False
+    #: Per-group histogram of the bounded values, rows aligned with ``groups`` (quantiles queries only).
+    histogram: SparseHistogram | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +125,17 @@ def encode_partial_payload(partial: PartialAggregate) -> bytes:
     sections["distinct_units"] = np.asarray(partial.distinct_units, dtype=np.int64)
     if partial.sum is not None:
         sections["sum"] = np.asarray(partial.sum, dtype=np.float64)
+    extra: dict[str, Any] = {}
+    if partial.histogram is not None:
+        if partial.histogram.n_groups != len(partial.groups):
+            raise ValueError(
+                f"a partial's histogram has {partial.histogram.n_groups} rows for {len(partial.groups)} groups; "
+                "build it from the same group totals"
+            )
+        extra["histogram"] = {"bins": partial.histogram.bins, "cells": len(partial.histogram)}
+        sections["hist.group"] = partial.histogram.group
+        sections["hist.bin"] = partial.histogram.bin
+        sections["hist.count"] = partial.histogram.count
     return encode_frame(
         {
             **_partial_stream(partial),
@@ -118,6 +147,7 @@ def encode_partial_payload(partial: PartialAggregate) -> bytes:
             "closed_at_ms": partial.closed_at_ms,
             "placement_partitions": partial.placement_partitions,
             "placement_changed": partial.placement_changed,
+            **extra,
         },
         sections,
     )
@@ -182,11 +212,24 @@ def decode_partial_payload(payload: bytes) -> PartialAggregate:
             closed_at_ms=int(data["closed_at_ms"]),
             placement_partitions=int(data["placement_partitions"]),
             placement_changed=bool(data["placement_changed"]),
+            histogram=_decode_histogram(data.get("histogram"), sections, rows),
         )
     except WireFormatError:
         raise
     except (KeyError, TypeError, ValueError) as exc:
         raise WireFormatError(f"corrupt partial frame: {exc!r}") from None
+
+
+def _decode_histogram(described: Any, sections: dict[str, Any], rows: int) -> SparseHistogram | None:
+    """The sparse histogram of a partial frame, or None when it has none (every partial of other queries)."""
+    if described is None:
+        return None
+    cells = int(described["cells"])
+    columns = [sections["hist.group"], sections["hist.bin"], sections["hist.count"]]
+    if any(len(c) != cells for c in columns):
+        raise WireFormatError(f"a partial's histogram columns are not all {cells} cells long")
+    # the constructor checks ranges, order and positive counts: a corrupt histogram raises ValueError
+    return SparseHistogram(rows, int(described["bins"]), *columns)
 
 
 def read_internal(value: bytes) -> PartialAggregate | Progress | Chunk:

@@ -7,6 +7,7 @@ from functools import cached_property
 from typing import Any
 
 from stream_dp.config import QueryConfig
+from stream_dp.windows.histogram import HistogramSpec
 from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.records import GroupKey
 
@@ -102,3 +103,12 @@ class QueryRuntime:
     def public_groups(self) -> list[GroupKey] | None:
         # Built once: a query may list a million public groups, and the release stage asks often.
         return self.config.public_group_keys()
+
+    @cached_property
+    def histogram(self) -> HistogramSpec | None:
+        """The value bins of a quantiles query (None for other queries): its partials carry histograms."""
+        quantiles = self.config.aggregations.quantiles
+        if quantiles is None:
+            return None
+        lo, hi = quantiles.bounds
+        return HistogramSpec(bins=quantiles.bins, lo=float(lo), hi=float(hi))

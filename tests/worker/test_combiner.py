@@ -1,6 +1,9 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from stream_dp.windows.histogram import SparseHistogram
 from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.records import PartialAggregate, Progress
 
@@ -224,3 +227,59 @@ def test_a_window_older_than_the_querys_first_release_elsewhere_is_still_release
     c.input_partitions = 1
     assert c.ready(0) == [3 * MIN]
     assert c.take(3 * MIN).count.tolist() == [2]
+
+
+def _hist(dense):
+    dense = np.asarray(dense, dtype=np.int64)
+    group, bins = np.nonzero(dense)
+    return SparseHistogram.from_cells(dense.shape[0], dense.shape[1], group, bins, dense[group, bins])
+
+
+def _quantiles(public=None, bins=3):
+    return WindowCombiner("q", window_size_ms=MIN, window_offset_ms=0, release_timeout_ms=1_000_000,
+                          public_groups=public, has_sum=False, quantile_bins=bins)
+
+
+def test_histograms_of_a_windows_partials_are_added_up_aligned_with_its_groups():
+    c = _quantiles()
+    c.add_partial(replace(_partial(0, 0, [("a",), ("b",)], [3, 1], parts=2), histogram=_hist([[1, 2, 0], [0, 0, 1]])),
+                  now_ms=0)
+    c.add_partial(replace(_partial(1, 0, [("c",), ("a",)], [2, 4], parts=2), histogram=_hist([[2, 0, 0], [0, 1, 3]])),
+                  now_ms=0)
+    window = c.take(0)
+    dense = dict(zip(window.groups, window.histogram.dense().tolist()))
+    assert dense == {("a",): [1, 3, 3], ("b",): [0, 0, 1], ("c",): [2, 0, 0]}
+    assert window.histogram.totals().tolist() == window.count.tolist()
+
+
+def test_public_groups_without_data_get_all_zero_rows_and_unknown_groups_are_dropped():
+    public = [("a",), ("b",), ("c",)]
+    c = _quantiles(public=public)
+    c.add_partial(replace(_partial(0, 0, [("zzz",), ("b",)], [5, 2], parts=1), histogram=_hist([[5, 0, 0], [0, 2, 0]])),
+                  now_ms=0)
+    c.add_progress(home=0, progress=Progress("q", 0, 1, 3 * MIN))
+    window = c.take(0)
+    assert window.groups == public and window.histogram.dense().tolist() == [[0, 0, 0], [0, 2, 0], [0, 0, 0]]
+    empty = c.take(MIN)  # a window nobody had data in
+    assert empty.histogram.shape == (3, 3) and len(empty.histogram) == 0
+
+
+@pytest.mark.parametrize(
+    ("histograms", "reason"),
+    [((_hist([[1, 0, 0]]), None), "histogram_missing"),
+     ((_hist([[1, 0, 0]]), _hist([[1, 0, 0, 0]])), "histogram_bins_differ")],
+)
+def test_partials_whose_histograms_cannot_be_added_up_are_withheld(histograms, reason):
+    c = _quantiles()
+    for partition, histogram in enumerate(histograms):
+        c.add_partial(replace(_partial(partition, 0, [("a",)], [1], parts=2), histogram=histogram), now_ms=0)
+    window = c.take(0)
+    assert window.withheld == reason and window.groups == [] and window.histogram.shape == (0, 3)
+
+
+def test_other_queries_have_no_histogram_and_quantile_bins_are_checked():
+    c = _combiner(timeout=1)
+    c.add_partial(_partial(0, 0, [("a",)], [2]), now_ms=0)
+    assert c.take(0).histogram is None
+    with pytest.raises(ValueError, match="pass the query's quantiles.bins"):
+        _quantiles(bins=0)

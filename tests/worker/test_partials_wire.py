@@ -3,14 +3,21 @@ the release stage's intake; partials of wire version 1 still read; other version
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import orjson
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
+from stream_dp.config import parse_config
 from stream_dp.metrics.worker import WorkerMetrics
+from stream_dp.windows.histogram import SparseHistogram
 from stream_dp.wire import UnknownWireVersion, WireFormatError
+from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.partials_in import PartialsIntake, PartialsReader
+from stream_dp.worker.partials_out import partial_message
 from stream_dp.worker.records import (
     MIN_CHUNK_PAYLOAD,
     PartialAggregate,
@@ -19,6 +26,11 @@ from stream_dp.worker.records import (
     partial_records,
     read_internal,
 )
+from stream_dp.worker.runtime import QueryRuntime
+from tests.windows._support import NOW_MS as ENGINE_NOW_MS
+from tests.windows._support import batch_of, event, make_engine
+
+REPO = Path(__file__).resolve().parents[2]
 
 HOUR_MS = 3_600_000
 NOW_MS = 1_800_000_000_000
@@ -38,10 +50,12 @@ def _partial(rows: int = 3, **overrides) -> PartialAggregate:
 
 
 def _same(a: PartialAggregate, b: PartialAggregate) -> bool:
-    arrays = ("count", "sum", "distinct_units")
+    arrays = ("count", "sum", "distinct_units", "histogram")
     plain = {k: v for k, v in a.__dict__.items() if k not in arrays}
     return plain == {k: v for k, v in b.__dict__.items() if k not in arrays} and all(
-        (getattr(a, k) is None and getattr(b, k) is None) or np.array_equal(getattr(a, k), getattr(b, k))
+        (getattr(a, k) is None and getattr(b, k) is None)
+        or (k == "histogram" and getattr(a, k) == getattr(b, k))
+        or (k != "histogram" and np.array_equal(getattr(a, k), getattr(b, k)))
         for k in arrays)
 
 
@@ -150,3 +164,64 @@ def test_a_partial_left_incomplete_by_its_writer_is_given_up_after_the_release_t
     intake.take(0, 2, encode_progress(Progress("q", 0, 3, NOW_MS)), NOW_MS - 30_000, NOW_MS)
     intake.drop_stale()
     assert intake.holds() == [] and _errors(registry, "partial_chunks_dropped") == 1
+
+
+def test_a_large_histogram_travels_in_chunks_and_comes_back_bit_for_bit():
+    rows, bins = 20_000, 256
+    rng = np.random.default_rng(7)
+    cells = rng.integers(0, rows * bins, 200_000)
+    histogram = SparseHistogram.from_cells(rows, bins, cells // bins, cells % bins)
+    partial = _partial(rows, histogram=histogram)
+    records = partial_records(partial, 64 * 1024)
+    assert len(records) > 5 and max(map(len, records)) <= 64 * 1024
+    intake = _intake(CollectorRegistry())
+    taken = [intake.take(0, i, value, NOW_MS - 40_000, NOW_MS) for i, value in enumerate(records)]
+    message = taken[-1].message
+    assert _same(message, partial) and message.histogram == histogram
+    # sparse: about 10 bytes a cell before compression, nothing for empty cells
+    assert sum(map(len, records)) < 16 * len(histogram) + 40 * rows
+
+
+def _quantiles_runtime(bins: int = 16):
+    data = yaml.safe_load((REPO / "deploy/queries.example.yaml").read_text())
+    data["queries"][0]["aggregations"] = {
+        "count": {}, "quantiles": {"field": "value", "q": [0.5, 0.9], "bounds": [0, 160], "bins": bins}}
+    config = parse_config(data).queries[0]
+    return QueryRuntime(config=config, engine=None, plan=None, combiner=None, namespace="users", cost=0.0,
+                        delta=0.0, privacy={})
+
+
+def test_events_reach_the_combined_window_as_one_histogram_without_excluded_units():
+    """Engine (two input partitions) -> budget-filtered partials -> binary records -> combined window."""
+    runtime = _quantiles_runtime()
+    spec = runtime.histogram
+    assert (spec.bins, spec.lo, spec.hi) == (16, 0.0, 160.0)
+    engine, clock = make_engine(partitions=(0, 1), clip=(spec.lo, spec.hi))
+    engine.set_partition_count(2)  # partials of several partitions are added up only when placement was checked
+    rng = np.random.default_rng(3)
+    start = ENGINE_NOW_MS - 120_000
+    events = [(f"u{int(u)}", f"/p{int(g)}", float(v))
+              for u, g, v in zip(rng.integers(0, 30, 400), rng.integers(0, 3, 400), rng.uniform(-5, 170, 400))]
+    for p in (0, 1):
+        mine = [(u, g, v) for u, g, v in events if int(u[1:]) % 2 == p]
+        engine.process(batch_of([event(u, start + i, g, v) for i, (u, g, v) in enumerate(mine)], partition=p))
+    clock.now_ms += 10**9
+    combiner = WindowCombiner("pageviews_by_page", window_size_ms=60_000, window_offset_ms=0,
+                              release_timeout_ms=1, public_groups=[("/p0",), ("/p1",), ("/p2",), ("/none",)],
+                              has_sum=False, quantile_bins=spec.bins)
+    out_of_budget = {"u4", "u7"}
+    for partial in engine.tick():
+        excluded = partial.unit_mask(out_of_budget)
+        totals = partial.aggregate(excluded, histogram=runtime.histogram)
+        message = partial_message(runtime, partial, totals, input_partitions=2, units=len(partial.units),
+                                  excluded=int(excluded.sum()), closed_at_ms=ENGINE_NOW_MS)
+        for record in partial_records(message, 1_000_000):
+            assert combiner.add_partial(PartialsReader().read(0, 0, record), now_ms=ENGINE_NOW_MS)
+    window = combiner.take(start)
+    assert window.withheld is None and window.partitions_missing == []
+    expected = np.zeros((4, spec.bins), dtype=np.int64)
+    for u, g, v in events:
+        if u not in out_of_budget:
+            expected[int(g[2:]), spec.bin_of(np.array([v]))[0]] += 1
+    assert np.array_equal(window.histogram.dense(), expected)
+    assert window.histogram.totals().tolist() == window.count.tolist()

@@ -1,12 +1,17 @@
 import numpy as np
+import orjson
 import pytest
 
+from stream_dp.windows.histogram import SparseHistogram
+from stream_dp.wire.frame import decode_frame, encode_frame
 from stream_dp.worker.records import (
     PartialAggregate,
     Progress,
     WireFormatError,
     decode_internal,
+    decode_partial_payload,
     encode_partial,
+    encode_partial_payload,
     encode_progress,
     iso_utc,
     release_id,
@@ -52,3 +57,40 @@ def test_release_id_is_stable_and_distinct():
 def test_iso_utc():
     assert iso_utc(0) == "1970-01-01T00:00:00.000Z"
     assert iso_utc(1_700_000_000_123) == "2023-11-14T22:13:20.123Z"
+
+
+def _histogram(rows=2, bins=4):
+    return SparseHistogram.from_cells(rows, bins, np.array([1, 0, 1, 1]), np.array([3, 0, 3, 0]))
+
+
+def test_a_quantiles_partial_carries_its_histogram_sparse_and_bit_for_bit():
+    histogram = _histogram()
+    decoded = decode_internal(encode_partial(_partial(histogram=histogram)))
+    assert decoded.histogram == histogram
+    assert decoded.histogram.dense().tolist() == [[1, 0, 0, 0], [1, 0, 0, 2]]
+    assert (decoded.histogram.group.dtype, decoded.histogram.bin.dtype, decoded.histogram.count.dtype) == (
+        np.int64, np.uint16, np.int64)
+    # other queries' partials (and every partial written before histograms) read with none
+    assert decode_internal(encode_partial(_partial())).histogram is None
+    empty = SparseHistogram.empty(2, 256)
+    assert decode_internal(encode_partial(_partial(histogram=empty))).histogram == empty
+
+
+def test_a_json_partial_of_wire_version_1_reads_without_histogram():
+    legacy = orjson.dumps({
+        "v": 1, "type": "partial", "query": "q", "window_start_ms": 0, "window_end_ms": 60_000, "partition": 0,
+        "input_partitions": 1, "groups": [["/a"]], "count": [2], "sum": None, "distinct_units": [1],
+        "units_charged": 1, "units_excluded": 0, "closed_at_ms": 60_001,
+    })
+    assert decode_internal(legacy).histogram is None
+
+
+def test_a_histogram_that_does_not_match_its_groups_is_refused_both_ways():
+    with pytest.raises(ValueError, match="build it from the same group totals"):
+        encode_partial(_partial(histogram=_histogram(rows=5)))
+    # a frame whose cells point past its groups is corrupt
+    frame = encode_partial_payload(_partial(groups=[("/a",), ("/b",)], histogram=_histogram()))
+    fields, sections = decode_frame(frame).fields, decode_frame(frame).sections
+    sections["hist.group"] = sections["hist.group"] + 5
+    with pytest.raises(WireFormatError, match="corrupt partial frame"):
+        decode_partial_payload(encode_frame(fields, sections))
