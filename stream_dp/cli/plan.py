@@ -91,9 +91,12 @@ def _options(query, plan, described) -> list[str]:
                      f"{plan.top_k.scale:.4g}, epsilon {plan.top_k.loss.epsilon:.4g} (k x max_events_per_group / scale)")
     if plan.quantiles is not None:
         q = described["quantiles"]
-        lines.append(f"quantiles: {q.get('q')}, exponential mechanism over {q.get('candidates')} candidates, "
-                     f"epsilon {plan.quantiles.loss.epsilon:.4g} ({q.get('epsilon_per_quantile', 0):.4g} per q); "
-                     f"95% rank error ±{q.get('rank_error_95', float('nan')):.4g} events")
+        candidates = q["candidates"]
+        errors = ", ".join(f"{e:.4g}" for e in q["rank_error"])
+        lines.append(f"quantiles: {q['q']}, exponential mechanism over {candidates['count']} bin edges in "
+                     f"[{candidates['lo']:g}, {candidates['hi']:g}], epsilon {plan.quantiles.loss.epsilon:.4g} "
+                     f"({q['epsilon_per_quantile']:.4g} per q); with 95% probability each is within "
+                     f"[{errors}] ranks (events) of the true quantile")
     if plan.continual is not None:
         c = plan.continual
         described_c = c.describe()

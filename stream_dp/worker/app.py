@@ -179,6 +179,7 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
             public_groups=query.public_group_keys(),
             has_sum=aggregations.sum is not None,
             period=None if query.continual is None else (query.continual.period_ms, query.window.offset_ms),
+            quantile_bins=None if aggregations.quantiles is None else aggregations.quantiles.bins,
         )
         cost, delta = window_cost(plan, namespace.accounting, query.name)
         check_cost_fits(query.name, query.privacy_unit.namespace, namespace, cost, delta)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from stream_dp.dp.quantiles import COUNT_BETA
 from stream_dp.worker.records import iso_utc, release_id
 from stream_dp.worker.release_entry import ReleaseEntry, build_entry
 
@@ -91,12 +92,31 @@ def _quantile_fragments(plan: Any, window: Any, noisy: Any, index: np.ndarray, n
     """``,"quantiles":{...}`` for each released group."""
     quantiles = plan.quantiles
     histogram = window.histogram
-    if histogram is None:  # an empty window of public groups
-        histogram = np.zeros((len(window.groups), quantiles.bins), dtype=np.int64)
-    noisy_counts = None if noisy.count is None else np.asarray(noisy.count)[index]
-    released = quantiles.release(np.asarray(histogram)[index], noise, noisy_counts=noisy_counts,
-                                 count_ci=noisy.count_ci95)
-    return [b',"quantiles":' + orjson.dumps(block) for block in released.to_json_blocks()]
+    n = len(window.groups)
+    if histogram is None:  # no histogram at all: every group empty
+        histogram = np.zeros((n, quantiles.bins), dtype=np.int64)
+    if len(index) != n:  # only the groups partition selection kept
+        dense = histogram.dense(0, n) if hasattr(histogram, "dense") else np.asarray(histogram)
+        histogram = dense[index]
+    noisy_counts = count_ci = None
+    if noisy.count is not None and plan.base is not None:
+        # the count's half-width at the level the quantiles' statement takes it (1 - COUNT_BETA)
+        noisy_counts = np.asarray(noisy.count)[index]
+        count_ci = plan.base.count_noise.ci_half_width(COUNT_BETA)
+    released = quantiles.release(histogram, noise, noisy_counts=noisy_counts, count_ci=count_ci)
+    names = [repr(float(q)) if float(q) != int(q) else str(q) for q in released.q]
+    values = released.values.tolist()
+    intervals = None if released.q_interval is None else released.q_interval.tolist()
+    errors = released.rank_error.tolist()
+    out = []
+    for row in range(len(values)):
+        block = {
+            name: {"value": values[row][i], "rank_error": errors[i],
+                   "q_interval": None if intervals is None else intervals[row][i]}
+            for i, name in enumerate(names)
+        }
+        out.append(b',"quantiles":' + orjson.dumps(block))
+    return out
 
 
 def _top_k_record(query: Any, window: Any, noisy: Any, index: np.ndarray, noise: Any, released_at_ms: int) -> tuple[bytes, bytes]:
