@@ -27,7 +27,7 @@ def test_help_lists_the_six_subcommands():
 
 def test_check_config_ok_and_failing(tmp_path, capsys):
     assert main(["check-config", str(EXAMPLE)]) == 0
-    assert "OK (1 queries)" in capsys.readouterr().out
+    assert "OK (5 queries)" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
     bad.write_text(EXAMPLE.read_text().replace("epsilon: 0.1 ", "epsilon: -0.1 "))
     assert main(["check-config", str(bad)]) == 1
@@ -36,7 +36,7 @@ def test_check_config_ok_and_failing(tmp_path, capsys):
 
 def test_plan_json_states_loss_scales_and_budget_use(capsys):
     assert main(["plan", str(EXAMPLE), "--json"]) == 0
-    (plan,) = json.loads(capsys.readouterr().out)
+    plan = json.loads(capsys.readouterr().out)[0]
     assert plan["per_window_loss"]["epsilon"] == pytest.approx(0.1, rel=1e-6)
     assert plan["count_scale"] > 0 and plan["sum_scale"] > 0
     hour = plan["horizons"][0]
@@ -47,7 +47,8 @@ def test_plan_json_states_loss_scales_and_budget_use(capsys):
 
 def test_plan_shows_the_delta_a_fully_active_unit_spends(tmp_path, capsys):
     selecting = tmp_path / "select.yaml"
-    text = EXAMPLE.read_text().replace("public: [\"/\", \"/pricing\", \"/docs\"]", "select: {delta: 1.0e-6}")
+    first_query = EXAMPLE.read_text().split("  # --- options")[0]  # the options need public groups
+    text = first_query.replace("public: [\"/\", \"/pricing\", \"/docs\"]", "select: {delta: 1.0e-6}")
     assert "select: {delta: 1.0e-6}" in text
     selecting.write_text(text)
     assert main(["plan", str(selecting), "--json"]) == 0
