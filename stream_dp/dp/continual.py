@@ -60,7 +60,7 @@ from stream_dp.dp.inputs import as_counts, as_sums
 from stream_dp.dp.laplace_sums import count_total_accuracy, sum_total_accuracy
 from stream_dp.dp.loss import PrivacyLoss
 from stream_dp.dp.noise import NoiseSource
-from stream_dp.dp.plan import AGGREGATIONS
+from stream_dp.dp.plan import _check_aggregations, _positive_finite
 from stream_dp.dp.release import ReleaseAccuracy
 from stream_dp.dp.sensitivity import count_sensitivity, sum_sensitivity
 from stream_dp.dp.tree_state import TreeState, max_popcount, positive_int, set_bits, tree_depth
@@ -82,26 +82,6 @@ def _changed_coordinates(per_unit: int, bounds: ContributionBounds, max_groups: 
             "the largest vector OpenDP certifies; lower max_windows_per_unit or max_groups_per_unit"
         )
     return size
-
-
-def _positive_epsilon(value: object) -> float:
-    hint = "pass the budget of one unit for the whole period, e.g. epsilon=1.0"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"epsilon must be a number, got {value!r}; {hint}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"epsilon must be positive and finite, got {value!r}; {hint}")
-    return float(value)
-
-
-def _aggregations(aggregations: Iterable[str]) -> frozenset[str]:
-    if isinstance(aggregations, str) or not isinstance(aggregations, Iterable):
-        raise TypeError(f"aggregations must be a set such as {{'count', 'sum'}}, got {aggregations!r}")
-    chosen = frozenset(aggregations)
-    if not chosen or chosen - AGGREGATIONS:
-        raise ValueError(
-            f"aggregations must be a non-empty subset of {sorted(AGGREGATIONS)}, got {sorted(chosen, key=str)}"
-        )
-    return chosen
 
 
 @dataclass(frozen=True, slots=True, eq=False)  # arrays have no single truth value: compare fields
@@ -180,7 +160,7 @@ class ContinualPlan:
                 f"continual releases use the binary tree mechanism with Laplace noise (pure DP), got "
                 f"mechanism={mechanism!r}; pass mechanism='laplace'"
             )
-        total = _positive_epsilon(epsilon)
+        total = _positive_finite("epsilon", epsilon, "pass the budget of one unit for the whole period, e.g. epsilon=1.0")
         if not isinstance(bounds, ContributionBounds):
             raise TypeError("bounds must be ContributionBounds(max_groups_per_unit=..., max_events_per_group=...)")
         if clip is not None and not isinstance(clip, ClipRange):
@@ -195,7 +175,7 @@ class ContinualPlan:
                 f"lower it to at most windows_per_period={periods}"
             )
         groups = positive_int("max_groups", max_groups, "e.g. max_groups=1_000_000")
-        chosen = _aggregations(aggregations)
+        chosen = _check_aggregations(aggregations)
         needs_count = bool(chosen & {"count", "mean"})
         needs_sum = bool(chosen & {"sum", "mean"})
         if needs_sum and clip is None:
