@@ -78,6 +78,18 @@ def plan_config(config) -> list[dict]:
 def _options(query, plan, described) -> list[str]:
     """One line per query option: its mechanism, what it costs and how accurate it is."""
     lines = []
+    if query.mechanism == "staircase":
+        for name in ("count", "sum"):
+            entry = described.get(name)
+            if entry is None:
+                continue
+            ratio = entry["std"] / entry["geometric_std"]
+            lines.append(
+                f"staircase {name}: epsilon {entry['epsilon_per_group']:.4g} per group, stairs of "
+                f"{_fmt(entry['scale'])} with gamma {entry['gamma']:.3f}; std {_fmt(entry['std'])}, mean |error| "
+                f"{_fmt(entry['mean_abs_error'])} vs {_fmt(entry['geometric_std'])} and "
+                f"{_fmt(entry['geometric_mean_abs_error'])} with Laplace at the same epsilon "
+                f"(std x{ratio:.3f})")
     if plan.hierarchy:
         names = list(query.group_by)
         for level, entry in enumerate(described["levels"]):

@@ -313,7 +313,8 @@ class QueryConfig(_Strict):
     groups: PublicGroups | SelectGroups
     bounds: BoundsConfig
     aggregations: Aggregations
-    mechanism: Literal["laplace", "gaussian"] = "laplace"
+    # geometric names the discrete Laplace that laplace uses for counts; it is read as laplace.
+    mechanism: Literal["laplace", "gaussian", "staircase", "geometric"] = "laplace"
     epsilon: float = Field(gt=0, le=10, allow_inf_nan=False)
     delta: float = Field(0.0, ge=0, lt=1e-3, allow_inf_nan=False)
     max_future_skew_ms: DurationMs = Field(300_000, alias="max_future_skew")
@@ -332,13 +333,18 @@ class QueryConfig(_Strict):
     def _names(cls, value: str, info: Any) -> str:
         return _check_name(info.field_name.replace("_", " "), value)
 
+    @field_validator("mechanism")
+    @classmethod
+    def _alias(cls, value: str) -> str:
+        return "laplace" if value == "geometric" else value
+
     @model_validator(mode="after")
     def _consistent(self) -> QueryConfig:
         if self.mechanism == "gaussian" and self.delta <= 0:
             raise ValueError("mechanism gaussian needs delta > 0 (e.g. delta: 1.0e-7); or use mechanism: laplace")
-        if self.mechanism == "laplace" and self.delta > 0:
+        if self.mechanism != "gaussian" and self.delta > 0:
             raise ValueError(
-                f"mechanism laplace is pure DP and spends no delta, got delta {self.delta:g}; set delta: 0 "
+                f"mechanism {self.mechanism} is pure DP and spends no delta, got delta {self.delta:g}; set delta: 0 "
                 "(selected groups take theirs from groups.select.delta) or use mechanism: gaussian"
             )
         roles = [self.privacy_unit.field, self.timestamp_field, *self.group_by]

@@ -260,23 +260,22 @@ def geometric_exp_minus_one(n: int, bits: BitSource) -> NDArray[np.uint64]:
 # --- discrete Laplace -----------------------------------------------------------------
 
 
-def discrete_laplace(n: int, scale_numerator: int, scale_denominator: int, bits: BitSource
-                     ) -> tuple[NDArray[np.int64], dict[int, int]]:
-    """``n`` draws of ``P(x) ~ exp(-|x| s / t)`` for scale ``t / s`` (CKS20, Algorithm 2).
+def geometric(n: int, scale_numerator: int, scale_denominator: int, bits: BitSource
+              ) -> tuple[NDArray[np.int64], dict[int, int]]:
+    """``n`` draws of ``P(Y = y) ~ exp(-y s / t)`` on ``y >= 0`` for scale ``t / s`` (CKS20, Algorithm 2's core).
 
     Per draw: ``U`` uniform in ``[0, t)``, kept with probability ``exp(-U/t)``
     (else start over); ``V`` geometric with ``P(V = v) ~ e^-v``; ``X = U + t V``
     is then geometric with ``P(X = x) ~ exp(-x / t)``, and ``Y = floor(X / s)``
-    geometric with ``P(Y = y) ~ exp(-y s / t)``; a fair sign ``B`` gives
-    ``(1 - 2B) Y``, except that ``B = 1, Y = 0`` starts over (zero would count twice).
+    geometric with ``P(Y = y) ~ exp(-y s / t)``.
 
-    :returns: the draws as int64, and ``{index: draw}`` for the draws with
-        ``|draw| >= 2^62`` (their int64 slot holds 0) so callers add them exactly.
+    :returns: the draws as int64, and ``{index: draw}`` for the draws ``>= 2^62``
+        (their int64 slot holds 0) so callers add them exactly.
     :raises UnsupportedScale: outside ``t <= 2^56, s <= 2^63``.
     """
     t, s = scale_numerator, scale_denominator
     if not (1 <= t <= MAX_SCALE_NUMERATOR and 1 <= s <= MAX_SCALE_DENOMINATOR):
-        raise UnsupportedScale(f"discrete Laplace scale {t}/{s} is outside t <= 2^56, s <= 2^63; use OpenDPNoise")
+        raise UnsupportedScale(f"geometric scale {t}/{s} is outside t <= 2^56, s <= 2^63; use OpenDPNoise")
     t64, s64 = np.uint64(t), np.uint64(s)
     safe_v = np.uint64((_U64_MAX - (t - 1)) // t)  # u + t v fits uint64 for v <= safe_v
     draws = np.zeros(n, dtype=np.int64)
@@ -286,19 +285,39 @@ def discrete_laplace(n: int, scale_numerator: int, scale_denominator: int, bits:
         u = uniform_below(np.full(pending.size, t64), bits)
         kept = bernoulli_exp_fraction(u, t64, bits)
         pending_u, u = pending[kept], u[kept]
-        rejected = pending[~kept]
         v = geometric_exp_minus_one(u.size, bits)
-        negative = bernoulli_half(u.size, bits)
         fits = v <= safe_v
         y = np.where(fits, (u + t64 * np.where(fits, v, 0)) // s64, np.uint64(0))
         small = fits & (y < np.uint64(INT64_SAFE))
         for i in np.flatnonzero(~small):
-            magnitude = (int(u[i]) + t * int(v[i])) // s  # nonzero, so never rejected
-            huge[int(pending_u[i])] = -magnitude if negative[i] else magnitude
-        signed = y.astype(np.int64)
-        signed[negative] *= -1
-        accept = small & ~(negative & (y == 0))
-        draws[pending_u[accept]] = signed[accept]
-        retry = pending_u[small & negative & (y == 0)]
-        pending = np.concatenate([rejected, retry])
+            huge[int(pending_u[i])] = (int(u[i]) + t * int(v[i])) // s
+        draws[pending_u[small]] = y[small].astype(np.int64)
+        pending = pending[~kept]
+    return draws, huge
+
+
+def discrete_laplace(n: int, scale_numerator: int, scale_denominator: int, bits: BitSource
+                     ) -> tuple[NDArray[np.int64], dict[int, int]]:
+    """``n`` draws of ``P(x) ~ exp(-|x| s / t)`` for scale ``t / s`` (CKS20, Algorithm 2).
+
+    A :func:`geometric` magnitude ``Y`` and a fair sign ``B`` give ``(1 - 2B) Y``,
+    except that ``B = 1, Y = 0`` starts over (zero would count twice).
+
+    :returns: the draws as int64, and ``{index: draw}`` for the draws with
+        ``|draw| >= 2^62`` (their int64 slot holds 0) so callers add them exactly.
+    :raises UnsupportedScale: outside ``t <= 2^56, s <= 2^63``.
+    """
+    draws = np.zeros(n, dtype=np.int64)
+    huge: dict[int, int] = {}
+    pending = np.arange(n)
+    while pending.size:
+        magnitude, big = geometric(pending.size, scale_numerator, scale_denominator, bits)
+        negative = bernoulli_half(pending.size, bits)
+        for i, value in big.items():  # nonzero, so never rejected
+            huge[int(pending[i])] = -value if negative[i] else value
+        retry = negative & (magnitude == 0)
+        for i in big:
+            retry[i] = False
+        draws[pending] = np.where(negative, -magnitude, magnitude)
+        pending = pending[retry]
     return draws, huge

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from stream_dp.dp.exact_sampling import UrandomBits
 from stream_dp.dp.measurements import (
     NoiseKind,
     float_vector_measurement,
@@ -47,6 +48,10 @@ class NoiseSource(Protocol):
 
     def top_k(self, scores: NDArray[np.int64], *, k: int, scale: float) -> NDArray[np.int64]:
         """Indices of ``k`` scores chosen by report-noisy-max (permute-and-flip), best first."""
+        ...
+
+    def words(self, n: int) -> NDArray[np.uint64]:
+        """``n`` uniform random 64-bit words (the exact samplers' bits, e.g. the staircase's)."""
         ...
 
 
@@ -77,6 +82,7 @@ class OpenDPNoise:
         self._cache_size = cache_size
         self._cache: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.Lock()
+        self._words = UrandomBits()  # OpenDP has no staircase: its exact sampler takes kernel CSPRNG words
 
     def integers(self, values: NDArray[np.int64], *, kind: NoiseKind, scale: float) -> NDArray[np.int64]:
         values = np.ascontiguousarray(values, dtype=np.int64)
@@ -101,6 +107,9 @@ class OpenDPNoise:
             return np.empty(0, dtype=np.int64)
         measurement = self._measurement(("top_k", k, scale), lambda: top_k_measurement(k, scale))
         return np.asarray(measurement(scores), dtype=np.int64)
+
+    def words(self, n: int) -> NDArray[np.uint64]:
+        return self._words(n)
 
     def _measurement(self, key: Hashable, build: Callable[[], Any]) -> Any:
         with self._lock:

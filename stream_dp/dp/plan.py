@@ -41,13 +41,17 @@ from stream_dp.dp.bounds import ClipRange, ContributionBounds
 from stream_dp.dp.calibration import CalibratedNoise, calibrate_counts, calibrate_sums, resolve_budget_split
 from stream_dp.dp.inputs import as_counts, as_distinct_units, as_sums
 from stream_dp.dp.loss import PrivacyLoss, zcdp_rho
-from stream_dp.dp.measurements import NOISE_KINDS, NoiseKind
+from stream_dp.dp.measurements import NoiseKind
 from stream_dp.dp.noise import NoiseSource
 from stream_dp.dp.release import NoisyRelease, ReleaseAccuracy, scatter, take
 from stream_dp.dp.selection import PartitionSelection
 from stream_dp.dp.sensitivity import count_sensitivity, sum_sensitivity
+from stream_dp.dp.staircase import CalibratedStaircase, calibrate_staircase_counts, calibrate_staircase_sums
 
 AGGREGATIONS = frozenset({"count", "sum", "mean"})
+MECHANISMS = ("laplace", "gaussian", "staircase", "geometric")
+"""``geometric`` names the discrete Laplace that ``laplace`` already uses for counts (an alias)."""
+Noise = CalibratedNoise | CalibratedStaircase
 # Every component is calibrated to this fraction of its share, so that the
 # conservatively rounded costs OpenDP certifies add up to no more than the request.
 _CALIBRATION_MARGIN = 1.0 - 1e-9
@@ -135,13 +139,13 @@ def _gaussian_budgets(
 class ReleasePlan:
     """Everything needed to release one query's window aggregates. Use :meth:`build`."""
 
-    mechanism: NoiseKind
+    mechanism: str
     bounds: ContributionBounds
     clip: ClipRange | None
     aggregations: frozenset[str]
     budget_split: Mapping[str, float]
-    count_noise: CalibratedNoise | None
-    sum_noise: CalibratedNoise | None
+    count_noise: Noise | None
+    sum_noise: Noise | None
     selection: PartitionSelection | None
     loss: PrivacyLoss
     requested: Mapping[str, float | None]
@@ -166,7 +170,8 @@ class ReleasePlan:
     ) -> ReleasePlan:
         """Validate the query and calibrate every noise scale.
 
-        :param mechanism: ``"laplace"`` (pure DP) or ``"gaussian"`` (zCDP).
+        :param mechanism: ``"laplace"`` (pure DP; ``"geometric"`` is the same), ``"staircase"``
+            (pure DP, :mod:`stream_dp.dp.staircase`) or ``"gaussian"`` (zCDP).
         :param epsilon: total per-window budget of one unit, selection included.
         :param delta: ``gaussian`` only: the delta of the noise (0 < delta < 1).
         :param rho: ``gaussian`` only, instead of ``epsilon``: the zCDP budget of the noise.
@@ -179,9 +184,11 @@ class ReleasePlan:
         :param max_groups: most groups in one release (certifies float rounding).
         :param float_grid_k: grid exponent for float noise; ``None`` chooses it.
         """
-        if mechanism not in NOISE_KINDS:
-            raise ValueError(f"mechanism must be 'laplace' or 'gaussian', got {mechanism!r}")
-        kind: NoiseKind = "laplace" if mechanism == "laplace" else "gaussian"
+        if mechanism not in MECHANISMS:
+            raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
+        if mechanism == "geometric":
+            mechanism = "laplace"
+        kind: NoiseKind = "gaussian" if mechanism == "gaussian" else "laplace"  # staircase: pure DP budgets
         if not isinstance(bounds, ContributionBounds):
             raise TypeError("bounds must be ContributionBounds(max_groups_per_unit=..., max_events_per_group=...)")
         if clip is not None and not isinstance(clip, ClipRange):
@@ -215,13 +222,25 @@ class ReleasePlan:
             selection = PartitionSelection.calibrate(
                 epsilon=epsilon * _CALIBRATION_MARGIN * shares["selection"], delta=selection_delta, bounds=bounds
             )
-        count_noise = sum_noise = None
-        if needs_count:
+        count_noise: Noise | None = None
+        sum_noise: Noise | None = None
+        if mechanism == "staircase" and needs_count:
+            count_noise = calibrate_staircase_counts(
+                noise_budget["count"], max_groups_per_unit=bounds.max_groups_per_unit,
+                max_events_per_group=bounds.max_events_per_group,
+            )
+        elif needs_count:
             sensitivity = count_sensitivity(bounds)
             count_noise = calibrate_counts(
                 kind, noise_budget["count"], sensitivity.l1 if kind == "laplace" else sensitivity.l2
             )
-        if needs_sum:
+        if mechanism == "staircase" and needs_sum:
+            assert clip is not None
+            sum_noise = calibrate_staircase_sums(
+                noise_budget["sum"], max_groups_per_unit=bounds.max_groups_per_unit,
+                per_group_sensitivity=sum_sensitivity(bounds, clip).linf,
+            )
+        elif needs_sum:
             assert clip is not None
             sensitivity = sum_sensitivity(bounds, clip)
             sum_noise = calibrate_sums(
@@ -237,7 +256,7 @@ class ReleasePlan:
             loss = loss + selection.loss
         _check_within_request(loss, epsilon, rho, delta, selection_delta)
         return cls(
-            mechanism=kind,
+            mechanism=mechanism,
             bounds=bounds,
             clip=clip,
             aggregations=chosen,
@@ -339,7 +358,7 @@ class ReleasePlan:
 
     def describe(self) -> dict[str, Any]:
         """JSON-serialisable statement of what every release of this plan spends and how."""
-        cost_name = "epsilon" if self.mechanism == "laplace" else "rho"
+        cost_name = "rho" if self.mechanism == "gaussian" else "epsilon"
         split: dict[str, dict[str, float | None]] = {}
         for component, share in self.budget_split.items():
             if component == "selection":

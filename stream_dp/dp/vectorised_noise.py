@@ -108,6 +108,9 @@ class VectorisedExactNoise:
     def top_k(self, scores: NDArray[np.int64], *, k: int, scale: float) -> NDArray[np.int64]:
         return self._fallback.top_k(scores, k=k, scale=scale)
 
+    def words(self, n: int) -> NDArray[np.uint64]:
+        return self._bits(n)
+
     @staticmethod
     def _laplace_fraction(kind: NoiseKind, scale: float, k: int) -> tuple[int, int] | None:
         """``scale * 2^-k`` as ``(t, s)``, or ``None`` when OpenDP must serve the request."""

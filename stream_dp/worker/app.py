@@ -171,6 +171,12 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
             "clip": list(aggregations.sum.clip) if aggregations.sum is not None else None,
             "charged": "per_period" if query.continual is not None else "per_window",
         }
+        if query.mechanism == "staircase":
+            privacy["staircase"] = {
+                name: {"epsilon_per_group": law["epsilon_per_group"], "stair_width": law["scale"],
+                       "gamma": law["gamma"], "grid": law["grid"]}
+                for name in ("count", "sum") if (law := described.get(name)) is not None
+            }
         combiner = WindowCombiner(
             query.name,
             window_size_ms=query.window.size_ms,

@@ -31,6 +31,13 @@ def test_example_file_is_valid():
     assert [(b.horizon_ms, b.limit) for b in users.budgets] == [(3_600_000, 1.0), (86_400_000, 4.0)]
 
 
+def test_geometric_is_read_as_laplace_and_staircase_is_kept(example):
+    example["queries"][0]["mechanism"] = "geometric"
+    config = parse_config(example, "queries.yaml")
+    assert config.queries[0].mechanism == "laplace"
+    assert [q.mechanism for q in config.queries if q.name == "session_minutes"] == ["staircase"]
+
+
 def _error(data: dict) -> str:
     with pytest.raises(ConfigError) as info:
         parse_config(data, "queries.yaml")
@@ -44,7 +51,7 @@ def _error(data: dict) -> str:
         (lambda d: d["queries"][0].update(mechanism="gaussian", delta=0.0), r"gaussian needs delta > 0"),
         (lambda d: d["queries"][0].update(epsilon=-1), r"\.epsilon: .*greater than 0"),
         (lambda d: d["queries"][0]["aggregations"]["sum"].update(clip=[5, 1]), r"clip \[5.0, 1.0\] must be two finite numbers"),
-        (lambda d: d["queries"][0]["privacy_unit"].update(namespace="devices"), r"namespace 'devices', which is not defined"),
+        (lambda d: d["queries"][0]["privacy_unit"].update(namespace="sessions"), r"namespace 'sessions', which is not defined"),
         (lambda d: d["queries"][0].update(colour="blue"), r"\.colour: unknown field"),
         (lambda d: d["queries"][0].pop("timestamp_field"), r"\.timestamp_field: is required"),
         (lambda d: d["queries"][0]["groups"].update(public=[["/", "x"]]), r"does not match group_by"),
@@ -54,6 +61,9 @@ def _error(data: dict) -> str:
         (lambda d: d["namespaces"]["users"]["budgets"][0].update(rho=0.5), r"exactly one of epsilon or rho"),
         (lambda d: d["queries"][0]["aggregations"].pop("sum"), r"mean needs a sum"),
         (lambda d: d["queries"][0].update(output_topic=d["queries"][0]["input_topic"]), r"releases must go to their own topic"),
+        (lambda d: d["queries"][0].update(mechanism="staircase", delta=1e-6), r"mechanism staircase is pure DP"),
+        (lambda d: d["queries"][0].update(mechanism="exponential"), r"'laplace', 'gaussian', 'staircase' or 'geometric'"),
+        (lambda d: d["queries"][3].update(mechanism="staircase"), r"continual releases use the binary tree mechanism"),
     ],
 )
 def test_mistakes_are_explained(example, mutate, expected):

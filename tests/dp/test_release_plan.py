@@ -174,7 +174,7 @@ def test_accuracy_at_gives_planning_numbers() -> None:
 @pytest.mark.parametrize(
     ("overrides", "error", "hint"),
     [
-        ({"mechanism": "exponential"}, ValueError, "'laplace' or 'gaussian'"),
+        ({"mechanism": "exponential"}, ValueError, "laplace, gaussian, staircase, geometric"),
         ({"epsilon": 0.0}, ValueError, "positive and finite"),
         ({"epsilon": -1.0}, ValueError, "epsilon=1.0"),
         ({"epsilon": math.nan}, ValueError, "positive and finite"),

@@ -1,6 +1,6 @@
-"""End to end on the real broker and Redis: top_k, quantiles, hierarchy and continual queries in one worker.
+"""End to end on the real broker and Redis: top_k, quantiles, hierarchy, continual and staircase queries in one worker.
 
-One input topic feeds four queries. The data is known exactly, so each
+One input topic feeds five queries. The data is known exactly, so each
 release is checked against values computed here from the README's semantics,
 with bounds wide enough (4x a 95% half-width, or a gap of many noise scales)
 that the whole test fails by chance with probability below 1e-3. Every record
@@ -69,6 +69,8 @@ def _config(tmp_path: Path, topic: str, outputs: dict[str, str], namespace: str,
                    continual={"period": f"{PERIOD_WINDOWS * WINDOW_MS // 1000}s",
                               "max_windows_per_unit": MAX_WINDOWS_PER_UNIT},
                    aggregations={"count": {}, "sum": {"field": "value", "clip": [0, 100]}}),
+            _query(f"{tag}_stairs", topic, outputs["stairs"], namespace, epsilon=10.0, mechanism="staircase",
+                   aggregations={"count": {}, "sum": {"field": "value", "clip": [0, 100]}, "mean": {"field": "value"}}),
         ],
     }
     path = tmp_path / "queries.yaml"
@@ -83,7 +85,7 @@ def _value(unit: int, event: int) -> float:
 
 def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name):
     topic = new_topic("in", partitions=2)
-    outputs = {k: f"{unique_name}-{k}" for k in ("top", "quantiles", "places", "today")}
+    outputs = {k: f"{unique_name}-{k}" for k in ("top", "quantiles", "places", "today", "stairs")}
     namespace = f"{unique_name}-users"
     config_path = _config(tmp_path, topic, outputs, namespace, unique_name.replace("-", "_")[-30:])
     period_ms = PERIOD_WINDOWS * WINDOW_MS
@@ -185,7 +187,23 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
         assert abs(record["count"] - true_count) <= 4 * record["ci95"]["count"], (t, record)
         assert record["privacy"]["charged"] == "per_period"
 
-    # charged once per period: two periods, 10 epsilon each, plus the other three queries' windows
+    # staircase: the record states the law (epsilon per group = 5 / L0 for each of count and sum; stairs as
+    # wide as one unit's move of a group); values within 4x the stated 95% half-width of the truth.
+    for record in got["stairs"]:
+        if record["window"]["start_ms"] not in starts:
+            continue
+        privacy = record["privacy"]
+        assert privacy["mechanism"] == "staircase" and privacy["epsilon"] <= 10.0
+        law = privacy["staircase"]
+        assert law["count"]["epsilon_per_group"] * 3 <= 5.0 + 1e-12 and law["count"]["stair_width"] == 3
+        assert law["sum"]["stair_width"] == pytest.approx(300, rel=1e-5) and law["sum"]["stair_width"] >= 300
+        assert law["count"]["grid"] == 1 and 0 < law["sum"]["gamma"] < 0.5
+        page = record["group"]["page"]
+        assert abs(record["count"] - UNITS * PAGE_EVENTS[page]) <= 4 * record["ci95"]["count"], record
+        true_sum = sum(_value(u, e) for u in range(UNITS) for e in range(PAGE_EVENTS[page]))
+        assert abs(record["sum"] - true_sum) <= 4 * record["ci95"]["sum"], record
+
+    # charged once per period: two periods, 10 epsilon each, plus the other four queries' windows
     store = RedisBudgetStore(redis.Redis.from_url(redis_url), policy_from_config(load_config(config_path)))
     (hour,) = store.spend(namespace, "u0", int(time.time() * 1000))
-    assert hour.spent == pytest.approx(2 * 10.0 + 3 * WINDOWS * 10.0, rel=1e-6)
+    assert hour.spent == pytest.approx(2 * 10.0 + 4 * WINDOWS * 10.0, rel=1e-6)
