@@ -125,7 +125,8 @@ class WorkerMetrics:
         )
         self.epsilon_spent = Counter(
             "stream_dp_epsilon_released_total",
-            "Sum over released windows of the per-unit privacy loss (epsilon) each window spent.",
+            "Sum over released windows of the per-unit privacy loss (epsilon) each window spent; a continual "
+            "query's per-period epsilon counts once, at each period's first window.",
             ["query", "namespace"],
             registry=registry,
         )

@@ -34,6 +34,7 @@ from stream_dp.worker.kafka_admin import read_commit_metadata
 from stream_dp.worker.ledger import RedisReleaseLedger, ReleaseLedger
 from stream_dp.worker.periods import MemoryPeriodRegister, PeriodRegister, RedisPeriodRegister
 from stream_dp.worker.release import ReleaseStage
+from stream_dp.worker.release_build import privacy_statement
 from stream_dp.worker.runtime import ContinualCharging, QueryRuntime
 from stream_dp.worker.clients import kafka_clients
 from stream_dp.worker.topic_setup import TopicLimits, prepare_topics
@@ -156,27 +157,7 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
         )
         plan = build_plan(query)
         described = plan.describe()
-        privacy = {
-            "namespace": query.privacy_unit.namespace,
-            "unit_field": query.privacy_unit.field,
-            "mechanism": query.mechanism,
-            "epsilon": plan.loss.epsilon,
-            "delta": plan.loss.delta,
-            "rho": plan.loss.rho,
-            "count_scale": described["count_scale"],
-            "sum_scale": described["sum_scale"],
-            "groups": "public" if query.public_group_keys() is not None else "selected",
-            "max_groups_per_unit": query.bounds.max_groups_per_unit,
-            "max_events_per_group": query.bounds.max_events_per_group,
-            "clip": list(aggregations.sum.clip) if aggregations.sum is not None else None,
-            "charged": "per_period" if query.continual is not None else "per_window",
-        }
-        if query.mechanism == "staircase":
-            privacy["staircase"] = {
-                name: {"epsilon_per_group": law["epsilon_per_group"], "stair_width": law["scale"],
-                       "gamma": law["gamma"], "grid": law["grid"]}
-                for name in ("count", "sum") if (law := described.get(name)) is not None
-            }
+        privacy = privacy_statement(query, plan, described)
         combiner = WindowCombiner(
             query.name,
             window_size_ms=query.window.size_ms,

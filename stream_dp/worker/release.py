@@ -326,7 +326,8 @@ class ReleaseStage:
         if stored.newly_written and window is not None:
             self.metrics.windows_released.labels(query.name).inc()
             self.metrics.groups_released.labels(query.name).inc(published)
-            self.metrics.epsilon_spent.labels(query.name, query.namespace).inc(query.privacy["epsilon"])
+            if self._charges_epsilon(query, item.window_start_ms):
+                self.metrics.epsilon_spent.labels(query.name, query.namespace).inc(query.privacy["epsilon"])
             if window.partitions_missing:
                 self.metrics.partitions_missing.labels(query.name).inc(len(window.partitions_missing))
             if window.withheld:
@@ -334,6 +335,15 @@ class ReleaseStage:
                 log.warning("window %s of %s released without data: %s", window.window_start_ms, query.name, window.withheld)
             if window.closed_at_ms is not None:
                 self.metrics.release_latency.labels(query.name).observe(max(0.0, (self.clock_ms() - window.closed_at_ms) / 1000))
+
+    @staticmethod
+    def _charges_epsilon(query: QueryRuntime, window_start_ms: int) -> bool:
+        """Whether this window's release adds the query's epsilon to the metric: every window, except
+        that a continual query spends its epsilon once per period (counted at the period's first window)."""
+        if query.plan.continual is None:
+            return True
+        period_ms, offset_ms = query.combiner.period  # type: ignore[misc]
+        return (window_start_ms - offset_ms) % period_ms == 0
 
     async def _tree_state(self, query: QueryRuntime, window_start_ms: int) -> Any:
         """The binary tree state stored with the previous window of this window's period, or None.

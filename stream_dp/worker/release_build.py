@@ -39,6 +39,33 @@ class _Placeholder:
     sum_ci95: None = None
 
 
+def privacy_statement(query: Any, plan: Any, described: dict[str, Any]) -> dict[str, Any]:
+    """The ``privacy`` block of every record of a query: what one window (or period) spends, and how."""
+    aggregations = query.aggregations
+    privacy = {
+        "namespace": query.privacy_unit.namespace,
+        "unit_field": query.privacy_unit.field,
+        "mechanism": query.mechanism,
+        "epsilon": plan.loss.epsilon,
+        "delta": plan.loss.delta,
+        "rho": plan.loss.rho,
+        "count_scale": described["count_scale"],
+        "sum_scale": described["sum_scale"],
+        "groups": "public" if query.public_group_keys() is not None else "selected",
+        "max_groups_per_unit": query.bounds.max_groups_per_unit,
+        "max_events_per_group": query.bounds.max_events_per_group,
+        "clip": list(aggregations.sum.clip) if aggregations.sum is not None else None,
+        "charged": "per_period" if query.continual is not None else "per_window",
+    }
+    if query.mechanism == "staircase":
+        privacy["staircase"] = {
+            name: {"epsilon_per_group": law["epsilon_per_group"], "stair_width": law["scale"],
+                   "gamma": law["gamma"], "grid": law["grid"]}
+            for name in ("count", "sum") if (law := described.get(name)) is not None
+        }
+    return privacy
+
+
 def _component_privacy(query: Any, mechanism: str, loss: Any, **scales: Any) -> dict[str, Any]:
     """The privacy block of an option's record: what that part spent, beside the whole window's loss."""
     return {

@@ -6,7 +6,7 @@ record keyed by its unit id and stamped with its event time, as a producer
 sending them live would have stamped them. Background units are fresh in every
 window and identical in D and D'. Each stream runs through its own deployment
 of three worker processes (one consumer group, its own internal topics and
-budget namespaces), which reads three input topics with six queries; the
+budget namespaces), which reads three input topics with one query per scenario; the
 released noisy values of each window are one sample of the mechanism on D or
 on D'.
 """
@@ -69,11 +69,51 @@ SCENARIOS = (
     Scenario("future_timestamp", "clock", "count", ("a",),
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": 1.0}),
 )
+# The query options, each audited on what it publishes: the top group's identity (1 if the group
+# ranks first), a median, the coarsest level of a hierarchy, a period's running total.
+SCENARIOS += (
+    Scenario("top_k", "main", "top1", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
+              "aggregations": {"top_k": {"k": 1}}}),
+    Scenario("quantiles", "main", "median", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
+              "aggregations": {"quantiles": {"field": "value", "q": [0.5], "bounds": [0, 10], "bins": 10}}}),
+    Scenario("hierarchy", "main", "count", ("r1",),
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
+              "group_by": ["region", "group"], "groups": {"public": [["r1", g] for g in GROUPS]},
+              "hierarchy": True}),
+    Scenario("staircase", "main", "count", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
+              "mechanism": "staircase"}),
+    # Periods of two windows; the target counts in its first window of each (max_windows_per_unit 1).
+    Scenario("continual", "main", "count", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
+              "continual": {"period": "2s", "max_windows_per_unit": 1}}),
+)
 TOPIC_PARTITIONS = {"main": 3, "spread": 3, "clock": 1}
 
 
+def release_key(scenario: Scenario, record: dict) -> tuple[int, str] | None:
+    """Where a scenario keeps a record: (window start, group), or None for records it does not audit."""
+    start = record["window"]["start_ms"]
+    if scenario.name == "top_k":
+        return (start, "top") if record.get("kind") == "top_k" else None
+    if scenario.name == "hierarchy":
+        return (start, "r1") if record.get("level") == 0 else None
+    if scenario.name == "continual" and record["continual"]["window_index"] != 2:
+        return None  # a period's total: independent from one period to the next
+    return start, record["group"]["group"]
+
+
+def audited_windows(scenario: Scenario, windows: int) -> list[int]:
+    """Indexes of the windows a scenario reads a sample from (continual: the last of each period)."""
+    if scenario.name == "continual":
+        return [w for w in range(windows) if w % 2 == 1]
+    return list(range(windows))
+
+
 def _event(unit: str, ts: int, group: str, value: float) -> bytes:
-    return orjson.dumps({"user_id": unit, "ts": ts, "group": group, "value": value})
+    return orjson.dumps({"user_id": unit, "ts": ts, "group": group, "value": value, "region": "r1"})
 
 
 def _closer_key(partition: int, partitions: int) -> bytes:
@@ -242,7 +282,8 @@ class Deployment:
             self.check_workers()
 
     def expected(self, scenario: Scenario) -> set[tuple[int, str]]:
-        return {(self.start_ms + w * 1000, g) for w in range(self.windows) for g in scenario.groups}
+        groups = ("top",) if scenario.name == "top_k" else scenario.groups
+        return {(self.start_ms + w * 1000, g) for w in audited_windows(scenario, self.windows) for g in groups}
 
     def missing(self) -> dict[str, list[int]]:
         """Per scenario with windows not yet released: the indexes of those windows."""
@@ -259,13 +300,16 @@ class Deployment:
         consumer = kafka.KafkaConsumer(*self.outputs.values(), bootstrap_servers=self.bootstrap,
                                        auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
         by_topic = {topic: name for name, topic in self.outputs.items()}
+        scenarios = {s.name: s for s in SCENARIOS}
         try:
             while self.missing() and time.monotonic() < deadline:
                 for tp, batch in consumer.poll(timeout_ms=500).items():
                     for message in batch:
                         record = orjson.loads(message.value)
-                        key = (record["window"]["start_ms"], record["group"]["group"])
-                        self.releases[by_topic[tp.topic]].setdefault(key, record)
+                        name = by_topic[tp.topic]
+                        key = release_key(scenarios[name], record)
+                        if key is not None:
+                            self.releases[name].setdefault(key, record)
                 self.check_workers()
         finally:
             consumer.close()
@@ -278,7 +322,12 @@ class Deployment:
 
     def samples(self, scenario: Scenario, group: str) -> list[float]:
         releases = self.releases[scenario.name]
-        return [float(releases[(self.start_ms + w * 1000, group)][scenario.statistic]) for w in range(self.windows)]
+        starts = [self.start_ms + w * 1000 for w in audited_windows(scenario, self.windows)]
+        if scenario.statistic == "top1":
+            return [float(releases[(s, "top")]["top"][0]["group"]["group"] == group) for s in starts]
+        if scenario.statistic == "median":
+            return [float(releases[(s, group)]["quantiles"]["0.5"]["value"]) for s in starts]
+        return [float(releases[(s, group)][scenario.statistic]) for s in starts]
 
     def claimed(self, scenario: Scenario) -> tuple[float, float]:
         """(epsilon, delta) that the released records state."""

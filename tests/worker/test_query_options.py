@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import jsonschema
@@ -107,7 +110,7 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
 
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, REDIS_URL=redis_url,
                STREAM_DP_GROUP_ID=f"{unique_name}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{unique_name}.",
-               STREAM_DP_CONTRIBUTION_SECRET="test-secret-0123456789abcdef", STREAM_DP_METRICS_PORT=str(free_port()))
+               STREAM_DP_CONTRIBUTION_SECRET="test-secret-0123456789abcdef", STREAM_DP_METRICS_PORT=str(metrics_port := free_port()))
     log = open(tmp_path / "worker.log", "wb")
     worker = subprocess.Popen([sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(config_path)],
                               env=env, stdout=subprocess.DEVNULL, stderr=log)
@@ -122,6 +125,7 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
             got[key] = [orjson.loads(m.value) for m in consume_all(
                 kafka_bootstrap, topic_name, until=lambda rs: set(starts) <= windows_of(rs), timeout_s=150)]
             assert set(starts) <= {r["window"]["start_ms"] for r in got[key]}, f"{key}: missing windows; log {tmp_path}"
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
     finally:
         worker.terminate()
         worker.wait(30)
@@ -202,6 +206,20 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
         assert abs(record["count"] - UNITS * PAGE_EVENTS[page]) <= 4 * record["ci95"]["count"], record
         true_sum = sum(_value(u, e) for u in range(UNITS) for e in range(PAGE_EVENTS[page]))
         assert abs(record["sum"] - true_sum) <= 4 * record["ci95"]["sum"], record
+
+    # the epsilon metric counts a continual query once per period, the others once per window (windows of a
+    # continual query are released in order from the first period's start; both series come from one scrape)
+    def series(name: str, suffix: str) -> float:
+        (value,) = [float(v) for q, v in re.findall(name + r'\{[^}]*query="([^"]+)"[^}]*\} (\S+)', metrics)
+                    if q.endswith(suffix)]
+        return value
+
+    released_today = series("stream_dp_windows_released_total", "_today")
+    assert released_today >= WINDOWS
+    assert series("stream_dp_epsilon_released_total", "_today") == pytest.approx(
+        10.0 * math.ceil(released_today / PERIOD_WINDOWS), rel=1e-6)
+    assert series("stream_dp_epsilon_released_total", "_stairs") == pytest.approx(
+        10.0 * series("stream_dp_windows_released_total", "_stairs"), rel=1e-6)
 
     # charged once per period: two periods, 10 epsilon each, plus the other four queries' windows
     store = RedisBudgetStore(redis.Redis.from_url(redis_url), policy_from_config(load_config(config_path)))
