@@ -49,6 +49,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "or the send time")
     parser.add_argument("--partitioner", choices=("murmur2", "crc32"),
                         help="how keys map to partitions (default: the --query's partitioner, else murmur2)")
+    parser.add_argument("--local-dp", metavar="FIELD",
+                        help="randomize FIELD of every event with the --query's local_dp randomizer before sending, "
+                             "so that no true value leaves this process (events whose value is outside the domain "
+                             "are not sent)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
 
@@ -120,6 +124,48 @@ def _event_ms(ts: object, timestamp_format: str) -> int | None:
     return None if problems else int(ms[0])
 
 
+class LocalReports:
+    """Replaces one field of each event by its randomized report (``stream_dp.dp.local``), in this process."""
+
+    def __init__(self, field: str, domain: list, randomizer, bits=None) -> None:  # type: ignore[no-untyped-def]
+        from stream_dp.dp.exact_sampling import UrandomBits
+
+        self.field, self.domain, self.randomizer = field, domain, randomizer
+        self.index = {value: i for i, value in enumerate(domain)}
+        self.bits = bits if bits is not None else UrandomBits()  # kernel CSPRNG words
+        self.dropped = 0
+
+    def apply(self, events):  # type: ignore[no-untyped-def]
+        for key, value, event_ms in events:
+            try:
+                event = orjson.loads(value)
+                true_index = self.index[event[self.field]]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                self.dropped += 1  # a value outside the domain (or no event) is never sent, true or not
+                continue
+            (report,) = self.randomizer.randomize(np.array([true_index]), self.bits).tolist()
+            event[self.field] = self.domain[report]
+            yield key, orjson.dumps(event), event_ms
+        if self.dropped:
+            print(f"{self.dropped} events with no {self.field!r} in the local_dp domain were not sent", file=sys.stderr)
+
+
+def _local_randomizer(args: argparse.Namespace) -> LocalReports | None:
+    if not args.local_dp:
+        return None
+    if not (args.config and args.query):
+        raise ValueError("--local-dp needs --config and --query naming a query with local_dp on that field")
+    from stream_dp.dp.local import LocalRandomizer
+
+    query = load_config(args.config).query(args.query)
+    if query.local_dp is None or query.local_dp.field != args.local_dp:
+        raise ValueError(f"query {args.query!r} has no local_dp on field {args.local_dp!r}; add "
+                         f"local_dp: {{field: {args.local_dp}, mechanism: krr, epsilon: 1.0}} to it")
+    domain = [key[0] for key in query.public_group_keys() or ()]
+    randomizer = LocalRandomizer.build(query.local_dp.mechanism, query.local_dp.epsilon, len(domain))
+    return LocalReports(args.local_dp, domain, randomizer)
+
+
 def _partitioner(name: str):
     """A kafka-python partitioner callable; kafka-python's default is already murmur2."""
     if name == "murmur2":
@@ -136,7 +182,8 @@ def _partitioner(name: str):
 def run(args: argparse.Namespace) -> int:
     try:
         fields = _fields(args)
-    except (ConfigError, KeyError) as exc:
+        local = _local_randomizer(args)
+    except (ConfigError, KeyError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 1
     if args.synthetic is not None:
@@ -153,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         events = file_events(args.file, fields)
         total = None
+    if local is not None:
+        events = local.apply(events)
     return _send(args.topic, events, total, args.rate, quiet=args.quiet, record_time=args.record_time,
                  partitioner=args.partitioner or fields.partitioner)
 

@@ -285,6 +285,15 @@ class ContinualConfig(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+class LocalDPConfig(_Strict):
+    """Reports randomized by their producer (``stream-dp produce --local-dp FIELD``): the worker never sees a
+    true value of ``field`` and releases debiased frequency estimates of the domain (``groups.public``)."""
+
+    field: str = Field(min_length=1)
+    mechanism: Literal["krr"] = "krr"
+    epsilon: float = Field(gt=0, le=20, allow_inf_nan=False)
+
+
 class HierarchyConfig(_Strict):
     """Release every prefix level of ``group_by``; ``split`` weighs each level's share of the budget (coarsest first)."""
 
@@ -325,6 +334,7 @@ class QueryConfig(_Strict):
     release_timeout_ms: DurationMs = Field(60_000, alias="release_timeout")
     continual: ContinualConfig | None = None
     hierarchy: bool | HierarchyConfig = False
+    local_dp: LocalDPConfig | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -371,8 +381,10 @@ class QueryConfig(_Strict):
         return self
 
     def _check_options(self) -> None:
-        """Continual releases and hierarchies: what they can be combined with."""
+        """Continual releases, hierarchies and local DP: what they can be combined with."""
         public = isinstance(self.groups, PublicGroups)
+        if self.local_dp is not None:
+            self._check_local_dp(public)
         if self.continual is not None:
             period, size = self.continual.period_ms, self.window.size_ms
             if period % size or period < 2 * size:
@@ -418,6 +430,25 @@ class QueryConfig(_Strict):
                 )
             if not self.aggregations.names() & {"count", "sum"}:
                 raise ValueError("hierarchy rolls up counts and sums: add count: {} or a sum")
+
+    def _check_local_dp(self, public: bool) -> None:
+        local = self.local_dp
+        assert local is not None
+        fixes = []
+        if self.group_by != [local.field]:
+            fixes.append(f"group_by: [{local.field}] (the reports' field, and nothing else)")
+        if not public:
+            fixes.append("groups.public listing the field's domain (every value a producer may report)")
+        if self.aggregations.names() != {"count"}:
+            fixes.append("aggregations: {count: {}} only (the estimates are debiased counts)")
+        if (self.bounds.max_groups_per_unit, self.bounds.max_events_per_group) != (1, 1):
+            fixes.append("bounds: {max_groups_per_unit: 1, max_events_per_group: 1} (one report per unit per window)")
+        if self.epsilon != local.epsilon:
+            fixes.append(f"epsilon: {local.epsilon:g} (what a window costs a unit: its one report)")
+        if self.mechanism != "laplace" or self.continual is not None or self.hierarchy:
+            fixes.append("no mechanism, continual or hierarchy (no central noise is added)")
+        if fixes:
+            raise ValueError("local_dp needs " + "; ".join(fixes))
 
     @property
     def hierarchy_split(self) -> list[float] | None:

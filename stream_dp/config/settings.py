@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     # "exact": discrete Laplace drawn vectorised by stream_dp.dp.vectorised_noise (the same laws as
     # OpenDP's measurements, ~100x faster); "opendp": every draw through OpenDP's FFI.
     noise_sampler: str = Field("exact", alias="STREAM_DP_NOISE_SAMPLER")
+    # How long the group waits for a silent consumer before giving its partitions away: raise it
+    # where workers share starved CPUs (a worker that misses it is rebalanced out mid-window).
+    consumer_session_timeout_ms: int = Field(10_000, alias="STREAM_DP_CONSUMER_SESSION_TIMEOUT_MS",
+                                             ge=6_000, le=300_000)
     """``retention.ms`` of the output topics the worker creates; -1 keeps releases forever."""
 
     @field_validator("redis_url")

@@ -13,6 +13,8 @@ unit, all parts together. Parts and their mechanisms:
   (``QuantilesPlan``);
 * ``continual``: running totals over a period with the binary tree mechanism
   (``ContinualPlan``); its loss is per *period*, charged once per unit per period.
+* ``local``: reports randomized by their producers (``LocalRandomizer``); the
+  worker adds no noise and debiases the counts; the loss is the report's.
 
 Budget split: every component -- selection, count, sum, top_k, quantiles --
 gets an equal share of ``epsilon``; the count-and-sum share of a hierarchy is
@@ -64,6 +66,7 @@ class QueryPlan:
     continual: Any | None  # stream_dp.dp.continual.ContinualPlan
     loss: PrivacyLoss
     shares: dict[str, float] = field(default_factory=dict)
+    local: Any | None = None  # stream_dp.dp.local.LocalRandomizer
 
     @property
     def base(self) -> ReleasePlan | None:
@@ -89,12 +92,18 @@ class QueryPlan:
         top_k: int | None = None,
         quantiles: QuantileRequest | None = None,
         continual: ContinualRequest | None = None,
+        local: tuple[str, float, int] | None = None,
     ) -> QueryPlan:
         """Split ``epsilon`` (and ``delta``) over the parts and calibrate each (module docstring)."""
         chosen = frozenset(aggregations)
         base_names = frozenset(chosen & set(_BASE))
         if "mean" in base_names:
             base_names |= {"count", "sum"}
+        if local is not None:
+            from stream_dp.dp.local import LocalRandomizer
+
+            randomizer = LocalRandomizer.build(*local)  # (mechanism, epsilon per report, domain size)
+            return cls((), None, None, None, PrivacyLoss.pure(randomizer.epsilon), {"local_dp": 1.0}, randomizer)
         if continual is not None:
             from stream_dp.dp.continual import ContinualPlan
 
@@ -158,6 +167,10 @@ class QueryPlan:
         return self.base.release(counts, sums, distinct_units, noise)
 
     def accuracy_at(self, count: int) -> dict[str, float | None]:
+        if self.local is not None:  # ``count`` reports, the value's frequency at its worst
+            _, variance = self.local.estimate_bounds(count)
+            return {"count": float(count), "count_std": variance**0.5, "count_ci95": 1.96 * variance**0.5,
+                    "sum_std": None, "sum_ci95": None, "mean_ci95": None, "keep_probability": 1.0}
         if self.base is not None:
             return self.base.accuracy_at(count)
         return {"count": float(count), "count_std": None, "count_ci95": None, "sum_std": None, "sum_ci95": None,
@@ -165,7 +178,11 @@ class QueryPlan:
 
     def describe(self) -> dict[str, Any]:
         """JSON-able statement of every part: the finest level's fields at the top, the options beside them."""
-        if self.continual is not None:
+        if self.local is not None:
+            described = {"count_scale": None, "sum_scale": None, "selection_threshold": None,
+                         "local_dp": {"mechanism": self.local.mechanism, "epsilon": self.local.epsilon,
+                                      "domain_size": self.local.domain_size, "p": self.local.p, "q": self.local.q}}
+        elif self.continual is not None:
             described = dict(self.continual.describe())
             described.setdefault("count_scale", None)
             described.setdefault("sum_scale", None)

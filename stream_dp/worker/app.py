@@ -71,6 +71,8 @@ def build_plan(query: QueryConfig) -> QueryPlan:
             tuple(quantiles.q), float(quantiles.bounds[0]), float(quantiles.bounds[1]), quantiles.bins),
         continual=None if continual is None else ContinualRequest(
             continual.period_ms // query.window.size_ms, continual.max_windows_per_unit),
+        local=None if query.local_dp is None else (
+            query.local_dp.mechanism, query.local_dp.epsilon, len(query.public_group_keys() or ())),
     )
 
 
@@ -355,7 +357,7 @@ class Worker:
         if self.serve_metrics:
             self._metrics_server = serve_http(settings.metrics_port, settings.metrics_host, self.registry, self.health)
         clients = kafka_clients(settings.aiokafka_options(), client_id=self.client_id, group_id=settings.group_id,
-                                limits=limits)
+                                limits=limits, session_timeout_ms=settings.consumer_session_timeout_ms)
         noise_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="noise")
         ingest = IngestStage(
             self.runtimes, clients.ingest_consumer, clients.producer, self.budget, self.ledger, self.metrics,

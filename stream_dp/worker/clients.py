@@ -34,8 +34,10 @@ class KafkaClients:
             await client.stop()
 
 
-def kafka_clients(aio: dict[str, Any], *, client_id: str, group_id: str, limits: TopicLimits) -> KafkaClients:
+def kafka_clients(aio: dict[str, Any], *, client_id: str, group_id: str, limits: TopicLimits,
+                  session_timeout_ms: int = 10_000) -> KafkaClients:
     """``aio``: connection options in aiokafka's terms (``Settings.aiokafka_options``)."""
+    group = {"session_timeout_ms": session_timeout_ms, "heartbeat_interval_ms": min(3_000, session_timeout_ms // 3)}
     return KafkaClients(
         producer=AIOKafkaProducer(**aio, client_id=f"{client_id}-producer", acks="all", enable_idempotence=True,
                                   linger_ms=5, max_request_size=PRODUCER_MAX_REQUEST_BYTES),
@@ -49,11 +51,11 @@ def kafka_clients(aio: dict[str, Any], *, client_id: str, group_id: str, limits:
         ingest_consumer=ColumnarConsumer(
             **aio, client_id=f"{client_id}-ingest", group_id=group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
-            fetch_max_bytes=64 * 1024 * 1024,
+            fetch_max_bytes=64 * 1024 * 1024, **group,
         ),
         # Partial chunks are up to the partials topic's record limit: a fetch takes several.
         release_consumer=AIOKafkaConsumer(
             **aio, client_id=f"{client_id}-release", group_id=f"{group_id}-release", enable_auto_commit=False,
-            auto_offset_reset="earliest", max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
+            auto_offset_reset="earliest", max_partition_fetch_bytes=FETCH_PARTITION_BYTES, **group,
         ),
     )

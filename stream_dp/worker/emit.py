@@ -29,6 +29,11 @@ from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
 
+# Windows charged per round. A backlog is charged over many rounds, each taking the oldest held
+# windows: a window of another topic that closes meanwhile (an earlier one, say) waits for one
+# round, not for the whole backlog.
+MAX_WINDOWS_PER_ROUND = 64
+
 
 @dataclass
 class HeldPartial:
@@ -83,6 +88,7 @@ class Emitter:
         # Oldest window first, and an outage stops the round: a unit's windows are
         # always charged in window order, as they would be without the outage.
         ordered = sorted(self.held, key=lambda h: (h.partial.window_start_ms, h.partial.partition))
+        ordered = ordered[:MAX_WINDOWS_PER_ROUND]  # the rest stay held for the next rounds
         windows = [window_charge(h.query, h.partial) for h in ordered]
         results = await asyncio.to_thread(charge_in_order, self.journal, self.budget, windows, self.periods)
         for position, (held, window, result) in enumerate(zip(ordered, windows, results)):

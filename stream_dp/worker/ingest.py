@@ -201,7 +201,8 @@ class IngestStage:
             await self.step()
         async with self._lock:
             await self._rounds.settle(raise_failure=True)
-            await self.emitter.emit()
+            while self.emitter.held and await self.emitter.emit():
+                pass  # a round takes a bounded number of windows; stop early only when one sends nothing
             await self._commit(force=True)
 
     async def step(self) -> None:

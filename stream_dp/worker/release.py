@@ -129,6 +129,7 @@ class ReleaseStage:
 
     async def on_assigned(self, homes: set[int]) -> None:
         """Load how far each query was released from these homes, so empty public windows continue from there."""
+        log.info("release homes assigned %s", sorted(homes))
         async with self._lock:
             for query in self.queries.values():
                 for home in homes:

@@ -56,7 +56,11 @@ def privacy_statement(query: Any, plan: Any, described: dict[str, Any]) -> dict[
         "max_events_per_group": query.bounds.max_events_per_group,
         "clip": list(aggregations.sum.clip) if aggregations.sum is not None else None,
         "charged": "per_period" if query.continual is not None else "per_window",
+        "trust_model": "central",
     }
+    if query.local_dp is not None:
+        # Randomized by the producers: no central noise; epsilon is one report's, protecting its value.
+        privacy.update(mechanism=f"local_{query.local_dp.mechanism}", trust_model="local", local_dp=described["local_dp"])
     if query.mechanism == "staircase":
         privacy["staircase"] = {
             name: {"epsilon_per_group": law["epsilon_per_group"], "stair_width": law["scale"],
@@ -84,6 +88,8 @@ def build_release(query: Any, window: Any, noise: Any, released_at_ms: int, prev
     the period (``ReleaseEntry.state``), or None to start the period's tree at this window.
     """
     plan = query.plan
+    if plan.local is not None:
+        return _local_release(query, window, released_at_ms)
     if plan.continual is not None:
         from stream_dp.worker.continual_release import build_continual
 
@@ -113,6 +119,40 @@ def build_release(query: Any, window: Any, noise: Any, released_at_ms: int, prev
     if row_extra is not None or extras:
         entry = ReleaseEntry(**{**entry.__dict__, "row_extra": row_extra, "extras": tuple(extras)})
     return entry
+
+
+@dataclass(frozen=True)
+class _LocalEstimates:
+    """Debiased counts of randomized reports, in the shape of a noisy release (no noise is drawn)."""
+
+    keep: np.ndarray
+    count: np.ndarray
+    count_std: float
+    count_ci95: float
+    sum: None = None
+    mean: None = None
+    mean_ci95: None = None
+    sum_std: None = None
+    sum_ci95: None = None
+
+
+def _local_release(query: Any, window: Any, released_at_ms: int) -> ReleaseEntry:
+    """Every value of the domain: its debiased frequency among the window's reports, with its variance.
+
+    The counts are of reports randomized by their producers: this is post-processing of local
+    randomizers' outputs, with no further privacy cost. ``std`` and ``ci95`` hold the largest over
+    frequencies (normal approximation); each record's ``local_dp.variance`` is its own estimate's.
+    """
+    local = query.plan.local
+    support = np.asarray(window.count, dtype=np.int64)
+    reports = int(support.sum())
+    estimate, variance = local.estimate(support, reports)
+    _, worst = local.estimate_bounds(reports)
+    noisy = _LocalEstimates(keep=np.ones(support.size, dtype=bool), count=estimate,
+                            count_std=float(worst) ** 0.5, count_ci95=1.96 * float(worst) ** 0.5)
+    entry = build_entry(query, window, noisy, released_at_ms)
+    fragments = [b',"local_dp":' + orjson.dumps({"reports": reports, "variance": float(v)}) for v in variance.tolist()]
+    return ReleaseEntry(**{**entry.__dict__, "row_extra": fragments})
 
 
 def _quantile_fragments(plan: Any, window: Any, noisy: Any, index: np.ndarray, noise: Any) -> list[bytes]:

@@ -35,6 +35,7 @@ SECRET = "audit-secret-0123456789abcdef"
 FUTURE_EVERY = 150  # windows between two of the clock attacker's future-dated events
 FUTURE_AHEAD_MS = 4 * 60_000  # inside max_future_skew (5 minutes)
 EXHAUSTED_AFTER = 10  # windows the exhausted target's budget covers
+LOCAL_EPSILON = 1.0  # of one report, in the local_dp scenario
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,11 @@ SCENARIOS += (
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "group_by": ["region", "group"], "groups": {"public": [["r1", g] for g in GROUPS]},
               "hierarchy": True}),
+    # Local DP protects a report's value, not whether a unit reported: the neighbours are the target
+    # reporting "a" (D) or "e" (D'), randomized as the producer would (``stream-dp produce --local-dp``).
+    Scenario("local_dp", "local", "count", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": LOCAL_EPSILON,
+              "local_dp": {"field": "group", "mechanism": "krr", "epsilon": LOCAL_EPSILON}}),
     Scenario("staircase", "main", "count", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "mechanism": "staircase"}),
@@ -90,7 +96,7 @@ SCENARIOS += (
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "continual": {"period": "2s", "max_windows_per_unit": 1}}),
 )
-TOPIC_PARTITIONS = {"main": 3, "spread": 3, "clock": 1}
+TOPIC_PARTITIONS = {"main": 3, "spread": 3, "clock": 1, "local": 3}
 
 
 def release_key(scenario: Scenario, record: dict) -> tuple[int, str] | None:
@@ -105,10 +111,14 @@ def release_key(scenario: Scenario, record: dict) -> tuple[int, str] | None:
     return start, record["group"]["group"]
 
 
-def audited_windows(scenario: Scenario, windows: int) -> list[int]:
-    """Indexes of the windows a scenario reads a sample from (continual: the last of each period)."""
+def audited_windows(scenario: Scenario, start_ms: int, windows: int) -> list[int]:
+    """Indexes of the windows a scenario reads a sample from (continual: the last of each whole period).
+
+    Periods of two one-second windows start at even seconds of the epoch, so which windows end a
+    period depends on ``start_ms``; a period the stream enters halfway is skipped.
+    """
     if scenario.name == "continual":
-        return [w for w in range(windows) if w % 2 == 1]
+        return [w for w in range(1, windows) if (start_ms // 1000 + w) % 2 == 1]
     return list(range(windows))
 
 
@@ -139,6 +149,8 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> li
         for i in range(BACKGROUND_UNITS):
             unit = f"bg-{w}-{i}"
             out.append((unit.encode(), _event(unit, t + 100 + i, "a", 5.0), t + 100 + i, None))
+        if topic == "local":
+            out.append((b"target", _event("target", t + 200, "e" if with_target else "a", 1.0), t + 200, None))
         if not with_target:
             continue
         if topic == "main":
@@ -155,6 +167,23 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> li
     for partition in range(TOPIC_PARTITIONS[topic]):
         key = _closer_key(partition, TOPIC_PARTITIONS[topic])
         out.append((key, _event(key.decode(), closes_all, "a", 0.0), closes_all, None))
+    return _randomized(out) if topic == "local" else out
+
+
+def _randomized(records_: list[tuple[bytes, bytes, int, int | None]]) -> list[tuple[bytes, bytes, int, int | None]]:
+    """Each event's group replaced by its k-ary randomized response, as ``stream-dp produce --local-dp`` does."""
+    import numpy as np
+
+    from stream_dp.dp.exact_sampling import UrandomBits
+    from stream_dp.dp.local import LocalRandomizer
+
+    randomizer = LocalRandomizer.build("krr", LOCAL_EPSILON, len(GROUPS))
+    events = [orjson.loads(value) for _, value, _, _ in records_]
+    reports = randomizer.randomize(np.array([GROUPS.index(e["group"]) for e in events]), UrandomBits()).tolist()
+    out = []
+    for (key, _, stamp, partition), event, report in zip(records_, events, reports):
+        event["group"] = GROUPS[report]
+        out.append((key, orjson.dumps(event), stamp, partition))
     return out
 
 
@@ -182,6 +211,35 @@ def _config(run: str, topics: dict[str, str], outputs: dict[str, str]) -> dict:
         query.update(s.settings)
         queries.append(query)
     return {"namespaces": namespaces, "queries": queries}
+
+
+class _OutputReader:
+    """Reads topics from their beginning, without a consumer group, with librdkafka.
+
+    kafka-python 3.0's consumer was seen to block for good inside ``poll`` here
+    (its IO thread idle, the caller waiting on an event that never came), which
+    stalled the harness while every window had been released.
+    """
+
+    def __init__(self, bootstrap: str, topics: list[str]) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"audit-reader-{uuid.uuid4().hex}",
+                                   "enable.auto.commit": False})
+        metadata = self._consumer.list_topics(timeout=30)
+        absent = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
+        if absent:
+            raise RuntimeError(f"output topics {absent} do not exist; the workers create them at start")
+        self._consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in topics
+                               for p in metadata.topics[t].partitions])
+
+    def poll(self, timeout_s: float) -> list[tuple[str, bytes]]:
+        """(topic, value) of the records that arrived within ``timeout_s``."""
+        return [(m.topic(), m.value()) for m in self._consumer.consume(num_messages=100_000, timeout=timeout_s)
+                if m.error() is None]
+
+    def close(self) -> None:
+        self._consumer.close()
 
 
 @dataclass
@@ -212,36 +270,50 @@ class Deployment:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "STREAM_DP_", "REDIS_"))}
         env.update(KAFKA_BOOTSTRAP_SERVERS=self.bootstrap, REDIS_URL=self.redis_url,
                    STREAM_DP_GROUP_ID=f"{self.run}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{self.run}.",
-                   STREAM_DP_CONTRIBUTION_SECRET=SECRET, STREAM_DP_OUTPUT_PARTITIONS="1")
+                   STREAM_DP_CONTRIBUTION_SECRET=SECRET, STREAM_DP_OUTPUT_PARTITIONS="1",
+                   # six workers share two cores here: a starved one must not be rebalanced out mid-stream
+                   STREAM_DP_CONSUMER_SESSION_TIMEOUT_MS="45000")
         self.workers = [WorkerProcess(f"worker{i}", config_path, env, self.work_dir) for i in range(WORKERS)]
         for worker in self.workers:
             worker.start()
 
-    def wait_assigned(self, timeout_s: float = 90.0) -> None:
-        """Until the group has settled: every worker owns input partitions, and together all of them.
+    def wait_assigned(self, timeout_s: float = 90.0, settled_s: float = 3.0) -> None:
+        """Until both consumer groups have settled: every worker owns input partitions, and together all of
+        them, every worker owns release homes, and neither assignment changed for ``settled_s``.
 
-        Events sent before that would all be read by the first worker to join,
-        which would bound one unit's events on several partitions together.
+        Events sent before that would all be read by the first worker to join, which would bound one
+        unit's events on several partitions together; and a release group still rebalancing re-reads
+        partials of windows already released (counted as late partials).
         """
         wanted = {f"{self.topics[name]}[{p}]" for name, n in TOPIC_PARTITIONS.items() for p in range(n)}
         deadline = time.monotonic() + timeout_s
+        state, since = None, time.monotonic()
         while time.monotonic() < deadline:
             self.check_workers()
-            latest = []
+            inputs, homes = [], []
             for worker in self.workers:
-                lines = [line for line in worker.log_text().splitlines() if "stream_dp.worker.ingest: assigned" in line]
-                latest.append(set(re.findall(r"'([^']+)'", lines[-1])) if lines else set())
-            if all(latest) and set().union(*latest) == wanted and sum(map(len, latest)) == len(wanted):
+                text = worker.log_text().splitlines()
+                lines = [line for line in text if "stream_dp.worker.ingest: assigned" in line]
+                inputs.append(set(re.findall(r"'([^']+)'", lines[-1])) if lines else set())
+                lines = [line for line in text if "release homes assigned" in line]
+                homes.append(lines[-1].split("assigned", 1)[1].strip() if lines else "[]")
+            settled = (all(inputs) and set().union(*inputs) == wanted and sum(map(len, inputs)) == len(wanted)
+                       and all(h != "[]" for h in homes))
+            current = (tuple(map(frozenset, inputs)), tuple(homes))
+            if current != state:
+                state, since = current, time.monotonic()
+            elif settled and time.monotonic() - since >= settled_s:
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"{self.label}: the workers did not settle on the input partitions:\n{self.log_tails()}")
+        raise RuntimeError(f"{self.label}: the workers did not settle on the input partitions and release homes:\n"
+                           f"{self.log_tails()}")
 
     def produce(self) -> None:
         kafka = _kafka()
         producer = kafka.KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=20,
                                        batch_size=256 * 1024)
         try:
-            for name in ("main", "spread"):
+            for name in ("main", "spread", "local"):
                 for key, value, stamp, partition in records(name, self.start_ms, self.windows,
                                                             with_target=self.with_target):
                     producer.send(self.topics[name], key=key, value=value, timestamp_ms=stamp, partition=partition)
@@ -253,8 +325,7 @@ class Deployment:
             # batch it could not). Waiting for a window only idle closing releases would let the wall
             # clock close everything, in D as in D'.
             clock = records("clock", self.start_ms, self.windows, with_target=self.with_target)
-            released = kafka.KafkaConsumer(self.outputs["future_timestamp"], bootstrap_servers=self.bootstrap,
-                                           auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
+            released = _OutputReader(self.bootstrap, [self.outputs["future_timestamp"]])
             try:
                 seen: set[int] = set()
                 for first in range(0, self.windows, FUTURE_EVERY):
@@ -277,13 +348,12 @@ class Deployment:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.label}: window {window_start_ms} of the clock topic was not released "
                                    f"within {timeout_s:.0f}s:\n{self.log_tails()}")
-            for batch in consumer.poll(timeout_ms=300).values():
-                seen.update(orjson.loads(m.value)["window"]["start_ms"] for m in batch)
+            seen.update(orjson.loads(value)["window"]["start_ms"] for _, value in consumer.poll(0.3))
             self.check_workers()
 
     def expected(self, scenario: Scenario) -> set[tuple[int, str]]:
         groups = ("top",) if scenario.name == "top_k" else scenario.groups
-        return {(self.start_ms + w * 1000, g) for w in audited_windows(scenario, self.windows) for g in groups}
+        return {(self.start_ms + w * 1000, g) for w in audited_windows(scenario, self.start_ms, self.windows) for g in groups}
 
     def missing(self) -> dict[str, list[int]]:
         """Per scenario with windows not yet released: the indexes of those windows."""
@@ -296,20 +366,17 @@ class Deployment:
 
     def collect(self, deadline: float) -> None:
         """Read the output topics until every window of every scenario is released or ``deadline`` passes."""
-        kafka = _kafka()
-        consumer = kafka.KafkaConsumer(*self.outputs.values(), bootstrap_servers=self.bootstrap,
-                                       auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
+        consumer = _OutputReader(self.bootstrap, list(self.outputs.values()))
         by_topic = {topic: name for name, topic in self.outputs.items()}
         scenarios = {s.name: s for s in SCENARIOS}
         try:
             while self.missing() and time.monotonic() < deadline:
-                for tp, batch in consumer.poll(timeout_ms=500).items():
-                    for message in batch:
-                        record = orjson.loads(message.value)
-                        name = by_topic[tp.topic]
-                        key = release_key(scenarios[name], record)
-                        if key is not None:
-                            self.releases[name].setdefault(key, record)
+                for topic, value in consumer.poll(0.5):
+                    record = orjson.loads(value)
+                    name = by_topic[topic]
+                    key = release_key(scenarios[name], record)
+                    if key is not None:
+                        self.releases[name].setdefault(key, record)
                 self.check_workers()
         finally:
             consumer.close()
@@ -322,7 +389,7 @@ class Deployment:
 
     def samples(self, scenario: Scenario, group: str) -> list[float]:
         releases = self.releases[scenario.name]
-        starts = [self.start_ms + w * 1000 for w in audited_windows(scenario, self.windows)]
+        starts = [self.start_ms + w * 1000 for w in audited_windows(scenario, self.start_ms, self.windows)]
         if scenario.statistic == "top1":
             return [float(releases[(s, "top")]["top"][0]["group"]["group"] == group) for s in starts]
         if scenario.statistic == "median":

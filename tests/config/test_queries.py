@@ -64,6 +64,10 @@ def _error(data: dict) -> str:
         (lambda d: d["queries"][0].update(mechanism="staircase", delta=1e-6), r"mechanism staircase is pure DP"),
         (lambda d: d["queries"][0].update(mechanism="exponential"), r"'laplace', 'gaussian', 'staircase' or 'geometric'"),
         (lambda d: d["queries"][3].update(mechanism="staircase"), r"continual releases use the binary tree mechanism"),
+        (lambda d: d["queries"][-1].update(epsilon=1.0), r"local_dp needs epsilon: 2 \(what a window costs"),
+        (lambda d: d["queries"][-1]["bounds"].update(max_events_per_group=3), r"one report per unit per window"),
+        (lambda d: d["queries"][-1].update(group_by=["os"]), r"local_dp needs group_by: \[browser\]"),
+        (lambda d: d["queries"][-1]["local_dp"].update(mechanism="rappor"), r"local_dp\.mechanism"),
     ],
 )
 def test_mistakes_are_explained(example, mutate, expected):

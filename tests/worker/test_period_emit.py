@@ -138,3 +138,32 @@ def test_over_the_cap_a_units_events_leave_the_published_partials(backends, outa
     key = b.periods.key(window_charge(runtime, windows[0]).continual)
     assert b.budget.options.record_ttl_ms + first + PERIOD_MS == backends.client.pexpiretime(key)
 
+
+
+def test_a_backlog_is_charged_in_bounded_rounds_and_a_window_closing_meanwhile_goes_next(backends):
+    """A round takes the oldest MAX_WINDOWS_PER_ROUND held windows; one of another topic that closes while a
+    backlog is charged waits one round, not the whole backlog (it once waited minutes behind one)."""
+    from stream_dp.worker.emit import MAX_WINDOWS_PER_ROUND
+
+    b, now = backends.make(), backends.clock.now_ms
+    runtime, registry, published = continual_runtime(), CollectorRegistry(), Published()
+    runtime = dataclasses.replace(runtime, continual=None)  # per-window charges
+    first = (now - (2 * MAX_WINDOWS_PER_ROUND + 20) * WINDOW_MS) // WINDOW_MS * WINDOW_MS  # all in the past
+    backlog = [partial(first + (10 + i) * WINDOW_MS, [(f"u{i}", "a", 1)]) for i in range(2 * MAX_WINDOWS_PER_ROUND + 5)]
+    earlier = partial(first, [("late-topic", "b", 1)])
+    emit = emitter(b, runtime, published, registry, b.periods)
+
+    async def scenario():
+        emit.held = [HeldPartial(runtime, p, now) for p in backlog]
+        await emit.emit()
+        assert len(published.partials) == MAX_WINDOWS_PER_ROUND
+        emit.held.append(HeldPartial(runtime, earlier, now))  # closes while the backlog is charged
+        await emit.emit()
+        assert published.partials[MAX_WINDOWS_PER_ROUND].window_start_ms == earlier.window_start_ms
+        while emit.held:
+            await emit.emit()
+
+    asyncio.run(scenario())
+    starts = [m.window_start_ms for m in published.partials]
+    assert sorted(starts) == sorted(p.window_start_ms for p in [*backlog, earlier])  # each once
+    assert starts[:MAX_WINDOWS_PER_ROUND] == [p.window_start_ms for p in backlog[:MAX_WINDOWS_PER_ROUND]]

@@ -1,0 +1,134 @@
+"""Local differential privacy: randomizers a producer applies before sending, and the collector's estimators.
+
+Reference: T. Wang, J. Blocki, N. Li, S. Jha, "Locally Differentially Private
+Protocols for Frequency Estimation", USENIX Security 2017 (k-ary randomized
+response, called direct encoding there, and optimized unary encoding).
+
+* **k-ary randomized response** (``krr``) over a domain of ``k`` values: report
+  the true value with probability ``p = e^eps / (e^eps + k - 1)``, each other
+  value with ``q = 1 / (e^eps + k - 1)``; ``p / q = e^eps``, so one report is
+  ``eps``-LDP. Best for small domains (``k < 3 e^eps + 2``).
+* **optimized unary encoding** (``oue``): a bit per value; the true value's bit
+  is 1 with ``p = 1/2``, every other bit with ``q = 1 / (e^eps + 1)``. Two
+  inputs differ in two bits, each changing the report's probability by at
+  most a factor ``sqrt(e^eps)``... precisely ``p (1 - q) / ((1 - p) q) =
+  e^eps``, so one report is ``eps``-LDP. Its variance does not grow with ``k``.
+
+Both are unbiased after debiasing ``c_v`` (reports supporting ``v`` among
+``n``): ``f_v = (c_v - n q) / (p - q)``, with variance
+``n q (1 - q) / (p - q)^2 + f_v (1 - p - q) / (p - q)`` (Wang et al., Theorem 2).
+
+Sampling is exact from uniform random words: randomized response draws a
+uniform candidate and keeps a candidate other than the truth with an exact
+``Bernoulli(e^-eps)`` coin (else redraws), which gives the truth probability
+``1 / (1 + (k - 1) e^-eps) = p``; unary encoding's ``Bernoulli(q)`` bit is a
+fair coin whose 1 is kept with ``Bernoulli(e^-eps)`` (else redrawn), which is
+1 with probability ``e^-eps / (1 + e^-eps) = q``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from stream_dp.dp.exact_sampling import BitSource, bernoulli_exp, bernoulli_half, uniform_below
+from stream_dp.dp.staircase import exact_epsilon
+
+LocalMechanism = Literal["krr", "oue"]
+LOCAL_MECHANISMS: tuple[LocalMechanism, ...] = ("krr", "oue")
+MAX_LOCAL_EPSILON = 20.0
+MAX_DOMAIN = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class LocalRandomizer:
+    """One ``eps``-LDP report of a value in ``[0, domain_size)``. Use :meth:`build`."""
+
+    mechanism: LocalMechanism
+    epsilon: float
+    domain_size: int
+
+    @classmethod
+    def build(cls, mechanism: str, epsilon: float, domain_size: int) -> LocalRandomizer:
+        if mechanism not in LOCAL_MECHANISMS:
+            raise ValueError(f"local_dp mechanism must be one of {', '.join(LOCAL_MECHANISMS)}, got {mechanism!r}: "
+                             "krr for small domains, oue for large ones")
+        if not (isinstance(epsilon, float | int) and not isinstance(epsilon, bool) and math.isfinite(epsilon)
+                and 0 < epsilon <= MAX_LOCAL_EPSILON):
+            raise ValueError(f"local_dp epsilon must be in (0, {MAX_LOCAL_EPSILON:g}], got {epsilon!r}; e.g. 1.0")
+        if isinstance(domain_size, bool) or not isinstance(domain_size, int) or not 2 <= domain_size <= MAX_DOMAIN:
+            raise ValueError(f"local_dp needs a domain of 2 to {MAX_DOMAIN} values, got {domain_size!r}; list them "
+                             "under local_dp.domain")
+        return cls(mechanism, exact_epsilon(float(epsilon)), domain_size)  # type: ignore[arg-type]
+
+    @property
+    def p(self) -> float:
+        """Probability that the report supports the true value."""
+        if self.mechanism == "krr":
+            return 1.0 / (1.0 + (self.domain_size - 1) * math.exp(-self.epsilon))
+        return 0.5
+
+    @property
+    def q(self) -> float:
+        """Probability that the report supports a given other value."""
+        if self.mechanism == "krr":
+            return math.exp(-self.epsilon) * self.p
+        return 1.0 / (1.0 + math.exp(self.epsilon))
+
+    def randomize(self, values: NDArray[np.int64], bits: BitSource) -> NDArray[np.int64] | NDArray[np.bool_]:
+        """Reports of ``values``: one value each (``krr``), or a ``(n, k)`` bit matrix (``oue``)."""
+        values = np.asarray(values, dtype=np.int64)
+        if values.ndim != 1 or (values.size and (values.min() < 0 or values.max() >= self.domain_size)):
+            raise ValueError(f"values must be a 1-d array of indices in [0, {self.domain_size})")
+        numerator, denominator = Fraction(self.epsilon).as_integer_ratio()
+        if self.mechanism == "krr":
+            out = np.empty(values.size, dtype=np.int64)
+            pending = np.arange(values.size)
+            while pending.size:
+                candidate = uniform_below(np.full(pending.size, np.uint64(self.domain_size)), bits).astype(np.int64)
+                other = np.flatnonzero(candidate != values[pending])
+                kept = np.ones(pending.size, dtype=bool)
+                kept[other] = bernoulli_exp(np.full(other.size, np.uint64(numerator)), np.uint64(denominator), bits)
+                out[pending[kept]] = candidate[kept]
+                pending = pending[~kept]
+            return out
+        cells = values.size * self.domain_size
+        report = np.zeros(cells, dtype=bool)
+        pending = np.arange(cells)
+        while pending.size:  # Bernoulli(q) per cell: a fair coin whose 1 survives an exp(-eps) coin
+            one = bernoulli_half(pending.size, bits)
+            ones = np.flatnonzero(one)
+            kept = np.ones(pending.size, dtype=bool)
+            kept[ones] = bernoulli_exp(np.full(ones.size, np.uint64(numerator)), np.uint64(denominator), bits)
+            report[pending[kept]] = one[kept]
+            pending = pending[~kept]
+        matrix = report.reshape(values.size, self.domain_size)
+        matrix[np.arange(values.size), values] = bernoulli_half(values.size, bits)  # the true bit: p = 1/2
+        return matrix
+
+    def support_counts(self, reports: NDArray[np.int64] | NDArray[np.bool_]) -> NDArray[np.int64]:
+        """``c_v``: how many reports support each value."""
+        if self.mechanism == "krr":
+            return np.bincount(np.asarray(reports, dtype=np.int64), minlength=self.domain_size).astype(np.int64)
+        return np.asarray(reports, dtype=bool).sum(axis=0).astype(np.int64)
+
+    def estimate(self, support: NDArray[np.int64], reports: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Unbiased frequency estimates from the support counts of ``reports`` reports, and their variances."""
+        support = np.asarray(support, dtype=np.float64)
+        p, q = self.p, self.q
+        estimate = (support - reports * q) / (p - q)
+        base = reports * q * (1 - q) / (p - q) ** 2
+        variance = base + np.clip(estimate, 0, reports) * (1 - p - q) / (p - q)
+        return estimate, variance
+
+    def estimate_bounds(self, reports: int) -> tuple[float, float]:
+        """(smallest, largest) variance of one value's estimate among ``reports`` reports, over its frequency."""
+        p, q = self.p, self.q
+        base = reports * q * (1 - q) / (p - q) ** 2
+        spread = reports * (1 - p - q) / (p - q)
+        return min(base, base + spread), max(base, base + spread)
