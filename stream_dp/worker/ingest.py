@@ -254,13 +254,18 @@ class IngestStage:
     # -- pieces --------------------------------------------------------------------------
 
     async def _emit_round(self) -> None:
-        """One background round: charge and publish what is held; once windows went out, commit
-        and send progress at once (progress vouches only for committed closure), unless a step
-        or a rebalance holds the stage, which then does it."""
-        if await self.emitter.emit() and not self._lock.locked():
+        """One background round: charge and publish what is held, a bounded batch at a time (windows
+        that close meanwhile join the next batch in window order) until nothing is held or a batch
+        sends nothing; once windows went out, commit and send progress at once (progress vouches
+        only for committed closure), unless a step or a rebalance holds the stage, which then does it."""
+        while await self.emitter.emit():
+            if self._lock.locked():
+                break  # a step (which starts the next round when it ends) or a rebalance holds the stage
             async with self._lock:
                 await self._commit(force=True)
                 await self._send_progress()
+            if not self.emitter.held:
+                break
 
     def _hold_open_slow_partitions(self) -> None:
         """A partition with records waiting, or whose end is not known, is slow, not idle: the wall

@@ -50,7 +50,7 @@ from tests.reliability.workers import WorkerProcess
 from tests.reliability.workload import PAGES, LiveProducer, StreamSpec, encode_event, schedule, write_config
 
 SECRET = "reliability-secret-0123456789abcdef"
-_ASSIGNED = re.compile(r"assigned \[(.*)\]")
+_ASSIGNED = re.compile(r"stream_dp\.worker\.ingest: assigned \[(.*)\]")
 
 
 class Fault(Protocol):
