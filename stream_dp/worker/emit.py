@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 # Windows charged per round. A backlog is charged over many rounds, each taking the oldest held
 # windows: a window of another topic that closes meanwhile (an earlier one, say) waits for one
 # round, not for the whole backlog.
-MAX_WINDOWS_PER_ROUND = 64
+MAX_WINDOWS_PER_ROUND = 256
 
 
 @dataclass
