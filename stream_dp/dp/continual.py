@@ -60,7 +60,7 @@ from stream_dp.dp.inputs import as_counts, as_sums
 from stream_dp.dp.laplace_sums import count_total_accuracy, sum_total_accuracy
 from stream_dp.dp.loss import PrivacyLoss
 from stream_dp.dp.noise import NoiseSource
-from stream_dp.dp.plan import _check_aggregations, _positive_finite
+from stream_dp.dp.plan import _components, _positive_finite
 from stream_dp.dp.release import ReleaseAccuracy
 from stream_dp.dp.sensitivity import count_sensitivity, sum_sensitivity
 from stream_dp.dp.tree_state import TreeState, max_popcount, positive_int, set_bits, tree_depth
@@ -175,14 +175,7 @@ class ContinualPlan:
                 f"lower it to at most windows_per_period={periods}"
             )
         groups = positive_int("max_groups", max_groups, "e.g. max_groups=1_000_000")
-        chosen = _check_aggregations(aggregations)
-        needs_count = bool(chosen & {"count", "mean"})
-        needs_sum = bool(chosen & {"sum", "mean"})
-        if needs_sum and clip is None:
-            raise ValueError(
-                f"aggregations {sorted(chosen & {'sum', 'mean'})} need clip=ClipRange(lo, hi): "
-                "the clip range bounds what one event can add to a sum"
-            )
+        chosen, needs_count, needs_sum = _components(aggregations, clip)
         components = tuple(c for c, wanted in (("count", needs_count), ("sum", needs_sum)) if wanted)
         shares = resolve_budget_split(components, budget_split)
         budgets = {c: total * _CALIBRATION_MARGIN * shares[c] for c in components}

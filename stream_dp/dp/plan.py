@@ -77,6 +77,19 @@ def _check_aggregations(aggregations: Iterable[str]) -> frozenset[str]:
     return chosen
 
 
+def _components(aggregations: Iterable[str], clip: ClipRange | None) -> tuple[frozenset[str], bool, bool]:
+    """The checked aggregations, and whether they need a count and a sum (a mean needs both; a sum a clip)."""
+    chosen = _check_aggregations(aggregations)
+    needs_count = bool(chosen & {"count", "mean"})
+    needs_sum = bool(chosen & {"sum", "mean"})
+    if needs_sum and clip is None:
+        raise ValueError(
+            f"aggregations {sorted(chosen & {'sum', 'mean'})} need clip=ClipRange(lo, hi): "
+            "the clip range bounds what one event can add to a sum"
+        )
+    return chosen, needs_count, needs_sum
+
+
 def _check_within_request(
     loss: PrivacyLoss, epsilon: float | None, rho: float | None, delta: float, selection_delta: float | None
 ) -> None:
@@ -193,14 +206,7 @@ class ReleasePlan:
             raise TypeError("bounds must be ContributionBounds(max_groups_per_unit=..., max_events_per_group=...)")
         if clip is not None and not isinstance(clip, ClipRange):
             raise TypeError("clip must be ClipRange(lo, hi) or None for count-only queries")
-        chosen = _check_aggregations(aggregations)
-        needs_count = bool(chosen & {"count", "mean"})
-        needs_sum = bool(chosen & {"sum", "mean"})
-        if needs_sum and clip is None:
-            raise ValueError(
-                f"aggregations {sorted(chosen & {'sum', 'mean'})} need clip=ClipRange(lo, hi): "
-                "the clip range bounds what one event can add to a sum"
-            )
+        chosen, needs_count, needs_sum = _components(aggregations, clip)
         if selection_delta is not None:
             selection_delta = _positive_finite(
                 "selection_delta", selection_delta, "pass e.g. 1e-6, or None for public group keys"

@@ -225,7 +225,7 @@ class StaircaseLaw:
         """``size`` draws of ``Z`` in grid steps; ``{index: draw}`` holds those of magnitude ``>= 2^62``
         (their int64 slot is 0), so callers add them exactly."""
         p, q = Fraction(self.epsilon).as_integer_ratio()
-        n, r = self.steps, self.lower_steps
+        n = self.steps
         draws = np.zeros(size, dtype=np.int64)
         huge: dict[int, int] = {}
         pending = np.arange(size)
@@ -312,30 +312,15 @@ class CalibratedStaircase:
 
     def apply(self, values: NDArray[Any], noise: Any) -> NDArray[Any]:
         """Noise a vector (``int64`` counts or ``float64`` sums) with words from ``noise.words``."""
-        from stream_dp.dp.vectorised_noise import grid_to_floats, round_to_grid
+        from stream_dp.dp.vectorised_noise import add_grid_noise, add_integer_noise
 
         values = np.asarray(values)
         if values.ndim != 1:
             raise ValueError(f"noise is added to 1-d vectors, got shape {values.shape}; flatten the array first")
         draws, huge = self.law.sample(values.size, noise.words)
-        if self.law.grid_k is None:
-            counts = np.ascontiguousarray(values, dtype=np.int64)
-            risky = (counts >= INT64_SAFE) | (counts <= -INT64_SAFE)
-            noisy = counts + np.where(risky, 0, draws)
-            for index in set(np.flatnonzero(risky).tolist()) | huge.keys():
-                exact = int(counts[index]) + huge.get(index, int(draws[index]))
-                noisy[index] = min(max(exact, -(1 << 63)), (1 << 63) - 1)  # saturating, as the Laplace counts
-            return noisy
-        sums = np.ascontiguousarray(values, dtype=np.float64)
-        if np.isnan(sums).any():
-            raise ValueError("float values to noise must not be NaN; clip or drop NaN before the release")
-        indices, big_indices = round_to_grid(sums, self.law.grid_k)
-        big = np.zeros(sums.size, dtype=bool)
-        big[list(big_indices)] = True
-        noisy_indices = indices + np.where(big, 0, draws)
-        exact_indices = {i: big_indices.get(i, int(indices[i])) + huge.get(i, int(draws[i]))
-                         for i in big_indices.keys() | huge.keys()}
-        return grid_to_floats(noisy_indices, exact_indices, self.law.grid_k)
+        if self.law.grid_k is None:  # saturating, as the Laplace counts
+            return add_integer_noise(np.ascontiguousarray(values, dtype=np.int64), draws, huge)
+        return add_grid_noise(np.ascontiguousarray(values, dtype=np.float64), self.law.grid_k, draws, huge)
 
     def describe(self) -> dict[str, Any]:
         return {**self.law.describe(), "scale": self.scale, "sensitivity": self.sensitivity,

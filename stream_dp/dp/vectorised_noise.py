@@ -79,12 +79,7 @@ class VectorisedExactNoise:
         if fraction is None:
             return self._fallback.integers(values, kind=kind, scale=scale)
         noise, huge = discrete_laplace(values.size, *fraction, self._bits)
-        risky = (values >= INT64_SAFE) | (values <= -INT64_SAFE)
-        noisy = values + np.where(risky, 0, noise)  # |value|, |noise| < 2^62: no int64 overflow
-        for index in set(np.flatnonzero(risky).tolist()) | huge.keys():
-            exact = int(values[index]) + huge.get(index, int(noise[index]))
-            noisy[index] = min(max(exact, _INT64_MIN), _INT64_MAX)
-        return noisy
+        return add_integer_noise(values, noise, huge)
 
     def floats(
         self, values: NDArray[np.float64], *, kind: NoiseKind, scale: float, k: int
@@ -93,17 +88,8 @@ class VectorisedExactNoise:
         fraction = self._laplace_fraction(kind, scale, k) if k >= _FINEST_GRID_K else None
         if fraction is None:
             return self._fallback.floats(values, kind=kind, scale=scale, k=k)
-        if np.isnan(values).any():
-            raise ValueError("float values to noise must not be NaN; clip or drop NaN before the release")
-        indices, big_indices = round_to_grid(values, k)
         noise, huge = discrete_laplace(values.size, *fraction, self._bits)
-        big = np.zeros(values.size, dtype=bool)
-        big[list(big_indices)] = True
-        noisy_indices = indices + np.where(big, 0, noise)  # both below 2^62 in magnitude: no overflow
-        exact: dict[int, int] = {}
-        for index in big_indices.keys() | huge.keys():
-            exact[index] = big_indices.get(index, int(indices[index])) + huge.get(index, int(noise[index]))
-        return grid_to_floats(noisy_indices, exact, k)
+        return add_grid_noise(values, k, noise, huge)
 
     def top_k(self, scores: NDArray[np.int64], *, k: int, scale: float) -> NDArray[np.int64]:
         return self._fallback.top_k(scores, k=k, scale=scale)
@@ -139,6 +125,37 @@ def _one_dimensional(values: NDArray[Any]) -> NDArray[Any]:
     if values.ndim != 1:
         raise ValueError(f"noise is added to 1-d vectors, got shape {values.shape}; flatten the array first")
     return values
+
+
+def add_integer_noise(values: NDArray[np.int64], noise: NDArray[np.int64], huge: dict[int, int]) -> NDArray[np.int64]:
+    """``values + noise`` saturating at the int64 bounds, as OpenDP's ``then_saturating_cast``.
+
+    ``huge`` holds the noise draws too large for int64 (their slot in ``noise`` is 0); values or
+    noise of magnitude ``>= 2^62`` are added on Python ints.
+    """
+    risky = (values >= INT64_SAFE) | (values <= -INT64_SAFE)
+    noisy = values + np.where(risky, 0, noise)  # |value|, |noise| < 2^62: no int64 overflow
+    for index in set(np.flatnonzero(risky).tolist()) | huge.keys():
+        exact = int(values[index]) + huge.get(index, int(noise[index]))
+        noisy[index] = min(max(exact, _INT64_MIN), _INT64_MAX)
+    return noisy
+
+
+def add_grid_noise(values: NDArray[np.float64], k: int, noise: NDArray[np.int64], huge: dict[int, int]
+                   ) -> NDArray[np.float64]:
+    """``values`` rounded to the grid ``2^k`` plus ``noise`` grid steps, back as floats (as OpenDP rounds).
+
+    ``huge`` as in :func:`add_integer_noise`.
+    """
+    if np.isnan(values).any():
+        raise ValueError("float values to noise must not be NaN; clip or drop NaN before the release")
+    indices, big_indices = round_to_grid(values, k)
+    big = np.zeros(values.size, dtype=bool)
+    big[list(big_indices)] = True
+    noisy_indices = indices + np.where(big, 0, noise)  # both below 2^62 in magnitude: no overflow
+    exact = {index: big_indices.get(index, int(indices[index])) + huge.get(index, int(noise[index]))
+             for index in big_indices.keys() | huge.keys()}
+    return grid_to_floats(noisy_indices, exact, k)
 
 
 def round_to_grid(values: NDArray[np.float64], k: int) -> tuple[NDArray[np.int64], dict[int, int]]:
