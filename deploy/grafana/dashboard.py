@@ -165,6 +165,12 @@ def windows() -> list[Panel]:
                Target(f"sum by (topic) (increase(stream_dp_partition_count_changes_total{RATE}))",
                       "{{topic}} partition count changes")),
               no_value="0"),
+        Panel("Sample-and-aggregate failed blocks", "Blocks whose user function raised, returned no finite "
+              "number, ran past its timeout, ended its process or could not be loaded; each counts as its output "
+              "range's midpoint and the window is still released. Zero when the functions are healthy.",
+              (Target(f"sum by (query, reason) (increase(stream_dp_sample_aggregate_failed_blocks_total{{{Q}}}{RATE}))",
+                      "{{query}} {{reason}}"),),
+              no_value="0"),
     ]
 
 
@@ -291,6 +297,8 @@ def render_panel(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
             "legend": {"show": True},
         }
     targets = []
+    if len(panel.targets) > 8:
+        raise ValueError(f"panel {panel.title!r} has {len(panel.targets)} targets; split it (at most 8 per panel)")
     for ref, target in zip("ABCDEFGH", panel.targets, strict=False):
         rendered: dict[str, Any] = {"refId": ref, "datasource": DATASOURCE, "expr": target.expr,
                                     "legendFormat": target.legend, "range": True}

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             secret=STAND_IN_SECRET,
             store_options=StoreOptions.for_input_retention(retention_ms),
             clock_ms=lambda: 0,
-        )
+        ).close()
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -116,6 +116,32 @@ def _options(query, plan, described) -> list[str]:
                      f"[{candidates['lo']:g}, {candidates['hi']:g}], epsilon {plan.quantiles.loss.epsilon:.4g} "
                      f"({q['epsilon_per_quantile']:.4g} per q); with 95% probability each is within "
                      f"[{errors}] ranks (events) of the true quantile")
+    if plan.vector is not None:
+        v = plan.vector
+        kind = v.features.kind
+        d = v.features.dimensions
+        c = float(v.features.clip_norm)
+        if kind == "mean_vector":
+            how = "Gaussian vector mechanism on each group's sum of (vector, C)"
+            # a mean coordinate is C s / w: near 0 its error is the sum's noise over the units
+            examples = "a mean coordinate at 95% (near 0): " + ", ".join(
+                f"{n:,} units ±{_fmt(1.96 * v.sigma / n)}" for n in (100, 10_000, 1_000_000))
+        else:
+            how = "Analyze Gauss on each group's augmented second-moment matrix, PSD-projected"
+            # covariance entries are matrix entries over n; mean coordinates are entries over C n
+            examples = "at 95%, a covariance entry / a mean coordinate: " + ", ".join(
+                f"{n:,} units ±{_fmt(1.96 * v.sigma / n)} / ±{_fmt(1.96 * v.sigma / (c * n))}"
+                for n in (100, 10_000, 1_000_000))
+        lines.append(f"{kind}: {d} fields {list(v.fields)} clipped to l2 norm C={c:g} per unit and group; {how}; "
+                     f"l2 sensitivity {_fmt(v.sensitivity)}, noise sd {_fmt(v.sigma)} per coordinate, epsilon "
+                     f"{v.loss.epsilon:.4g} at delta {v.loss.delta:.3g} (rho {v.loss.rho:.4g}); {examples}")
+    if plan.sample_aggregate is not None:
+        sa = plan.sample_aggregate
+        lines.append(f"sample_aggregate: {sa.function} on each of {sa.blocks} blocks of units (keyed hash), outputs "
+                     f"clipped to [{sa.lo:g}, {sa.hi:g}] (a failed block counts as {sa.fallback:g}), {sa.noise.kind} "
+                     f"noise of scale {_fmt(sa.noise.scale)} on their sum; the released mean over blocks is within "
+                     f"±{_fmt(sa.noise.ci_half_width(0.05) / sa.blocks)} of the blocks' mean at 95%; epsilon "
+                     f"{sa.loss.epsilon:.4g}")
     if plan.continual is not None:
         c = plan.continual
         described_c = c.describe()

@@ -59,9 +59,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 class _Fields:
     def __init__(self, unit: str = "user_id", ts: str = "ts", group: str = "page", value: str | None = "value",
-                 public: list | None = None, timestamp_format: str = "auto", partitioner: str = "murmur2") -> None:
+                 public: list | None = None, timestamp_format: str = "auto", partitioner: str = "murmur2",
+                 vector: tuple[str, ...] = ()) -> None:
         self.unit, self.ts, self.group, self.value, self.public = unit, ts, group, value, public
-        self.timestamp_format, self.partitioner = timestamp_format, partitioner
+        self.timestamp_format, self.partitioner, self.vector = timestamp_format, partitioner, vector
 
 
 def _fields(args: argparse.Namespace) -> _Fields:
@@ -78,6 +79,7 @@ def _fields(args: argparse.Namespace) -> _Fields:
         public=[k[0] for k in public] if public else None,
         timestamp_format=query.timestamp_format,
         partitioner=query.partitioner,
+        vector=tuple(query.aggregations.vector.fields) if query.aggregations.vector is not None else (),
     )
 
 
@@ -92,12 +94,17 @@ def synthetic_events(n: int, units: int, groups: int, fields: _Fields, *, seed: 
         group_ids = rng.integers(0, groups, size)
         values = np.round(rng.gamma(2.0, 20.0, size), 2)
         times = start_ms + ((base + np.arange(size)) * step_ms).astype(np.int64)
-        for u, g, v, t in zip(unit_ids.tolist(), group_ids.tolist(), values.tolist(), times.tolist()):
+        # vector fields: correlated readings around small means (field i ~ i + shared + own noise)
+        shared = rng.normal(0.0, 1.0, (size, 1))
+        vectors = np.round(np.arange(len(fields.vector)) + shared + rng.normal(0.0, 0.5, (size, len(fields.vector))), 3)
+        for i, (u, g, v, t) in enumerate(zip(unit_ids.tolist(), group_ids.tolist(), values.tolist(), times.tolist())):
             unit = f"u{u}"
             group = fields.public[g % len(fields.public)] if fields.public else f"/g{g}"
             event = {fields.unit: unit, fields.ts: t, fields.group: group}
             if fields.value:
                 event[fields.value] = v
+            if fields.vector:
+                event.update(zip(fields.vector, vectors[i].tolist()))
             yield unit.encode(), orjson.dumps(event), t
 
 

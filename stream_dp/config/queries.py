@@ -14,6 +14,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from stream_dp.budget.policy import MAX_HORIZONS, MAX_LIMIT_UNITS, MAX_THRESHOLDS, MICRO, to_units_down
+from stream_dp.config.aggregation_options import (
+    CovarianceAggregation,
+    MeanVectorAggregation,
+    SampleAggregateAggregation,
+    check_option_query,
+)
 from stream_dp.config.durations import parse_duration_ms
 from stream_dp.windows.specs import MAX_ABS_VALUE
 
@@ -230,11 +236,16 @@ class Aggregations(_Strict):
     mean: MeanAggregation | None = None
     top_k: TopKAggregation | None = None
     quantiles: QuantilesAggregation | None = None
+    mean_vector: MeanVectorAggregation | None = None
+    covariance: CovarianceAggregation | None = None
+    sample_aggregate: SampleAggregateAggregation | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Aggregations:
         if not self.names():
             raise ValueError("no aggregation; add at least `count: {}`")
+        if self.mean_vector is not None and self.covariance is not None:
+            raise ValueError("mean_vector and covariance in one query: keep covariance (its records carry the mean too)")
         if self.mean is not None:
             if self.sum is None:
                 raise ValueError("mean needs a sum with a clip range on the same field, e.g. sum: {field: value, clip: [0, 100]}")
@@ -258,17 +269,34 @@ class Aggregations(_Strict):
     def value_field(self) -> str | None:
         if self.sum is not None:
             return self.sum.field
+        if self.sample_aggregate is not None:
+            return self.sample_aggregate.field
         return self.quantiles.field if self.quantiles is not None else None
 
     @property
     def value_range(self) -> tuple[float, float] | None:
-        """The range every value is clipped into (the sum's clip, else the quantiles' bounds)."""
+        """The range every value is clipped into (the sum's clip, else the quantiles' bounds; a
+        sample-and-aggregate function sees the values as sent: only its output is clipped)."""
         if self.sum is not None:
             return tuple(self.sum.clip)  # type: ignore[return-value]
+        if self.sample_aggregate is not None:
+            return (-MAX_ABS_VALUE, MAX_ABS_VALUE)
         return tuple(self.quantiles.bounds) if self.quantiles is not None else None  # type: ignore[return-value]
 
+    @property
+    def vector(self) -> MeanVectorAggregation | CovarianceAggregation | None:
+        return self.mean_vector if self.mean_vector is not None else self.covariance
+
+    @property
+    def vector_kind(self) -> str | None:
+        """``"mean_vector"``, ``"covariance"`` or None."""
+        if self.mean_vector is not None:
+            return "mean_vector"
+        return "covariance" if self.covariance is not None else None
+
     def names(self) -> frozenset[str]:
-        return frozenset(n for n in ("count", "sum", "mean", "top_k", "quantiles") if getattr(self, n) is not None)
+        return frozenset(n for n in ("count", "sum", "mean", "top_k", "quantiles", "mean_vector", "covariance",
+                                     "sample_aggregate") if getattr(self, n) is not None)
 
 
 class ContinualConfig(_Strict):
@@ -360,11 +388,15 @@ class QueryConfig(_Strict):
         roles = [self.privacy_unit.field, self.timestamp_field, *self.group_by]
         if self.aggregations.value_field is not None:
             roles.append(self.aggregations.value_field)
+        if self.aggregations.vector is not None:
+            roles.extend(self.aggregations.vector.fields)
         repeated = sorted({name for name in roles if roles.count(name) > 1})
         if repeated:
             raise ValueError(
                 f"event field(s) {repeated} serve more than one role (privacy_unit.field, timestamp_field, group_by, "
-                "aggregations.sum.field or quantiles.field) or appear twice in group_by; give each role its own field"
+                "aggregations.sum.field, quantiles.field, sample_aggregate.field or a vector's fields) or appear twice "
+                "in group_by; give each "
+                "role its own field"
             )
         self._check_options()
         if self.input_topic == self.output_topic:
@@ -383,6 +415,7 @@ class QueryConfig(_Strict):
     def _check_options(self) -> None:
         """Continual releases, hierarchies and local DP: what they can be combined with."""
         public = isinstance(self.groups, PublicGroups)
+        check_option_query(self)
         if self.local_dp is not None:
             self._check_local_dp(public)
         if self.continual is not None:

@@ -15,6 +15,10 @@ unit, all parts together. Parts and their mechanisms:
   (``ContinualPlan``); its loss is per *period*, charged once per unit per period.
 * ``local``: reports randomized by their producers (``LocalRandomizer``); the
   worker adds no noise and debiases the counts; the loss is the report's.
+* ``mean_vector`` / ``covariance``: per group, Gaussian noise on the sums of
+  the units' l2-clipped vectors (``VectorPlan``, :mod:`stream_dp.dp.vectors`).
+* ``sample_aggregate``: per group, a noisy mean of a user function's clipped
+  outputs on disjoint blocks of units (:mod:`stream_dp.dp.sample_aggregate`).
 
 Budget split: every component -- selection, count, sum, top_k, quantiles --
 gets an equal share of ``epsilon``; the count-and-sum share of a hierarchy is
@@ -45,6 +49,21 @@ class QuantileRequest:
 
 
 @dataclass(frozen=True)
+class VectorRequest:
+    kind: str  # "mean_vector" or "covariance"
+    fields: tuple[str, ...]
+    clip_norm: float
+
+
+@dataclass(frozen=True)
+class SampleAggregateRequest:
+    function: str
+    blocks: int
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
 class ContinualRequest:
     windows_per_period: int
     max_windows_per_unit: int
@@ -67,6 +86,8 @@ class QueryPlan:
     loss: PrivacyLoss
     shares: dict[str, float] = field(default_factory=dict)
     local: Any | None = None  # stream_dp.dp.local.LocalRandomizer
+    vector: Any | None = None  # stream_dp.dp.vectors.VectorPlan
+    sample_aggregate: Any | None = None  # stream_dp.dp.sample_aggregate.SampleAggregatePlan
 
     @property
     def base(self) -> ReleasePlan | None:
@@ -93,6 +114,8 @@ class QueryPlan:
         quantiles: QuantileRequest | None = None,
         continual: ContinualRequest | None = None,
         local: tuple[str, float, int] | None = None,
+        vector: VectorRequest | None = None,
+        sample_aggregate: SampleAggregateRequest | None = None,
     ) -> QueryPlan:
         """Split ``epsilon`` (and ``delta``) over the parts and calibrate each (module docstring)."""
         chosen = frozenset(aggregations)
@@ -116,9 +139,10 @@ class QueryPlan:
             )
             return cls((), None, None, plan, plan.loss, {"continual": 1.0})
         base_components = len(base_names - {"mean"}) + (1 if selection_delta is not None and base_names else 0)
-        components = base_components + (top_k is not None) + (quantiles is not None)
+        components = (base_components + (top_k is not None) + (quantiles is not None) + (vector is not None)
+                      + (sample_aggregate is not None))
         if components == 0:
-            raise ValueError("nothing to release: ask for count, sum, mean, top_k or quantiles")
+            raise ValueError("nothing to release: ask for count, sum, mean, top_k, quantiles or a vector")
         share = 1.0 / components
         shares: dict[str, float] = {}
         levels: list[ReleasePlan] = []
@@ -154,11 +178,39 @@ class QueryPlan:
                 bins=quantiles.bins, bounds=bounds,
             )
             loss = quantiles_plan.loss if loss is None else loss + quantiles_plan.loss
+        vector_plan = None
+        if vector is not None:
+            from stream_dp.dp.loss import zcdp_rho
+            from stream_dp.dp.vectors import VectorPlan
+
+            if mechanism != "gaussian":
+                raise ValueError(f"{vector.kind} adds Gaussian noise scaled to an l2 norm: use mechanism='gaussian'")
+            shares[vector.kind] = share
+            vector_plan = VectorPlan.build(
+                kind=vector.kind, fields=vector.fields, clip_norm=vector.clip_norm,
+                rho=zcdp_rho(epsilon * share, delta * share) * (1 - 1e-9), delta=delta * share, bounds=bounds,
+            )
+            loss = vector_plan.loss if loss is None else loss + vector_plan.loss
+        sa_plan = None
+        if sample_aggregate is not None:
+            from stream_dp.dp.loss import zcdp_rho
+            from stream_dp.dp.sample_aggregate import SampleAggregatePlan
+
+            shares["sample_aggregate"] = share
+            gaussian = mechanism == "gaussian"
+            sa_plan = SampleAggregatePlan.build(
+                function=sample_aggregate.function, blocks=sample_aggregate.blocks, lo=sample_aggregate.lo,
+                hi=sample_aggregate.hi, kind="gaussian" if gaussian else "laplace",
+                budget=(zcdp_rho(epsilon * share, delta * share) if gaussian else epsilon * share) * (1 - 1e-9),
+                delta=delta * share if gaussian else 0.0, bounds=bounds,
+            )
+            loss = sa_plan.loss if loss is None else loss + sa_plan.loss
         assert loss is not None
         if loss.epsilon > epsilon * (1 + 1e-9) or loss.delta > delta + (selection_delta or 0.0) + 1e-15:
             raise RuntimeError(f"the certified loss {loss} exceeds the requested budget epsilon={epsilon}, "
                                f"delta={delta}; nothing is released")
-        return cls(tuple(levels), topk_plan, quantiles_plan, None, loss, shares)
+        return cls(tuple(levels), topk_plan, quantiles_plan, None, loss, shares, vector=vector_plan,
+                   sample_aggregate=sa_plan)
 
     def release(self, counts: Any, sums: Any, distinct_units: Any, noise: Any) -> Any:
         """The per-group counts, sums and means of one window (``ReleasePlan.release`` of the finest level)."""
@@ -204,4 +256,8 @@ class QueryPlan:
                                   **self.top_k.loss.to_dict()}
         if self.quantiles is not None:
             described["quantiles"] = self.quantiles.describe()
+        if self.vector is not None:
+            described[self.vector.features.kind] = self.vector.describe()
+        if self.sample_aggregate is not None:
+            described["sample_aggregate"] = self.sample_aggregate.describe()
         return described

@@ -99,6 +99,13 @@ class WorkerMetrics:
             ["query", "reason"],
             registry=registry,
         )
+        self.sample_aggregate_failures = Counter(
+            "stream_dp_sample_aggregate_failed_blocks_total",
+            "Blocks whose user function failed (reason: error, not_finite, timeout, crashed, load_error); each counts "
+            "as the output range's midpoint. Counts only: no values, no unit ids.",
+            ["query", "reason"],
+            registry=registry,
+        )
         self.partitions_missing = Counter(
             "stream_dp_release_partitions_missing_total",
             "Input partitions absent from a window released after the release timeout.",

@@ -33,7 +33,7 @@ class ContributionRows:
     pair_rank: np.ndarray  # uint32, pair hash >> 32
     partition: np.ndarray  # int32
     event_hash: np.ndarray  # uint64
-    value: np.ndarray  # float64, clipped
+    value: np.ndarray  # float64, clipped; (rows, d) for a vector query
 
     def __len__(self) -> int:
         return len(self.unit)
@@ -55,6 +55,10 @@ class ContributionRows:
             return parts[0]
         if not parts:
             return cls.empty()
+        # empty parts add nothing, and an empty state's 1-d value column must not meet (rows, d) vectors
+        parts = [p for p in parts if len(p)] or parts[:1]
+        if len(parts) == 1:
+            return parts[0]
         return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
 
     def take(self, index: np.ndarray) -> ContributionRows:

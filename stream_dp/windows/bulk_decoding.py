@@ -33,7 +33,6 @@ from stream_dp.windows.timestamps import to_epoch_ms
 _DECODE_ERRORS = (msgspec.DecodeError, ValueError, TypeError, RecursionError)
 _UNIT = attrgetter("u")
 _TIME = attrgetter("t")
-_VALUE = attrgetter("v")
 
 
 class BulkEventDecoder:
@@ -92,9 +91,7 @@ class BulkEventDecoder:
             return None
         if record_ms is not None and (ts_ms > record_ms + schema.max_future_skew_ms).any():
             return None
-        values_col = (
-            np.array(list(map(_VALUE, events)), dtype=np.float64) if schema.value_field is not None else None
-        )
+        values_col = self.reference.values_of(events)
         group_keys = list(map(self._group_getter, events)) if self._group_getter is not None else None
         return DecodedEvents(np.arange(n, dtype=np.int64), np.array(units, dtype="S"), group_keys, ts_ms, values_col)
 

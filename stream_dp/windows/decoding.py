@@ -111,8 +111,7 @@ def classify_message(raw: bytes, schema: EventSchema) -> tuple[RejectReason, str
         return RejectReason.WRONG_TYPE, f"an event must be a JSON object, got {_describe(event)}"
     fields = [(schema.unit_field, "unit"), (schema.timestamp_field, "timestamp")]
     fields += [(name, "group") for name in schema.group_by]
-    if schema.value_field is not None:
-        fields.append((schema.value_field, "value"))
+    fields += [(name, "value") for name in schema.value_fields]
     for name, role in fields:
         if name not in event:
             return RejectReason.MISSING_FIELD, f"field {name!r} is missing"
@@ -184,13 +183,23 @@ class EventDecoder:
         for attr, name in zip(group_attrs, schema.group_by):
             fields.append((attr, str | _BoundedInt))
             rename[attr] = name
-        if schema.value_field is not None:
-            limit = float(schema.max_abs_value)
-            fields.append(("v", Annotated[float, msgspec.Meta(ge=-limit, le=limit)]))
-            rename["v"] = schema.value_field
+        limit = float(schema.max_abs_value)
+        value_attrs = ["v"] if schema.value_field is not None else [f"v{i}" for i in range(len(schema.vector_fields))]
+        for attr, name in zip(value_attrs, schema.value_fields):
+            fields.append((attr, Annotated[float, msgspec.Meta(ge=-limit, le=limit)]))
+            rename[attr] = name
         event_type = msgspec.defstruct("Event", fields, rename=rename, gc=False, frozen=True)
         self._decode_one = msgspec.json.Decoder(event_type).decode
         self._group_getter = attrgetter(*group_attrs) if group_attrs else None
+        self._value_getter = attrgetter(*value_attrs) if schema.value_fields else None
+        self._vector_width = len(schema.vector_fields)
+
+    def values_of(self, events: list[Any]) -> np.ndarray | None:
+        """The events' value column (n,), their vectors (n, d), or None for a query without values."""
+        if self._value_getter is None:
+            return None
+        values = np.array(list(map(self._value_getter, events)), dtype=np.float64)
+        return values.reshape(len(events), self._vector_width) if self._vector_width else values
 
     def decode(
         self, values: Sequence[bytes | None], now_ms: int, record_ms: np.ndarray | None = None
@@ -212,7 +221,7 @@ class EventDecoder:
             index = positions[keep]
         units = [e.u for e in events]
         raw_ts = [e.t for e in events]
-        values_col = np.array([e.v for e in events], dtype=np.float64) if schema.value_field is not None else None
+        values_col = self.values_of(events)
         group_keys = list(map(self._group_getter, events)) if self._group_getter is not None else None
         if set(map(type, units)) != {str} and units:
             units = [u if type(u) is str else str(u) for u in units]

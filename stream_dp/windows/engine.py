@@ -429,6 +429,8 @@ class WindowEngine:
         group_hash = self._groups.hashes[group_ids]
         if decoded.values is None:
             values = np.zeros(len(accepted))
+        elif decoded.values.ndim == 2:  # a vector query's events: clipped in l2 per unit later, never per field
+            values = decoded.values[accepted]
         else:
             values = np.clip(decoded.values[accepted], self.bounding.clip_lo, self.bounding.clip_hi)
         rows = ContributionRows(
@@ -488,8 +490,8 @@ class WindowEngine:
             if not progress.replaying:
                 progress.close_through(boundary)
         partials: list[WindowPartial] = []
-        # only a query with a value field can ask for histograms: the others' values are all zeros
-        keep_values = self.schema.value_field is not None
+        # only a query with value fields can ask for histograms or vectors: the others' values are all zeros
+        keep_values = bool(self.schema.value_fields)
         for start in sorted(self._windows):
             window = self._windows[start]
             due = [

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from stream_dp.dp.sample_aggregate import block_of
+from stream_dp.dp.vectors import FeatureSpec
 from stream_dp.windows.bounding import ContributionRows, unit_starts
 from stream_dp.windows.histogram import HistogramSpec, SparseHistogram
 from stream_dp.windows.interning import GroupTable
@@ -38,6 +40,22 @@ class GroupTotals:
     distinct_units: np.ndarray  # int64
     #: Per-group value histogram, rows aligned with ``groups`` (None unless asked for).
     histogram: SparseHistogram | None = None
+    #: Per-group sums of the pairs' feature vectors, (groups, width) (vector queries only).
+    features: np.ndarray | None = None
+    #: Sample-and-aggregate queries: every kept event's (group, block of its unit, value), in pair order.
+    blocks: BlockValues | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockValues:
+    """Events' values with their group (index into the totals' groups) and their unit's block."""
+
+    group: np.ndarray  # int32
+    block: np.ndarray  # int32
+    value: np.ndarray  # float64
+
+    def __len__(self) -> int:
+        return len(self.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +98,7 @@ class WindowPartial:
     partition_count: int = 0
     partition_count_changed: bool = False
     row_value: np.ndarray | None = None  # float64, one per kept event
+    unit_hash: np.ndarray | None = None  # uint64, the keyed hash of each unit (sample-and-aggregate blocks)
 
     def __eq__(self, other: object) -> bool:
         """Field-by-field equality, arrays compared bit for bit (dtype included)."""
@@ -107,7 +126,8 @@ class WindowPartial:
         return mask
 
     def aggregate(
-        self, excluded_units: np.ndarray | None = None, *, histogram: HistogramSpec | None = None
+        self, excluded_units: np.ndarray | None = None, *, histogram: HistogramSpec | None = None,
+        features: FeatureSpec | None = None, blocks: int | None = None,
     ) -> GroupTotals:
         """Per-group count, sum and distinct units, leaving out ``excluded_units``.
 
@@ -117,6 +137,10 @@ class WindowPartial:
         from excluded units alone and must not reach partition selection.
         ``histogram``: also count the kept events' values per group in these
         bins (``GroupTotals.histogram``); only a quantiles query asks.
+        ``features``: also sum, per group, each kept pair's feature vector (the
+        clipped mean of its events' vectors, ``stream_dp.dp.vectors``); a vector query asks.
+        ``blocks``: also keep each kept event's value with its group and its unit's block
+        (``stream_dp.dp.sample_aggregate.block_of``); a sample-and-aggregate query asks.
         """
         keep = self._kept_pairs(excluded_units)
         n_groups = len(self.groups)
@@ -129,6 +153,8 @@ class WindowPartial:
             sum=np.bincount(group, weights=total, minlength=n_groups),
             distinct_units=np.bincount(group, minlength=n_groups).astype(np.int64),
             histogram=None if histogram is None else self._histogram(keep, histogram),
+            features=None if features is None else self._features(keep, features),
+            blocks=None if blocks is None else self._block_values(keep, blocks),
         )
         if keep is None:
             return totals  # every group has at least one pair
@@ -147,6 +173,10 @@ class WindowPartial:
             sum=totals.sum[present],
             distinct_units=totals.distinct_units[present],
             histogram=hist,
+            features=None if totals.features is None else totals.features[present],
+            blocks=None if totals.blocks is None else BlockValues(
+                position_of(present, n_groups)[totals.blocks.group].astype(np.int32), totals.blocks.block,
+                totals.blocks.value),
         )
 
     def _histogram(self, keep: np.ndarray | None, spec: HistogramSpec) -> SparseHistogram:
@@ -162,6 +192,44 @@ class WindowPartial:
         if kept_rows is not None:
             row_group, values = row_group[kept_rows], values[kept_rows]
         return SparseHistogram.from_cells(len(self.groups), spec.bins, row_group, spec.bin_of(values))
+
+    def _features(self, keep: np.ndarray | None, spec: FeatureSpec) -> np.ndarray:
+        """Per-group sums of the kept pairs' feature vectors (groups as in ``self.groups``)."""
+        if self.row_value is None or self.row_value.ndim != 2 or self.row_value.shape[1] != spec.dimensions:
+            shape = None if self.row_value is None else self.row_value.shape
+            raise ValueError(
+                f"this partial holds values of shape {shape}, not the {spec.dimensions} fields of each event a "
+                f"{spec.kind} needs; build it with build_partial from an engine reading the vector's fields"
+            )
+        starts = np.cumsum(self.pair_count) - self.pair_count
+        if len(starts):
+            # each pair's vectors are added in event-hash order, so every replay rounds the same way
+            means = np.add.reduceat(self.row_value, starts, axis=0) / self.pair_count[:, None]
+        else:
+            means = np.zeros((0, spec.dimensions))
+        group = self.pair_group.astype(np.int64)
+        if keep is not None:
+            means, group = means[keep], group[keep]
+        return spec.group_sums(group, spec.of_means(means), len(self.groups))
+
+    def _block_values(self, keep: np.ndarray | None, blocks: int) -> BlockValues:
+        """The kept events' values, each with its group and its unit's block."""
+        if self.row_value is None or self.row_value.ndim != 1 or self.unit_hash is None:
+            raise ValueError(
+                "this partial was built without its events' values or its units' hashes, so it has no blocks; "
+                "build it with build_partial (the window engine does)"
+            )
+        unit_block = block_of(self.unit_hash, blocks)
+        pair_block = unit_block[self.pair_unit]
+        group, block = self.pair_group, pair_block
+        if keep is not None:
+            group, block = group[keep], block[keep]
+            counts = self.pair_count[keep]
+            values = self.row_value[np.repeat(keep, self.pair_count)]
+        else:
+            counts, values = self.pair_count, self.row_value
+        return BlockValues(np.repeat(group, counts).astype(np.int32), np.repeat(block, counts).astype(np.int32),
+                           values)
 
     def unit_totals(self) -> UnitTotals:
         """Each unit's contribution: groups, kept events and clipped sum."""
@@ -231,9 +299,18 @@ def build_partial(
         pair_group=group_index[rows.group[starts]].astype(np.int32),
         pair_count=np.diff(np.append(starts, n)).astype(np.int64),
         # each pair's values are added in event-hash order, so every replay rounds the same way
-        pair_sum=np.add.reduceat(rows.value, starts) if n else np.zeros(0),
+        # (a vector query has no scalar sum: its vectors stay in row_value)
+        pair_sum=np.add.reduceat(rows.value, starts) if n and rows.value.ndim == 1 else np.zeros(len(starts)),
         partition_count=partition_count,
         partition_count_changed=partition_count_changed,
         # rows are pair by pair already: the value column is kept as it is (no copy, no work)
         row_value=rows.value if keep_values else None,
+        unit_hash=rows.unit[new_unit] if keep_values else None,
     )
+
+
+def position_of(present: np.ndarray, n: int) -> np.ndarray:
+    """Map from old group index to its place among ``present`` (-1 for the others)."""
+    position = np.full(n, -1, dtype=np.int64)
+    position[present] = np.arange(len(present))
+    return position

@@ -37,7 +37,8 @@ class EventSchema:
     ``max_unit_length`` characters without NUL, or an integer, which is read
     as its decimal string); ``group_by`` the fields whose values
     (strings or integers) form the group key; ``value_field`` a finite number,
-    or ``None`` for a query that only counts. ``timestamp_format`` is
+    or ``None`` for a query that only counts; ``vector_fields`` the finite
+    numbers of a mean-vector or covariance query (then ``value_field`` is None). ``timestamp_format`` is
     ``"epoch_s"``, ``"epoch_ms"``, ``"iso8601"`` (a string with a zone) or
     ``"auto"`` (numbers below 1e11 are seconds, larger ones milliseconds,
     strings ISO-8601).
@@ -47,15 +48,26 @@ class EventSchema:
     timestamp_field: str
     group_by: tuple[str, ...] = ()
     value_field: str | None = None
+    vector_fields: tuple[str, ...] = ()
     timestamp_format: TimestampFormat = "auto"
     max_message_bytes: int = 65_536
     max_abs_value: float = MAX_ABS_VALUE
     max_future_skew_ms: int = 300_000
     max_unit_length: int = 256
 
+    @property
+    def value_fields(self) -> tuple[str, ...]:
+        """The numeric fields read per event: the value field, or the vector's fields (possibly none)."""
+        return (self.value_field,) if self.value_field is not None else self.vector_fields
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "group_by", tuple(self.group_by))
-        names = [self.unit_field, self.timestamp_field, *self.group_by]
+        object.__setattr__(self, "vector_fields", tuple(self.vector_fields))
+        _require(
+            self.value_field is None or not self.vector_fields,
+            "an event schema reads either one value_field or vector_fields, not both; use two queries",
+        )
+        names = [self.unit_field, self.timestamp_field, *self.group_by, *self.vector_fields]
         if self.value_field is not None:
             names.append(self.value_field)
         for name in names:

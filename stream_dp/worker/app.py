@@ -20,23 +20,24 @@ from stream_dp.budget.redis_nodes import ping as redis_ping
 from stream_dp.budget.redis_url import client_from_url
 from stream_dp.config import ConfigError, PipelineConfig, QueryConfig, Settings
 from stream_dp.dp import ClipRange, ContributionBounds, noise_source
-from stream_dp.dp.query_plan import ContinualRequest, QuantileRequest, QueryPlan
+from stream_dp.dp.query_plan import ContinualRequest, QuantileRequest, QueryPlan, SampleAggregateRequest, VectorRequest
 from stream_dp.metrics.budget import BudgetMetrics
 from stream_dp.metrics.health import Health
 from stream_dp.metrics.health import watch as watch_health
 from stream_dp.metrics.http import serve as serve_http
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import BoundingSpec, EventSchema, WindowEngine, WindowSpec
+from stream_dp.worker.clients import kafka_clients
 from stream_dp.worker.combiner import WindowCombiner
-from stream_dp.worker.process_tuning import tune_process
 from stream_dp.worker.ingest import IngestStage
 from stream_dp.worker.kafka_admin import read_commit_metadata
 from stream_dp.worker.ledger import RedisReleaseLedger, ReleaseLedger
 from stream_dp.worker.periods import MemoryPeriodRegister, PeriodRegister, RedisPeriodRegister
+from stream_dp.worker.process_tuning import tune_process
 from stream_dp.worker.release import ReleaseStage
 from stream_dp.worker.release_build import privacy_statement
 from stream_dp.worker.runtime import ContinualCharging, QueryRuntime
-from stream_dp.worker.clients import kafka_clients
+from stream_dp.worker.sandbox import FunctionSandbox
 from stream_dp.worker.topic_setup import TopicLimits, prepare_topics
 from stream_dp.worker.topics import TopicSettingsError
 
@@ -73,6 +74,10 @@ def build_plan(query: QueryConfig) -> QueryPlan:
             continual.period_ms // query.window.size_ms, continual.max_windows_per_unit),
         local=None if query.local_dp is None else (
             query.local_dp.mechanism, query.local_dp.epsilon, len(query.public_group_keys() or ())),
+        vector=None if aggregations.vector is None else VectorRequest(
+            aggregations.vector_kind, tuple(aggregations.vector.fields), float(aggregations.vector.clip_norm)),
+        sample_aggregate=None if (sa := aggregations.sample_aggregate) is None else SampleAggregateRequest(
+            sa.function, sa.blocks, float(sa.output_range[0]), float(sa.output_range[1])),
     )
 
 
@@ -137,6 +142,7 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
                 timestamp_field=query.timestamp_field,
                 group_by=tuple(query.group_by),
                 value_field=aggregations.value_field,
+                vector_fields=tuple(aggregations.vector.fields) if aggregations.vector is not None else (),
                 timestamp_format=query.timestamp_format,
                 max_message_bytes=query.max_message_bytes,
                 max_future_skew_ms=query.max_future_skew_ms,
@@ -169,12 +175,16 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
             has_sum=aggregations.sum is not None,
             period=None if query.continual is None else (query.continual.period_ms, query.window.offset_ms),
             quantile_bins=None if aggregations.quantiles is None else aggregations.quantiles.bins,
+            feature_width=None if plan.vector is None else plan.vector.features.width,
+            blocks=plan.sample_aggregate is not None,
         )
         cost, delta = window_cost(plan, namespace.accounting, query.name)
         check_cost_fits(query.name, query.privacy_unit.namespace, namespace, cost, delta)
         runtimes.append(QueryRuntime(
             config=query, engine=engine, plan=plan, combiner=combiner, namespace=query.privacy_unit.namespace,
             cost=cost, delta=delta, privacy=privacy, continual=ContinualCharging.of(query),
+            sandbox=None if (sa := aggregations.sample_aggregate) is None else FunctionSandbox(
+                sa.function, timeout_s=sa.timeout_ms / 1000),
         ))
     return runtimes
 
@@ -185,6 +195,12 @@ class WorkerParts:
 
     policy: BudgetPolicy
     runtimes: list[QueryRuntime]
+
+    def close(self) -> None:
+        """Stop the sandbox processes of sample-and-aggregate queries."""
+        for runtime in self.runtimes:
+            if runtime.sandbox is not None:
+                runtime.sandbox.close()
 
 
 def build_worker_parts(
@@ -199,7 +215,8 @@ def build_worker_parts(
 
     The one place where a loaded query file becomes worker objects: ``stream-dp run`` and
     ``stream-dp check-config`` both call it, so the checker accepts exactly what a worker can
-    start with. Pure (no connection, no secret beyond ``secret``); each namespace and query is
+    start with. No connection, no secret beyond ``secret`` (a sample-and-aggregate query's function
+    is loaded once, in the sandbox process it will run in, to prove it loads); each namespace and query is
     built on its own so that one bad part does not hide the problems of the others. Every line
     of the error names ``source`` and the namespace or query.
     """
@@ -229,6 +246,8 @@ def build_worker_parts(
         # The store's own test of a charge against every limit, in whole micro-units as it charges.
         if runtime.namespace in policies:
             attempt(where, policies[runtime.namespace].cost_units, runtime.cost, runtime.delta)
+        if runtime.sandbox is not None:  # the user function must load (in its own process, as it will run)
+            attempt(f"{where}.aggregations.sample_aggregate.function", runtime.sandbox.check)
         runtimes.append(runtime)
     whole_policy = None if problems else attempt("namespaces", policy_from_config, config)
     if whole_policy is None:
@@ -350,6 +369,9 @@ class Worker:
             limits = await self._prepare_topics(options)
         except BaseException:
             self._close_stores()
+            for runtime in self.runtimes:
+                if runtime.sandbox is not None:
+                    runtime.sandbox.close()
             raise
         partials_partitions = limits.partials_partitions
         for runtime in self.runtimes:
@@ -398,6 +420,9 @@ class Worker:
                 server, _thread = self._metrics_server
                 server.shutdown()
             self._close_stores()
+            for runtime in self.runtimes:
+                if runtime.sandbox is not None:
+                    runtime.sandbox.close()
 
 
 def run_worker(config: PipelineConfig, settings: Settings, *, config_source: str = "query configuration") -> int:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stream_dp.windows.histogram import SparseHistogram, add_histograms
+from stream_dp.windows.partial import BlockValues
 from stream_dp.worker.records import GroupKey, PartialAggregate, Progress
 
 MAX_EMPTY_WINDOWS_PER_STEP = 1_000  # bounds the work after a long silence
@@ -122,6 +123,25 @@ class CombinedWindow:
     #: Quantiles queries: per-group value histogram, sparse, rows aligned with ``groups`` (a group
     #: without data has no cell); None for other queries (and windows without any histogram to add).
     histogram: SparseHistogram | None = None
+    #: Vector queries: per-group sums of the units' feature vectors, (groups, width); None for others.
+    features: np.ndarray | None = None
+    #: Sample-and-aggregate queries: every kept event's (group, block, value), groups as in ``groups``,
+    #: partitions in order; None for others.
+    blocks: BlockValues | None = None
+
+
+def features_conflict(partials: list[PartialAggregate], width: int | None, blocks: bool = False) -> str | None:
+    """Why these partials' feature sums (or block values) cannot be combined, or None."""
+    if blocks and any(partial.blocks is None for partial in partials):
+        return "blocks_missing"
+    if width is None:
+        return None
+    for partial in partials:
+        if partial.features is None:
+            return "features_missing"
+        if partial.features.shape != (len(partial.groups), width):
+            return "features_width_differs"
+    return None
 
 
 class WindowCombiner:
@@ -139,9 +159,12 @@ class WindowCombiner:
         partials_partitions: int = 1,
         period: tuple[int, int] | None = None,
         quantile_bins: int | None = None,
+        feature_width: int | None = None,
+        blocks: bool = False,
     ) -> None:
         """``quantile_bins``: the bin count of a quantiles query's histograms; then every combined
-        window has a histogram, empty and withheld windows an all-zero one."""
+        window has a histogram, empty and withheld windows an all-zero one. ``feature_width``: the
+        width of a vector query's feature sums; then every combined window has them (zeros when empty)."""
         if window_size_ms <= 0:
             raise ValueError(f"window_size_ms must be positive, got {window_size_ms}")
         if release_timeout_ms <= 0:
@@ -154,6 +177,11 @@ class WindowCombiner:
                 f"quantile_bins must be a positive int or None, got {quantile_bins!r}; pass the query's quantiles.bins"
             )
         self.quantile_bins = quantile_bins
+        if feature_width is not None and (isinstance(feature_width, bool) or not isinstance(feature_width, int)
+                                          or feature_width < 1):
+            raise ValueError(f"feature_width must be a positive int or None, got {feature_width!r}")
+        self.feature_width = feature_width
+        self.blocks = blocks  # a sample-and-aggregate query: partials carry block values
         self.query = query
         self.window_size_ms = window_size_ms
         self.window_offset_ms = window_offset_ms
@@ -318,8 +346,9 @@ class WindowCombiner:
         home = self.home(window_start_ms)
         window_end_ms = window_start_ms + self.window_size_ms if pending is None else pending.window_end_ms
         partials = [] if pending is None else [pending.partials[p] for p in sorted(pending.partials)]
-        withheld = placement_conflict(partials) or histogram_conflict(partials, self.quantile_bins)
-        groups, count, sums, distinct, histogram = self._merge([] if withheld else partials)
+        withheld = (placement_conflict(partials) or histogram_conflict(partials, self.quantile_bins)
+                    or features_conflict(partials, self.feature_width, self.blocks))
+        groups, count, sums, distinct, histogram, features, blocks = self._merge([] if withheld else partials)
         reported = {p.partition for p in partials}
         missing = [
             p for p in range(self.input_partitions)
@@ -342,11 +371,14 @@ class WindowCombiner:
             source_offsets=[] if pending is None else list(pending.source_offsets),
             withheld=withheld,
             histogram=histogram,
+            features=features,
+            blocks=blocks,
         )
 
     def _merge(
         self, partials: list[PartialAggregate]
-    ) -> tuple[list[GroupKey], np.ndarray, np.ndarray | None, np.ndarray, SparseHistogram | None]:
+    ) -> tuple[list[GroupKey], np.ndarray, np.ndarray | None, np.ndarray, SparseHistogram | None, np.ndarray | None,
+               BlockValues | None]:
         if self._public_index is not None:
             index = self._public_index
             groups = list(self.public_groups)  # type: ignore[arg-type]
@@ -361,6 +393,8 @@ class WindowCombiner:
         distinct = np.zeros(n, dtype=np.int64)
         sums = np.zeros(n, dtype=np.float64) if self.has_sum else None
         histograms: list[SparseHistogram] = []
+        features = None if self.feature_width is None else np.zeros((n, self.feature_width), dtype=np.float64)
+        block_parts: list[BlockValues] = []
         for partial in partials:
             # Groups outside the public list are dropped here (-1): they are never released.
             positions = np.fromiter((index.get(g, -1) for g in partial.groups), dtype=np.int64, count=len(partial.groups))
@@ -371,6 +405,18 @@ class WindowCombiner:
                 np.add.at(sums, positions[keep], partial.sum[keep])
             if partial.histogram is not None:
                 histograms.append(partial.histogram.take_groups(positions, n))
+            if features is not None and partial.features is not None:
+                np.add.at(features, positions[keep], partial.features[keep])
+            if self.blocks and partial.blocks is not None and len(partial.blocks):
+                where = positions[partial.blocks.group]
+                inside = where >= 0
+                block_parts.append(BlockValues(where[inside].astype(np.int32), partial.blocks.block[inside],
+                                               partial.blocks.value[inside]))
         bins = self.quantile_bins if self.quantile_bins is not None else (histograms[0].bins if histograms else None)
         histogram = None if bins is None else add_histograms(histograms, n, bins)
-        return groups, count, sums, distinct, histogram
+        blocks = None
+        if self.blocks:
+            blocks = BlockValues(*(np.concatenate([getattr(b, name) for b in block_parts]) if block_parts
+                                   else np.zeros(0, dtype) for name, dtype in
+                                   (("group", np.int32), ("block", np.int32), ("value", np.float64))))
+        return groups, count, sums, distinct, histogram, features, blocks

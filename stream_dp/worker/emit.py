@@ -120,7 +120,8 @@ class Emitter:
             if rebuilt:
                 self.metrics.internal_errors.labels("replay_rebuilt_differently").inc()
                 log.warning("window %s was rebuilt with other units than first charged; releasing only the charged ones", cid)
-            totals = partial.aggregate(excluded if excluded.any() else None, histogram=query.histogram)
+            totals = partial.aggregate(excluded if excluded.any() else None, histogram=query.histogram,
+                                       features=query.features, blocks=query.blocks)
             n_excluded = int(excluded.sum())
             # Counted over the journaled list: a window rebuilt with fewer units can have fewer left out.
             over_cap = min(result.over_cap, n_excluded)

@@ -44,6 +44,8 @@ def partial_message(query: Any, partial: Any, totals: Any, *, input_partitions: 
         placement_partitions=partial.partition_count,
         placement_changed=partial.partition_count_changed,
         histogram=totals.histogram,
+        features=totals.features,
+        blocks=totals.blocks,
     )
 
 

@@ -36,6 +36,7 @@ import numpy as np
 import orjson
 
 from stream_dp.windows.histogram import SparseHistogram
+from stream_dp.windows.partial import BlockValues
 from stream_dp.wire.chunks import (
     CHUNK_HEADER_ROOM,
     Chunk,
@@ -90,6 +91,10 @@ class PartialAggregate:
     placement_changed: bool = False
     #: Per-group histogram of the bounded values, rows aligned with ``groups`` (quantiles queries only).
     histogram: SparseHistogram | None = None
+    #: Per-group sums of the units' feature vectors, (groups, width) (mean_vector / covariance queries only).
+    features: np.ndarray | None = None
+    #: Every kept event's (group, block, value) (sample_aggregate queries only).
+    blocks: BlockValues | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,23 @@ def encode_partial_payload(partial: PartialAggregate) -> bytes:
         sections["hist.group"] = partial.histogram.group
         sections["hist.bin"] = partial.histogram.bin
         sections["hist.count"] = partial.histogram.count
+    if partial.features is not None:
+        features = np.asarray(partial.features, dtype=np.float64)
+        if features.ndim != 2 or len(features) != len(partial.groups):
+            raise ValueError(
+                f"a partial's features have shape {features.shape} for {len(partial.groups)} groups; build them "
+                "from the same group totals"
+            )
+        extra["features"] = {"width": int(features.shape[1])}
+        sections["features"] = np.ascontiguousarray(features).reshape(-1)
+    if partial.blocks is not None:
+        blocks = partial.blocks
+        if len(blocks) and int(blocks.group.max()) >= len(partial.groups):
+            raise ValueError("a partial's block values name a group it does not hold; build them from the same totals")
+        extra["blocks"] = {"rows": len(blocks)}
+        sections["blk.group"] = np.asarray(blocks.group, dtype=np.int32)
+        sections["blk.block"] = np.asarray(blocks.block, dtype=np.int32)
+        sections["blk.value"] = np.asarray(blocks.value, dtype=np.float64)
     return encode_frame(
         {
             **_partial_stream(partial),
@@ -213,6 +235,8 @@ def decode_partial_payload(payload: bytes) -> PartialAggregate:
             placement_partitions=int(data["placement_partitions"]),
             placement_changed=bool(data["placement_changed"]),
             histogram=_decode_histogram(data.get("histogram"), sections, rows),
+            features=_decode_features(data.get("features"), sections, rows),
+            blocks=_decode_blocks(data.get("blocks"), sections, rows),
         )
     except WireFormatError:
         raise
@@ -230,6 +254,30 @@ def _decode_histogram(described: Any, sections: dict[str, Any], rows: int) -> Sp
         raise WireFormatError(f"a partial's histogram columns are not all {cells} cells long")
     # the constructor checks ranges, order and positive counts: a corrupt histogram raises ValueError
     return SparseHistogram(rows, int(described["bins"]), *columns)
+
+
+def _decode_features(described: Any, sections: dict[str, Any], rows: int) -> np.ndarray | None:
+    """The per-group feature sums of a vector query's partial frame, or None when it has none."""
+    if described is None:
+        return None
+    width = int(described["width"])
+    flat = sections["features"]
+    if width < 1 or flat.dtype != np.float64 or len(flat) != rows * width:
+        raise WireFormatError(f"a partial's features are not {rows} rows of {width} doubles")
+    return flat.reshape(rows, width)
+
+
+def _decode_blocks(described: Any, sections: dict[str, Any], rows: int) -> BlockValues | None:
+    """The block values of a sample-and-aggregate query's partial frame, or None when it has none."""
+    if described is None:
+        return None
+    n = int(described["rows"])
+    group, block, value = sections["blk.group"], sections["blk.block"], sections["blk.value"]
+    if not (len(group) == len(block) == len(value) == n):
+        raise WireFormatError(f"a partial's block columns are not all {n} long")
+    if n and (int(group.min()) < 0 or int(group.max()) >= rows or int(block.min()) < 0):
+        raise WireFormatError("a partial's block values name groups or blocks out of range")
+    return BlockValues(group, block, value)
 
 
 def read_internal(value: bytes) -> PartialAggregate | Progress | Chunk:

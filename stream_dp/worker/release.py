@@ -279,6 +279,11 @@ class ReleaseStage:
             # In a thread: a million groups take seconds of noise, and the event loop
             # must keep both consumers' heartbeats going meanwhile.
             entry = await asyncio.to_thread(build_release, query, window, self.noise, self.clock_ms(), previous)
+            if query.sandbox is not None:
+                for reason, blocks in query.sandbox.take_failures().items():
+                    self.metrics.sample_aggregate_failures.labels(query.name, reason).inc(blocks)
+                    log.warning("window %s of %s: %d block(s) failed (%s) and count as the output range's midpoint",
+                                item.window_start_ms, query.name, blocks, reason)  # at most once a window
             self.metrics.noise_seconds.labels(query.name).observe(time.perf_counter() - started)
             timing.labels(query.name, "noise").observe(time.perf_counter() - started)
             started = time.perf_counter()

@@ -61,6 +61,16 @@ def privacy_statement(query: Any, plan: Any, described: dict[str, Any]) -> dict[
     if query.local_dp is not None:
         # Randomized by the producers: no central noise; epsilon is one report's, protecting its value.
         privacy.update(mechanism=f"local_{query.local_dp.mechanism}", trust_model="local", local_dp=described["local_dp"])
+    if described.get(aggregations.vector_kind or "") is not None:
+        vector = described[aggregations.vector_kind]
+        privacy[aggregations.vector_kind] = {
+            key: vector[key] for key in ("mechanism", "fields", "clip_norm", "l2_sensitivity", "noise_sd",
+                                         "epsilon", "delta", "rho")
+        }
+    if described.get("sample_aggregate") is not None:
+        sa = described["sample_aggregate"]
+        privacy["sample_aggregate"] = {key: sa[key] for key in ("mechanism", "function", "blocks", "output_range",
+                                                                  "noise", "sum_scale", "epsilon", "delta", "rho")}
     if query.mechanism == "staircase":
         privacy["staircase"] = {
             name: {"epsilon_per_group": law["epsilon_per_group"], "stair_width": law["scale"],
@@ -98,8 +108,9 @@ def build_release(query: Any, window: Any, noise: Any, released_at_ms: int, prev
     if base is not None:
         noisy = base.release(window.count, window.sum, window.distinct_units, noise)
     else:
-        # rows only to carry quantiles; a top_k-only query publishes its list alone
-        noisy = _Placeholder(keep=np.full(len(window.groups), plan.quantiles is not None, dtype=bool))
+        # rows only to carry quantiles or vectors; a top_k-only query publishes its list alone
+        rows = plan.quantiles is not None or plan.vector is not None or plan.sample_aggregate is not None
+        noisy = _Placeholder(keep=np.full(len(window.groups), rows, dtype=bool))
     extras: list[tuple[bytes, bytes]] = []
     if plan.hierarchy:
         from stream_dp.worker.hierarchy_release import release_levels
@@ -111,6 +122,10 @@ def build_release(query: Any, window: Any, noise: Any, released_at_ms: int, prev
     row_extra = None
     if plan.quantiles is not None:
         row_extra = _quantile_fragments(plan, window, noisy, index, noise)
+    if plan.vector is not None:
+        row_extra = _vector_fragments(plan.vector, window, index, noise)
+    if plan.sample_aggregate is not None:
+        row_extra = _sample_aggregate_fragments(query, window, index, noise)
     if plan.top_k is not None:
         candidates = index if base is not None else np.arange(len(window.groups))  # public groups
         extras.append(_top_k_record(query, window, noisy, candidates, noise, released_at_ms))
@@ -153,6 +168,46 @@ def _local_release(query: Any, window: Any, released_at_ms: int) -> ReleaseEntry
     entry = build_entry(query, window, noisy, released_at_ms)
     fragments = [b',"local_dp":' + orjson.dumps({"reports": reports, "variance": float(v)}) for v in variance.tolist()]
     return ReleaseEntry(**{**entry.__dict__, "row_extra": fragments})
+
+
+def _vector_fragments(vector: Any, window: Any, index: np.ndarray, noise: Any) -> list[bytes]:
+    """``,"mean_vector":{...}`` or ``,"covariance":{...}`` for each released group.
+
+    Every group of the window is noised (one draw per coordinate, whatever is published), then
+    only the released groups' blocks are kept: which groups are released is the count's decision.
+    """
+    features = window.features
+    if features is None:  # an empty window: every group's sums are zero
+        features = np.zeros((len(window.groups), vector.features.width))
+    noisy = vector.noisy(np.asarray(features, dtype=np.float64), noise)
+    name = vector.features.kind.encode()
+    return [b',"' + name + b'":' + orjson.dumps(block) for block in vector.rows(noisy[index])]
+
+
+def _sample_aggregate_fragments(query: Any, window: Any, index: np.ndarray, noise: Any) -> list[bytes]:
+    """``,"sample_aggregate":{...}`` for each released group: the noisy mean of the blocks' clipped outputs.
+
+    The user function runs in the query's sandbox on every non-empty block of every group, whatever
+    is published; an empty or failed block counts as the output range's midpoint (``SampleAggregatePlan``).
+    """
+    from stream_dp.dp.sample_aggregate import split_blocks
+
+    plan = query.plan.sample_aggregate
+    n = len(window.groups)
+    blocks = window.blocks
+    if blocks is None or not len(blocks):  # an empty (or withheld) window: every block is empty
+        cells = [[np.zeros(0)] * plan.blocks for _ in range(n)]
+    else:
+        cells = split_blocks(blocks.group, blocks.block, blocks.value, n, plan.blocks)
+    # empty blocks are not handed to the function: like failed ones they count as the range's midpoint
+    flat = [values for group_blocks in cells for values in group_blocks]
+    outputs = np.full(len(flat), np.nan)
+    filled = [i for i, values in enumerate(flat) if len(values)]
+    if filled:
+        outputs[filled] = query.sandbox.run([flat[i] for i in filled])
+    means, half_width = plan.release(outputs.reshape(n, plan.blocks), noise)
+    return [b',"sample_aggregate":' + orjson.dumps({"value": float(means[i]), "ci95": half_width,
+                                                    "blocks": plan.blocks}) for i in index.tolist()]
 
 
 def _quantile_fragments(plan: Any, window: Any, noisy: Any, index: np.ndarray, noise: Any) -> list[bytes]:

@@ -94,6 +94,7 @@ class QueryRuntime:
     delta: float  # charged beside ``cost`` to the namespace's delta limits, per window or (continual) per period
     privacy: dict[str, Any]  # the `privacy` block of every release record of this query
     continual: ContinualCharging | None = None  # set for continual queries: charged per period, not per window
+    sandbox: Any = None  # sample_aggregate queries: the user function's process (``worker.sandbox``)
 
     @property
     def name(self) -> str:
@@ -112,3 +113,15 @@ class QueryRuntime:
             return None
         lo, hi = quantiles.bounds
         return HistogramSpec(bins=quantiles.bins, lo=float(lo), hi=float(hi))
+
+    @property
+    def blocks(self) -> int | None:
+        """A sample-and-aggregate query's block count (its partials carry block values), else None."""
+        plan = getattr(self.plan, "sample_aggregate", None)
+        return None if plan is None else plan.blocks
+
+    @property
+    def features(self) -> Any:
+        """What each unit adds to a vector query's groups (``stream_dp.dp.vectors.FeatureSpec``), else None."""
+        vector = getattr(self.plan, "vector", None)
+        return None if vector is None else vector.features

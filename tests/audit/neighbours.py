@@ -91,6 +91,17 @@ SCENARIOS += (
     Scenario("staircase", "main", "count", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "mechanism": "staircase"}),
+    # The target's value 1e6 in every group, against a clip norm of 10: the first coordinate of the sum.
+    Scenario("mean_vector", "main", "vector_sum", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
+              "mechanism": "gaussian", "delta": 1e-6,
+              "aggregations": {"mean_vector": {"fields": ["value"], "clip_norm": 10.0}}}),
+    # A median per block of units: the target's 1e6 values push its block's median to the top of the
+    # output range (and fill an empty block in groups b to e); outputs clipped to [0, 10].
+    Scenario("sample_aggregate", "main", "sa_value", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
+              "aggregations": {"sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": 4,
+                                                    "output_range": [0, 10]}}}),
     # Periods of two windows; the target counts in its first window of each (max_windows_per_unit 1).
     Scenario("continual", "main", "count", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
@@ -392,6 +403,10 @@ class Deployment:
         starts = [self.start_ms + w * 1000 for w in audited_windows(scenario, self.start_ms, self.windows)]
         if scenario.statistic == "top1":
             return [float(releases[(s, "top")]["top"][0]["group"]["group"] == group) for s in starts]
+        if scenario.statistic == "sa_value":
+            return [float(releases[(s, group)]["sample_aggregate"]["value"]) for s in starts]
+        if scenario.statistic == "vector_sum":
+            return [float(releases[(s, group)]["mean_vector"]["sum"][0]) for s in starts]
         if scenario.statistic == "median":
             return [float(releases[(s, group)]["quantiles"]["0.5"]["value"]) for s in starts]
         return [float(releases[(s, group)][scenario.statistic]) for s in starts]

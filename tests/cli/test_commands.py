@@ -27,7 +27,7 @@ def test_help_lists_the_six_subcommands():
 
 def test_check_config_ok_and_failing(tmp_path, capsys):
     assert main(["check-config", str(EXAMPLE)]) == 0
-    assert "OK (7 queries)" in capsys.readouterr().out
+    assert "OK (10 queries)" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
     bad.write_text(EXAMPLE.read_text().replace("epsilon: 0.1 ", "epsilon: -0.1 "))
     assert main(["check-config", str(bad)]) == 1

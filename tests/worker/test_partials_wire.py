@@ -13,8 +13,11 @@ from prometheus_client import CollectorRegistry
 
 from stream_dp.config import parse_config
 from stream_dp.metrics.worker import WorkerMetrics
+from stream_dp.windows import EventSchema
 from stream_dp.windows.histogram import SparseHistogram
+from stream_dp.windows.partial import BlockValues
 from stream_dp.wire import UnknownWireVersion, WireFormatError
+from stream_dp.worker.app import build_plan
 from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.partials_in import PartialsIntake, PartialsReader
 from stream_dp.worker.partials_out import partial_message
@@ -225,3 +228,75 @@ def test_events_reach_the_combined_window_as_one_histogram_without_excluded_unit
             expected[int(g[2:]), spec.bin_of(np.array([v]))[0]] += 1
     assert np.array_equal(window.histogram.dense(), expected)
     assert window.histogram.totals().tolist() == window.count.tolist()
+
+
+def test_events_reach_the_combined_window_as_feature_sums_without_excluded_units():
+    """A covariance query: engine (two partitions) -> partials with feature sums -> records -> combined window,
+    against per-unit mean vectors computed here (no unit's vector is long enough to be clipped)."""
+    data = yaml.safe_load((REPO / "deploy/queries.example.yaml").read_text())
+    config = parse_config(data).query("sensor_covariance")
+    runtime = QueryRuntime(config=config, engine=None, plan=build_plan(config), combiner=None, namespace="devices",
+                           cost=0.0, delta=0.0, privacy={})
+    spec = runtime.features
+    assert (spec.kind, spec.dimensions, spec.width) == ("covariance", 3, 10)
+    fields = config.aggregations.covariance.fields
+    schema = EventSchema(unit_field="user_id", timestamp_field="ts", group_by=("page",), vector_fields=tuple(fields))
+    engine, clock = make_engine(schema=schema, partitions=(0, 1))
+    engine.set_partition_count(2)
+    rng = np.random.default_rng(4)
+    start = ENGINE_NOW_MS - 120_000
+    events = [(f"u{int(u)}", f"/p{int(g)}", rng.normal(0, 2, 3).round(3).tolist())
+              for u, g in zip(rng.integers(0, 30, 300), rng.integers(0, 2, 300))]
+    for p in (0, 1):
+        mine = [(i, u, g, v) for i, (u, g, v) in enumerate(events) if int(u[1:]) % 2 == p]
+        engine.process(batch_of([orjson.dumps({"user_id": u, "ts": start + i, "page": g, **dict(zip(fields, v))})
+                                 for i, u, g, v in mine], partition=p))
+    clock.now_ms += 10**9
+    combiner = WindowCombiner(config.name, window_size_ms=60_000, window_offset_ms=0, release_timeout_ms=1,
+                              public_groups=[("/p0",), ("/p1",), ("/none",)], has_sum=False, feature_width=spec.width)
+    out_of_budget = {"u4", "u7"}
+    for partial in engine.tick():
+        excluded = partial.unit_mask(out_of_budget)
+        totals = partial.aggregate(excluded, features=runtime.features)
+        message = partial_message(runtime, partial, totals, input_partitions=2, units=len(partial.units),
+                                  excluded=int(excluded.sum()), closed_at_ms=ENGINE_NOW_MS)
+        for record in partial_records(message, 1_000_000):
+            assert combiner.add_partial(PartialsReader().read(0, 0, record), now_ms=ENGINE_NOW_MS)
+    window = combiner.take(start)
+    assert window.withheld is None and window.features.shape == (3, 10)
+    per_pair: dict = {}
+    for u, g, v in events:
+        if u not in out_of_budget:
+            per_pair.setdefault((u, g), []).append(v)
+    expected = np.zeros((3, 10))
+    upper = [(i, j) for i in range(4) for j in range(i, 4)]
+    for (u, g), vectors in per_pair.items():
+        x = [*np.mean(vectors, axis=0).tolist(), 20.0]  # (mean, C); C = 20 in the example
+        expected[int(g[2:])] += [x[i] * x[j] for i, j in upper]
+    assert np.allclose(window.features, expected, rtol=1e-12, atol=1e-9)
+    # a partial without feature sums cannot be added up: the window is withheld, not half-released
+    bare = _partial(2, groups=[("/p0",), ("/p1",)], partition=0, input_partitions=1)
+    other = WindowCombiner(config.name, window_size_ms=60_000, window_offset_ms=0, release_timeout_ms=1,
+                           public_groups=[("/p0",), ("/p1",)], has_sum=False, feature_width=spec.width)
+    other.add_partial(bare, now_ms=NOW_MS)
+    withheld = other.take(bare.window_start_ms)
+    assert withheld.withheld == "features_missing" and not withheld.features.any()
+
+
+def test_block_values_travel_in_chunks_and_come_back_bit_for_bit():
+    rows, n = 50, 30_000
+    rng = np.random.default_rng(9)
+    blocks = BlockValues(rng.integers(0, rows, n).astype(np.int32), rng.integers(0, 50, n).astype(np.int32),
+                         rng.normal(0, 1e3, n))
+    partial = _partial(rows, blocks=blocks)
+    records = partial_records(partial, 64 * 1024)
+    assert len(records) > 2
+    intake = _intake(CollectorRegistry())
+    message = [intake.take(0, i, value, NOW_MS - 40_000, NOW_MS) for i, value in enumerate(records)][-1].message
+    for name in ("group", "block", "value"):
+        got, sent = getattr(message.blocks, name), getattr(blocks, name)
+        assert got.dtype == sent.dtype and got.tobytes() == sent.tobytes()
+    # a group index past the partial's groups is refused, not released against the wrong group
+    with pytest.raises(ValueError, match="name a group it does not hold"):
+        partial_records(_partial(3, blocks=BlockValues(np.array([3], np.int32), np.array([0], np.int32),
+                                                       np.array([1.0]))), 64 * 1024)

@@ -1,6 +1,7 @@
-"""End to end on the real broker and Redis: top_k, quantiles, hierarchy, continual and staircase queries in one worker.
+"""End to end on the real broker and Redis: top_k, quantiles, hierarchy, continual, staircase, mean_vector,
+covariance and sample_aggregate queries in one worker.
 
-One input topic feeds five queries. The data is known exactly, so each
+One input topic feeds nine queries. The data is known exactly, so each
 release is checked against values computed here from the README's semantics,
 with bounds wide enough (4x a 95% half-width, or a gap of many noise scales)
 that the whole test fails by chance with probability below 1e-3. Every record
@@ -14,6 +15,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -21,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import orjson
 import pytest
 import redis
@@ -29,6 +32,7 @@ from kafka import KafkaProducer
 
 from stream_dp.budget import RedisBudgetStore, policy_from_config
 from stream_dp.config import load_config
+from stream_dp.windows.hashing import derive_key, siphash_reference
 from tests.worker._support import consume_all, free_port
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -43,6 +47,9 @@ UNITS = 40
 PAGE_EVENTS = {"a": 3, "b": 2, "c": 1}
 PLACES = {"a": ("FR", "IDF", "Paris"), "b": ("FR", "ARA", "Lyon"), "c": ("DE", "BE", "Berlin")}
 MAX_WINDOWS_PER_UNIT = 2
+CLIP_NORM = 8.0
+SA_BLOCKS = 4
+SECRET = "test-secret-0123456789abcdef"
 
 
 def _query(name: str, topic: str, output: str, namespace: str, **options) -> dict:
@@ -60,7 +67,7 @@ def _query(name: str, topic: str, output: str, namespace: str, **options) -> dic
 
 def _config(tmp_path: Path, topic: str, outputs: dict[str, str], namespace: str, tag: str) -> Path:
     config = {
-        "namespaces": {namespace: {"budgets": [{"horizon": "1h", "epsilon": 1000.0}]}},
+        "namespaces": {namespace: {"budgets": [{"horizon": "1h", "epsilon": 1000.0, "delta": 1e-3}]}},
         "queries": [
             _query(f"{tag}_top", topic, outputs["top"], namespace, aggregations={"count": {}, "top_k": {"k": 2}}, epsilon=10.0),
             _query(f"{tag}_quantiles", topic, outputs["quantiles"], namespace, epsilon=10.0, aggregations={
@@ -74,11 +81,27 @@ def _config(tmp_path: Path, topic: str, outputs: dict[str, str], namespace: str,
                    aggregations={"count": {}, "sum": {"field": "value", "clip": [0, 100]}}),
             _query(f"{tag}_stairs", topic, outputs["stairs"], namespace, epsilon=10.0, mechanism="staircase",
                    aggregations={"count": {}, "sum": {"field": "value", "clip": [0, 100]}, "mean": {"field": "value"}}),
+            _query(f"{tag}_vec", topic, outputs["vec"], namespace, epsilon=10.0, mechanism="gaussian", delta=1e-5,
+                   aggregations={"mean_vector": {"fields": ["vx", "vy"], "clip_norm": CLIP_NORM}}),
+            _query(f"{tag}_cov", topic, outputs["cov"], namespace, epsilon=10.0, mechanism="gaussian", delta=1e-5,
+                   aggregations={"count": {}, "covariance": {"fields": ["vx", "vy"], "clip_norm": CLIP_NORM}}),
+            _query(f"{tag}_median", topic, outputs["median"], namespace, epsilon=10.0, aggregations={
+                "sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": SA_BLOCKS,
+                                     "output_range": [0, 100]}}),
+            # a function that ends its process on any block holding a 7 (unit u2's first event, in every page)
+            _query(f"{tag}_crashy", topic, outputs["crashy"], namespace, epsilon=10.0, aggregations={
+                "sample_aggregate": {"function": "tests.worker._functions:exits_on_seven", "field": "value",
+                                     "blocks": SA_BLOCKS, "output_range": [0, 100]}}),
         ],
     }
     path = tmp_path / "queries.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def _vector(unit: int) -> tuple[float, float]:
+    """Each unit's (vx, vy), the same in all its events: its mean vector in every page (norm < CLIP_NORM)."""
+    return float(1 + unit % 5), float((unit * 7) % 11 - 5)
 
 
 def _value(unit: int, event: int) -> float:
@@ -88,7 +111,8 @@ def _value(unit: int, event: int) -> float:
 
 def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name):
     topic = new_topic("in", partitions=2)
-    outputs = {k: f"{unique_name}-{k}" for k in ("top", "quantiles", "places", "today", "stairs")}
+    outputs = {k: f"{unique_name}-{k}" for k in ("top", "quantiles", "places", "today", "stairs", "vec", "cov",
+                                                  "median", "crashy")}
     namespace = f"{unique_name}-users"
     config_path = _config(tmp_path, topic, outputs, namespace, unique_name.replace("-", "_")[-30:])
     period_ms = PERIOD_WINDOWS * WINDOW_MS
@@ -102,7 +126,8 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
                 for e in range(events):
                     ts = first_start + w * WINDOW_MS + 50 * u + e
                     event = {"user_id": f"u{u}", "ts": ts, "page": page, "value": _value(u, e),
-                             "country": country, "region": region, "city": city}
+                             "country": country, "region": region, "city": city,
+                             "vx": _vector(u)[0], "vy": _vector(u)[1]}
                     if w == 0:
                         values[page].append(event["value"])
                     producer.send(topic, key=f"u{u}".encode(), value=orjson.dumps(event), timestamp_ms=ts)
@@ -110,7 +135,7 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
 
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, REDIS_URL=redis_url,
                STREAM_DP_GROUP_ID=f"{unique_name}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{unique_name}.",
-               STREAM_DP_CONTRIBUTION_SECRET="test-secret-0123456789abcdef", STREAM_DP_METRICS_PORT=str(metrics_port := free_port()))
+               STREAM_DP_CONTRIBUTION_SECRET=SECRET, STREAM_DP_METRICS_PORT=str(metrics_port := free_port()))
     log = open(tmp_path / "worker.log", "wb")
     worker = subprocess.Popen([sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(config_path)],
                               env=env, stdout=subprocess.DEVNULL, stderr=log)
@@ -207,6 +232,56 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
         true_sum = sum(_value(u, e) for u in range(UNITS) for e in range(PAGE_EVENTS[page]))
         assert abs(record["sum"] - true_sum) <= 4 * record["ci95"]["sum"], record
 
+    # mean_vector: per page, every unit's vector once (L0 = 3 covers the three pages); sums and the unit
+    # count within 5 noise sds (probability below 6e-7 each); the record states the Gaussian noise it drew.
+    true_sum = np.array([_vector(u) for u in range(UNITS)]).sum(axis=0)
+    for record in (r for r in got["vec"] if r["window"]["start_ms"] in starts):
+        block, privacy = record["mean_vector"], record["privacy"]["mean_vector"]
+        sd = privacy["noise_sd"]
+        assert privacy["mechanism"] == "gaussian_vector" and block["sum_sd"] == sd
+        # sigma = sqrt(L0 * 2) C / sqrt(2 rho), rho within the window's budget
+        assert privacy["l2_sensitivity"] == pytest.approx(math.sqrt(3 * 2) * CLIP_NORM)
+        assert privacy["l2_sensitivity"] ** 2 / (2 * sd**2) <= privacy["rho"] * (1 + 1e-9)
+        assert np.all(np.abs(np.array(block["sum"]) - true_sum) <= 5 * sd), record
+        assert abs(block["units"] - UNITS) <= 5 * sd / CLIP_NORM, record
+        assert record["privacy"]["epsilon"] <= 10.0 + 1e-9 and record["privacy"]["delta"] <= 1e-5 * (1 + 1e-9)
+    # covariance: PSD and symmetric whatever the noise. The projection moves the noisy matrix by at most the
+    # noise's Frobenius norm (the true matrix is PSD), so every entry -- the unit count's n C^2 among them --
+    # is within twice that norm of the truth; that norm is below 9 sds (2 chi2_6 > 80: probability < 1e-6).
+    for record in (r for r in got["cov"] if r["window"]["start_ms"] in starts):
+        block, privacy = record["covariance"], record["privacy"]["covariance"]
+        assert privacy["mechanism"] == "analyze_gauss" and block["psd_projected"] is True
+        assert privacy["l2_sensitivity"] == pytest.approx(math.sqrt(3 * 3) * CLIP_NORM**2)
+        assert abs(block["units"] - UNITS) <= 18 * privacy["noise_sd"] / CLIP_NORM**2, record
+        if block["covariance"] is not None:
+            matrix = np.array(block["covariance"])
+            assert matrix.shape == (2, 2) and block["fields"] == ["vx", "vy"]
+            assert np.allclose(matrix, matrix.T) and np.linalg.eigvalsh(matrix).min() >= -1e-9
+
+    # sample_aggregate: the mean over blocks of each block's median, computed here from the README's
+    # definition (block = ((h * 0x9E3779B97F4A7C15 mod 2^64) >> 32) mod blocks, h the keyed SipHash-1-3 of
+    # the unit id, written with the pure-Python reference); within 4x the stated 95% half-width
+    # (Laplace: probability e^-12 per record).
+    unit_key = derive_key(SECRET.encode(), "stream-dp/units", 16)
+    block = {u: ((siphash_reference(unit_key, f"u{u}".encode(), c_rounds=1, d_rounds=3) * 0x9E3779B97F4A7C15
+                  % 2**64) >> 32) % SA_BLOCKS for u in range(UNITS)}
+    for record in (r for r in got["median"] if r["window"]["start_ms"] in starts):
+        page = record["group"]["page"]
+        medians = []
+        for b in range(SA_BLOCKS):
+            members = [_value(u, e) for u in range(UNITS) if block[u] == b for e in range(PAGE_EVENTS[page])]
+            medians.append(min(max(statistics.median(members), 0), 100) if members else 50.0)
+        released = record["sample_aggregate"]
+        assert released["blocks"] == SA_BLOCKS and record["privacy"]["sample_aggregate"]["function"] == "statistics:median"
+        assert abs(released["value"] - sum(medians) / SA_BLOCKS) <= 4 * released["ci95"], (record, medians)
+
+    # a user function that kills its process costs its block, not the worker: every window is released
+    # (checked above), and the failures are counted per reason
+    crashed = sum(float(v) for q, v in re.findall(
+        r'stream_dp_sample_aggregate_failed_blocks_total\{[^}]*query="([^"]+)"[^}]*reason="crashed"[^}]*\} (\S+)', metrics)
+        if q.endswith("_crashy"))
+    assert crashed >= len(PAGE_EVENTS) * WINDOWS, metrics[-2000:]
+
     # the epsilon metric counts a continual query once per period, the others once per window (windows of a
     # continual query are released in order from the first period's start; both series come from one scrape)
     def series(name: str, suffix: str) -> float:
@@ -221,7 +296,9 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
     assert series("stream_dp_epsilon_released_total", "_stairs") == pytest.approx(
         10.0 * series("stream_dp_windows_released_total", "_stairs"), rel=1e-6)
 
-    # charged once per period: two periods, 10 epsilon each, plus the other four queries' windows
+    # charged once per period: two periods, 10 epsilon each, plus the other eight queries' windows
     store = RedisBudgetStore(redis.Redis.from_url(redis_url), policy_from_config(load_config(config_path)))
-    (hour,) = store.spend(namespace, "u0", int(time.time() * 1000))
-    assert hour.spent == pytest.approx(2 * 10.0 + 4 * WINDOWS * 10.0, rel=1e-6)
+    spends = {h.currency: h for h in store.spend(namespace, "u0", int(time.time() * 1000))}
+    assert spends["epsilon"].spent == pytest.approx(2 * 10.0 + 8 * WINDOWS * 10.0, rel=1e-6)
+    # delta: the two Gaussian vector queries' 1e-5 per window
+    assert spends["delta"].spent == pytest.approx(2 * WINDOWS * 1e-5, rel=1e-6)

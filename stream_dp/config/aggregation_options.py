@@ -1,0 +1,116 @@
+"""Aggregations of the query file beyond counts and sums: vectors and sample-and-aggregate.
+
+``mean_vector`` and ``covariance`` read several numeric fields; their noise is
+Gaussian, scaled to the l2 norm each unit's vector is clipped to
+(``stream_dp.dp.vectors``), so a query holding one needs ``mechanism:
+gaussian``. ``sample_aggregate`` runs a user function per block of units
+(``stream_dp.dp.sample_aggregate``). ``check_option_query`` says what each may
+be combined with.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from stream_dp.config.durations import parse_duration_ms
+from stream_dp.dp.sample_aggregate import MAX_BLOCKS, check_output_range, parse_function_path
+from stream_dp.dp.vectors import MAX_DIMENSIONS
+
+
+class _VectorAggregation(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fields: list[str] = Field(min_length=1)
+    clip_norm: float
+
+    @field_validator("fields")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if any(not name for name in value):
+            raise ValueError("fields must be non-empty JSON keys of the events, e.g. [lat, lon]")
+        if len(set(value)) != len(value):
+            raise ValueError(f"fields {value} name a field twice; list each field once")
+        return value
+
+    @field_validator("clip_norm")
+    @classmethod
+    def _norm(cls, value: float) -> float:
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(
+                f"clip_norm {value} must be a positive finite number: the l2 norm a unit's vector is scaled down to "
+                "(its events' mean vector in a group and window), e.g. the norm of a typical vector"
+            )
+        return value
+
+
+class MeanVectorAggregation(_VectorAggregation):
+    """Per group and window: the sum and mean of the units' vectors over ``fields`` (Gaussian vector mechanism)."""
+
+    @field_validator("fields")
+    @classmethod
+    def _few(cls, value: list[str]) -> list[str]:
+        if len(value) > MAX_DIMENSIONS["mean_vector"]:
+            raise ValueError(f"mean_vector takes at most {MAX_DIMENSIONS['mean_vector']} fields; split it over queries")
+        return value
+
+
+class CovarianceAggregation(_VectorAggregation):
+    """Per group and window: the mean and covariance matrix of the units' vectors ("Analyze Gauss", PSD-projected)."""
+
+    @field_validator("fields")
+    @classmethod
+    def _few(cls, value: list[str]) -> list[str]:
+        if len(value) > MAX_DIMENSIONS["covariance"]:
+            raise ValueError(f"covariance takes at most {MAX_DIMENSIONS['covariance']} fields; split it over queries")
+        return value
+
+
+class SampleAggregateAggregation(BaseModel):
+    """Per group and window: a user function's statistic on each of ``blocks`` disjoint blocks of units,
+    clipped into ``output_range``, averaged with noise (sample-and-aggregate)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    function: str = Field(min_length=3, description="package.module:function, called with a block's values")
+    field: str = Field(min_length=1)
+    blocks: int = Field(ge=2, le=MAX_BLOCKS)
+    output_range: tuple[float, float]
+    timeout_ms: Annotated[int, BeforeValidator(parse_duration_ms)] = Field(1_000, alias="timeout", ge=1, le=60_000)
+
+    @field_validator("function")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        parse_function_path(value)
+        return value
+
+    @field_validator("output_range")
+    @classmethod
+    def _range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        check_output_range(*value)
+        return value
+
+
+def check_option_query(query: Any) -> None:
+    """What a query with a vector or sample-and-aggregate aggregation may hold; raises ``ValueError``
+    saying how to fix it."""
+    aggregations = query.aggregations
+    kind = aggregations.vector_kind or ("sample_aggregate" if aggregations.sample_aggregate is not None else None)
+    if kind is None:
+        return
+    fixes = []
+    others = sorted(aggregations.names() - {"count", kind})
+    if others:
+        fixes.append(f"no {others} beside it (only count: {{}}); release them with another query")
+    if kind != "sample_aggregate" and query.mechanism != "gaussian":
+        fixes.append("mechanism: gaussian with a delta (its noise is scaled to the l2 norm of the clipped vectors)")
+    if kind == "sample_aggregate" and query.mechanism == "staircase":
+        fixes.append("mechanism: laplace or gaussian")
+    if query.continual is not None or query.hierarchy or query.local_dp is not None:
+        fixes.append("no continual, hierarchy or local_dp")
+    if "count" not in aggregations.names() and query.public_group_keys() is None:
+        fixes.append("count: {} or groups.public (privately selected groups come from a count release)")
+    if fixes:
+        raise ValueError(f"{kind} needs " + "; ".join(fixes))

@@ -1,0 +1,141 @@
+"""Sample-and-aggregate (Nissim, Raskhodnikova & Smith 2007): any statistic, made private by blocks.
+
+Units are split into ``blocks`` disjoint blocks by a keyed hash of their id
+(``block_of``), the same on every partition and worker. Per group and window,
+a user-supplied function computes its statistic on each block's values alone;
+each output is clipped into ``output_range = [lo, hi]`` (a block whose
+function fails counts as the range's midpoint, a value that does not depend
+on the data), and the release is the noisy sum of the ``blocks`` outputs over
+``blocks``: a DP mean of the block statistics.
+
+Sensitivity: a unit lies in one block, and it touches at most ``L0`` =
+``max_groups_per_unit`` groups, so adding or removing it changes at most one
+block output per group -- anywhere within ``[lo, hi]``, whatever the function
+does -- and the vector of per-group sums by at most ``L0 (hi - lo)`` in l1 and
+``sqrt(L0) (hi - lo)`` in l2. The function may be randomized: the other
+blocks' outputs keep their distribution, and the bound holds for every
+value of the changed block's. Laplace noise of ``Delta_1 / epsilon`` (or
+Gaussian of ``Delta_2 / sqrt(2 rho)``) on the sums, certified by OpenDP.
+
+Pure maths and bookkeeping; running the function is the worker's sandbox's job.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from stream_dp.dp.bounds import ContributionBounds
+from stream_dp.dp.calibration import CalibratedNoise, calibrate_sums
+from stream_dp.dp.loss import PrivacyLoss
+from stream_dp.dp.measurements import NoiseKind
+from stream_dp.dp.noise import NoiseSource
+
+MAX_BLOCKS = 10_000
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def block_of(unit_hash: NDArray[np.uint64], blocks: int) -> NDArray[np.int32]:
+    """The block of each unit, from its keyed 64-bit hash: ``((h * golden) >> 32) mod blocks``.
+
+    The multiply mixes the bits that the canonical unit order (by hash) leaves correlated with
+    position; the hash is keyed with the contribution secret, so no unit can pick its block.
+    """
+    mixed = (np.asarray(unit_hash, dtype=np.uint64) * _GOLDEN) >> np.uint64(32)
+    return (mixed % np.uint64(blocks)).astype(np.int32)
+
+
+def parse_function_path(path: str) -> tuple[str, str]:
+    """``"package.module:function"`` as (module, attribute); raises ``ValueError`` saying what is expected."""
+    module, sep, attribute = str(path).partition(":")
+    if not sep or not module or not attribute or not all(
+        part.isidentifier() for part in (*module.split("."), *attribute.split("."))
+    ):
+        raise ValueError(
+            f"function {path!r} is not an import path; write it as package.module:function, e.g. statistics:median"
+        )
+    return module, attribute
+
+
+
+def check_output_range(lo: float, hi: float) -> tuple[float, float]:
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(
+            f"output_range [{lo}, {hi}] must be two finite numbers with lo < hi: the range the statistic's "
+            "values are clipped into, e.g. [0, 100] for a median of values in that range"
+        )
+    return float(lo), float(hi)
+
+
+@dataclass(frozen=True)
+class SampleAggregatePlan:
+    """Calibrated noise for the per-group sums of block outputs. Use :meth:`build`."""
+
+    function: str
+    blocks: int
+    lo: float
+    hi: float
+    noise: CalibratedNoise
+    loss: PrivacyLoss
+
+    @classmethod
+    def build(
+        cls, *, function: str, blocks: int, lo: float, hi: float, kind: NoiseKind, budget: float, delta: float,
+        bounds: ContributionBounds, max_groups: int = 1_000_000,
+    ) -> SampleAggregatePlan:
+        """``budget`` is epsilon (``kind="laplace"``) or rho (``"gaussian"``, stated at ``delta``)."""
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or not 2 <= blocks <= MAX_BLOCKS:
+            raise ValueError(
+                f"blocks must be an integer in [2, {MAX_BLOCKS}], got {blocks!r}; more blocks mean less noise "
+                "(it shrinks as 1/blocks) but fewer units per block: 20 to 100 is typical"
+            )
+        lo, hi = check_output_range(lo, hi)
+        l0 = bounds.max_groups_per_unit
+        sensitivity = (hi - lo) * (l0 if kind == "laplace" else math.sqrt(l0))
+        noise = calibrate_sums(kind, budget, sensitivity, max_groups=max_groups)
+        loss = PrivacyLoss.pure(noise.cost) if kind == "laplace" else PrivacyLoss.from_zcdp(noise.cost, delta)
+        return cls(function, blocks, lo, hi, noise, loss)
+
+    @property
+    def fallback(self) -> float:
+        """What a block whose function failed contributes: the range's midpoint, independent of the data."""
+        return self.lo + (self.hi - self.lo) / 2.0
+
+    def release(self, outputs: NDArray[np.float64], noise: NoiseSource) -> tuple[NDArray[np.float64], float]:
+        """Noisy means over blocks of ``outputs`` (groups x blocks, failed blocks as NaN), and the 95% half-width."""
+        outputs = np.asarray(outputs, dtype=np.float64)
+        if outputs.ndim != 2 or outputs.shape[1] != self.blocks:
+            raise ValueError(f"outputs must have shape (groups, {self.blocks}), one value per block; got {outputs.shape}")
+        clipped = np.clip(np.where(np.isfinite(outputs), outputs, self.fallback), self.lo, self.hi)
+        sums = clipped.sum(axis=1)
+        noisy = self.noise.apply(sums, noise) if len(sums) else sums
+        return noisy / self.blocks, self.noise.ci_half_width(0.05) / self.blocks
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "mechanism": "sample_and_aggregate",
+            "function": self.function,
+            "blocks": self.blocks,
+            "output_range": [self.lo, self.hi],
+            "noise": self.noise.kind,
+            "sum_scale": self.noise.scale,
+            "l_sensitivity": self.noise.sensitivity,
+            "ci95": self.noise.ci_half_width(0.05) / self.blocks,
+            **self.loss.to_dict(),
+        }
+
+
+def split_blocks(group: NDArray[Any], block: NDArray[Any], values: NDArray[np.float64], n_groups: int,
+                 blocks: int) -> list[list[NDArray[np.float64]]]:
+    """``values`` cut into one array per (group, block), each in its given order (stable)."""
+    group = np.asarray(group, dtype=np.int64)
+    block = np.asarray(block, dtype=np.int64)
+    cell = group * blocks + block
+    order = np.argsort(cell, kind="stable")
+    bounds = np.searchsorted(cell[order], np.arange(n_groups * blocks + 1))
+    ordered = np.asarray(values, dtype=np.float64)[order]
+    return [[ordered[bounds[g * blocks + b]:bounds[g * blocks + b + 1]] for b in range(blocks)] for g in range(n_groups)]

@@ -1,0 +1,237 @@
+"""Vector aggregations: mean vectors (the Gaussian vector mechanism) and covariance ("Analyze Gauss").
+
+A query with ``mean_vector`` or ``covariance`` reads ``d`` numeric fields. A
+unit's vector in a group and window is the mean of its kept events' vectors,
+clipped in l2 to ``clip_norm`` = C (``x <- x * min(1, C / ||x||)``). Each unit
+adds one *feature vector* ``f(x)`` to each group it touches:
+
+* ``mean_vector``: ``f(x) = (x, C)``, so the last coordinate of a group's sum
+  is ``C`` times its number of units; ``||f(x)||_2 <= sqrt(2) C``.
+* ``covariance``: ``f(x)`` = the upper triangle (diagonal included, row-major)
+  of ``x~ x~^T`` with ``x~ = (x, C)``: the group's sum holds the second moments,
+  ``C`` times the vector sum and ``C^2`` times the unit count in one symmetric
+  matrix. ``||f(x)||_2^2 = (||x~||^4 + sum_i x~_i^4) / 2`` (each off-diagonal
+  product once), and with ``||x~||^2 <= 2 C^2``, ``sum_i x~_i^4 <= ||x||^4 + C^4
+  <= 2 C^4``: ``||f(x)||_2 <= sqrt(3) C^2``, reached when ``x`` lies along an axis.
+
+A unit touches at most ``L0`` = ``max_groups_per_unit`` groups, so adding or
+removing it moves the concatenation of every group's feature sum by at most
+``sqrt(L0)`` times the feature bound in l2. Independent Gaussian noise of
+``sigma = Delta_2 / sqrt(2 rho)`` on every coordinate is ``rho``-zCDP (Bun &
+Steinke 2016, Proposition 1.6); the noise is OpenDP's, on a float grid, certified
+by :func:`stream_dp.dp.calibration.calibrate_sums`.
+
+Covariance: the noisy upper triangle, mirrored, is Dwork, Talwar, Thakurta &
+Zhang's "Analyze Gauss" (STOC 2014, Algorithm 1). It is then projected onto the
+positive semi-definite cone (negative eigenvalues set to 0: the nearest PSD
+matrix in Frobenius norm), and the covariance is the Schur complement
+``(S - b b^T / c) / n`` of that projection -- PSD by construction, and all of it
+post-processing. The Wishart mechanism (Jiang et al., AAAI 2016) is not used:
+it adds a PSD matrix, so the output's support ``{A + W : W PSD}`` depends on
+the input ``A``, and an output can be impossible under a neighbouring input
+(``A' = A + x x^T`` with ``M - A'`` not PSD) -- an unbounded privacy loss, not
+epsilon-DP.
+
+Pure maths on numpy arrays; no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from stream_dp.dp.bounds import ContributionBounds
+from stream_dp.dp.calibration import CalibratedNoise, calibrate_sums
+from stream_dp.dp.loss import PrivacyLoss
+from stream_dp.dp.noise import NoiseSource
+
+VectorKind = Literal["mean_vector", "covariance"]
+VECTOR_KINDS: tuple[str, ...] = ("mean_vector", "covariance")
+#: Most fields of a mean vector / a covariance (the covariance's features grow as d^2 / 2).
+MAX_DIMENSIONS = {"mean_vector": 64, "covariance": 16}
+# z of a two-sided 95% normal interval
+_Z95 = 1.959963984540054
+
+
+def clip_l2(vectors: NDArray[np.float64], clip_norm: float) -> NDArray[np.float64]:
+    """Each row scaled down to l2 norm at most ``clip_norm`` (rows already inside are unchanged)."""
+    norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))
+    factor = np.minimum(1.0, clip_norm / np.maximum(norms, np.finfo(np.float64).tiny))
+    return vectors * factor[:, None]
+
+
+def _upper(d: int) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+    return np.triu_indices(d)
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """What one (unit, group) pair adds to its group: see the module docstring."""
+
+    kind: VectorKind
+    dimensions: int
+    clip_norm: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in VECTOR_KINDS:
+            raise ValueError(f"vector aggregation must be one of {', '.join(VECTOR_KINDS)}, got {self.kind!r}")
+        most = MAX_DIMENSIONS[self.kind]
+        if isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int) or not 1 <= self.dimensions <= most:
+            raise ValueError(
+                f"{self.kind} takes 1 to {most} fields, got {self.dimensions!r}; release more fields with a second query"
+            )
+        if not (isinstance(self.clip_norm, (int, float)) and math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            raise ValueError(
+                f"clip_norm must be a positive finite number, got {self.clip_norm!r}; choose the l2 norm a typical "
+                "unit's vector stays under (larger vectors are scaled down to it)"
+            )
+
+    @property
+    def width(self) -> int:
+        """Length of one feature vector."""
+        d1 = self.dimensions + 1
+        return d1 if self.kind == "mean_vector" else d1 * (d1 + 1) // 2
+
+    @property
+    def norm_bound(self) -> float:
+        """Largest l2 norm of one feature vector."""
+        c = float(self.clip_norm)
+        return math.sqrt(2.0) * c if self.kind == "mean_vector" else math.sqrt(3.0) * c * c
+
+    def of_means(self, means: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Feature vectors (rows) of the pairs' mean vectors ``means`` (one row of ``d`` values per pair)."""
+        means = np.asarray(means, dtype=np.float64).reshape(-1, self.dimensions)
+        clipped = clip_l2(means, float(self.clip_norm))
+        augmented = np.hstack([clipped, np.full((len(clipped), 1), float(self.clip_norm))])
+        if self.kind == "mean_vector":
+            return augmented
+        rows, cols = _upper(self.dimensions + 1)
+        return augmented[:, rows] * augmented[:, cols]
+
+    def group_sums(self, pair_group: NDArray[Any], features: NDArray[np.float64], n_groups: int) -> NDArray[np.float64]:
+        """Per-group sums of the pairs' feature vectors, ``(n_groups, width)``, added in pair order."""
+        out = np.zeros((n_groups, self.width), dtype=np.float64)
+        if len(pair_group):
+            for column in range(self.width):  # bincount adds in index order: bit-identical on every replay
+                out[:, column] = np.bincount(pair_group, weights=features[:, column], minlength=n_groups)
+        return out
+
+
+@dataclass(frozen=True)
+class VectorPlan:
+    """Calibrated Gaussian noise for one query's per-group feature sums. Use :meth:`build`."""
+
+    features: FeatureSpec
+    fields: tuple[str, ...]
+    noise: CalibratedNoise
+    loss: PrivacyLoss
+    sensitivity: float
+
+    @classmethod
+    def build(
+        cls, *, kind: str, fields: tuple[str, ...] | list[str], clip_norm: float, rho: float, delta: float,
+        bounds: ContributionBounds, max_groups: int = 1_000_000,
+    ) -> VectorPlan:
+        """Noise every group's feature sum for ``rho``-zCDP per unit (``delta`` states its (epsilon, delta))."""
+        fields = tuple(fields)
+        if len(set(fields)) != len(fields):
+            raise ValueError(f"{kind} fields {list(fields)} repeat a field; list each field once")
+        spec = FeatureSpec(kind, len(fields), float(clip_norm))  # type: ignore[arg-type]
+        if not (math.isfinite(rho) and rho > 0):
+            raise ValueError(f"the {kind}'s rho must be positive and finite, got {rho}")
+        sensitivity = math.sqrt(bounds.max_groups_per_unit) * spec.norm_bound
+        noise = calibrate_sums("gaussian", rho, sensitivity, max_groups=max_groups * spec.width)
+        return cls(spec, fields, noise, PrivacyLoss.from_zcdp(noise.cost, delta), sensitivity)
+
+    @property
+    def sigma(self) -> float:
+        return self.noise.scale
+
+    def noisy(self, sums: NDArray[np.float64], noise: NoiseSource) -> NDArray[np.float64]:
+        """The feature sums ``(groups, width)`` with Gaussian noise on every coordinate."""
+        sums = np.asarray(sums, dtype=np.float64)
+        if sums.ndim != 2 or sums.shape[1] != self.features.width:
+            raise ValueError(
+                f"feature sums must have shape (groups, {self.features.width}), got {sums.shape}; they come from "
+                "the partials of this query (FeatureSpec.group_sums)"
+            )
+        if not sums.size:
+            return sums.copy()
+        return self.noise.apply(sums.reshape(-1), noise).reshape(sums.shape)
+
+    def rows(self, noisy: NDArray[np.float64]) -> list[dict[str, Any]]:
+        """One JSON-able block per group: the post-processed statistics of its noisy feature sum."""
+        if self.features.kind == "mean_vector":
+            return [mean_vector_block(row, float(self.features.clip_norm), self.sigma, self.fields) for row in noisy]
+        return [covariance_block(row, float(self.features.clip_norm), self.sigma, self.fields) for row in noisy]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "aggregation": self.features.kind,
+            "mechanism": "gaussian_vector" if self.features.kind == "mean_vector" else "analyze_gauss",
+            "fields": list(self.fields),
+            "clip_norm": float(self.features.clip_norm),
+            "l2_sensitivity": self.sensitivity,
+            "noise_sd": self.sigma,
+            **self.loss.to_dict(),
+        }
+
+
+def mean_vector_block(row: NDArray[np.float64], clip_norm: float, sigma: float, fields: tuple[str, ...]) -> dict[str, Any]:
+    """Noisy vector sum, unit count and mean, with per-field 95% intervals for the mean.
+
+    ``mean_j = C s_j / w`` from the noisy sum ``s`` and weight ``w = C n + noise``; by the delta
+    method its standard error is ``(sigma / n) sqrt(1 + (mean_j / C)^2)`` (clipping bias aside).
+    The mean is null when fewer than one unit is estimated.
+    """
+    d = len(fields)
+    units = float(row[d]) / clip_norm
+    sums = row[:d]
+    block: dict[str, Any] = {"fields": list(fields), "sum": sums.tolist(), "units": units,
+                             "sum_sd": sigma, "mean": None, "mean_ci95": None}
+    if units >= 1.0:
+        mean = sums / units
+        block["mean"] = mean.tolist()
+        block["mean_ci95"] = (_Z95 * sigma / units * np.sqrt(1.0 + (mean / clip_norm) ** 2)).tolist()
+    return block
+
+
+def symmetric(upper: NDArray[np.float64], size: int) -> NDArray[np.float64]:
+    """The symmetric matrix whose upper triangle (row-major, diagonal included) is ``upper``."""
+    matrix = np.zeros((size, size), dtype=np.float64)
+    rows, cols = _upper(size)
+    matrix[rows, cols] = upper
+    matrix[cols, rows] = upper
+    return matrix
+
+
+def psd_projection(matrix: NDArray[np.float64]) -> tuple[NDArray[np.float64], int]:
+    """The nearest positive semi-definite matrix in Frobenius norm, and how many eigenvalues were raised to 0."""
+    eigenvalues, eigenvectors = np.linalg.eigh(matrix)
+    negative = int((eigenvalues < 0).sum())
+    clipped = np.maximum(eigenvalues, 0.0)
+    projected = (eigenvectors * clipped) @ eigenvectors.T
+    return (projected + projected.T) / 2.0, negative
+
+
+def covariance_block(row: NDArray[np.float64], clip_norm: float, sigma: float, fields: tuple[str, ...]) -> dict[str, Any]:
+    """Units, mean and covariance from one group's noisy augmented second-moment matrix (module docstring)."""
+    d = len(fields)
+    projected, raised = psd_projection(symmetric(row, d + 1))
+    c = float(projected[d, d])
+    units = c / (clip_norm * clip_norm)
+    block: dict[str, Any] = {"fields": list(fields), "units": units, "mean": None, "covariance": None,
+                             "second_moment": None, "entry_sd": sigma, "psd_projected": True,
+                             "eigenvalues_raised": raised}
+    if units >= 1.0:
+        b = projected[:d, d]
+        second = projected[:d, :d]
+        covariance = (second - np.outer(b, b) / c) / units
+        block["mean"] = (b / (clip_norm * units)).tolist()
+        block["covariance"] = ((covariance + covariance.T) / 2.0).tolist()
+        block["second_moment"] = (second / units).tolist()
+    return block

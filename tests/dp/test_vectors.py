@@ -1,0 +1,156 @@
+"""Mean vectors and covariance: sensitivity, exact noise law, post-processing against numpy, interval coverage.
+
+Statistical checks use the real OpenDP samplers and fail by chance with
+probability below ``P_MIN`` each (KS tests), or are binomial coverage checks
+with a margin of more than 4 standard deviations.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from stream_dp.dp import ContributionBounds, OpenDPNoise
+from stream_dp.dp.vectors import FeatureSpec, VectorPlan, clip_l2, covariance_block, mean_vector_block, psd_projection
+
+P_MIN = 1e-4
+FIELDS = ("a", "b", "c")
+
+
+def _plan(kind: str, *, rho: float = 0.5, clip_norm: float = 2.0, groups: int = 2) -> VectorPlan:
+    return VectorPlan.build(kind=kind, fields=FIELDS, clip_norm=clip_norm, rho=rho, delta=1e-6,
+                            bounds=ContributionBounds(groups, 5))
+
+
+def test_clipping_scales_long_vectors_down_and_leaves_short_ones():
+    v = np.array([[3.0, 4.0], [0.3, 0.4], [0.0, 0.0]])
+    assert np.allclose(clip_l2(v, 1.0), [[0.6, 0.8], [0.3, 0.4], [0.0, 0.0]])
+
+
+@pytest.mark.parametrize("kind", ["mean_vector", "covariance"])
+def test_one_unit_moves_the_feature_sums_by_at_most_the_sensitivity(kind):
+    """Neighbouring datasets (one unit's vectors in L0 groups added), worst directions included:
+    the l2 distance of the concatenated group sums never exceeds the plan's sensitivity, and comes
+    within 1e-9 of it (so the bound is tight, not merely safe)."""
+    plan = _plan(kind, groups=3)
+    spec = plan.features
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    base = spec.group_sums(rng.integers(0, 3, 50), spec.of_means(rng.normal(0, 3, (50, 3))), 3)
+    directions = [rng.normal(0, 1, 3) * 100 for _ in range(200)] + [np.array([1e6, 0, 0])]
+    for direction in directions:
+        # the unit's vector in each of its 3 groups (long ones are clipped)
+        extra = spec.group_sums(np.arange(3), spec.of_means(np.tile(direction, (3, 1))), 3)
+        worst = max(worst, float(np.linalg.norm((base + extra - base).reshape(-1))))
+    assert worst <= plan.sensitivity * (1 + 1e-12)
+    assert worst >= plan.sensitivity * (1 - 1e-9)
+    # from the definitions, not from FeatureSpec: sqrt(L0) * sqrt(2) C, or sqrt(L0) * sqrt(3) C^2
+    expected = math.sqrt(3) * (math.sqrt(2) * 2.0 if kind == "mean_vector" else math.sqrt(3) * 2.0**2)
+    assert plan.sensitivity == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("kind", ["mean_vector", "covariance"])
+def test_noise_is_gaussian_with_the_stated_sd_on_every_coordinate(kind):
+    plan = _plan(kind, rho=0.8)
+    sums = np.zeros((3000, plan.features.width))
+    noisy = plan.noisy(sums, OpenDPNoise())
+    z = noisy.reshape(-1) / plan.sigma
+    assert stats.kstest(z, stats.norm().cdf).pvalue > P_MIN
+    # coordinates are independent: neighbouring coordinates uncorrelated (|r| < 5 / sqrt(n))
+    r = np.corrcoef(noisy[:, 0], noisy[:, -1])[0, 1]
+    assert abs(r) < 5 / math.sqrt(len(noisy))
+    # the stated sigma is the calibrated one: rho = Delta^2 / (2 sigma^2) within the budget
+    assert plan.sensitivity**2 / (2 * plan.sigma**2) <= 0.8 * (1 + 1e-9)
+    assert plan.loss.rho <= 0.8 * (1 + 1e-9)
+
+
+def test_post_processing_without_noise_gives_numpys_mean_and_population_covariance():
+    rng = np.random.default_rng(5)
+    vectors = rng.normal([1.0, -2.0, 0.5], [0.3, 0.5, 0.2], (400, 3))  # all within C = 10
+    spec = FeatureSpec("covariance", 3, 10.0)
+    sums = spec.group_sums(np.zeros(400, dtype=np.int64), spec.of_means(vectors), 1)[0]
+    block = covariance_block(sums, 10.0, 0.0, FIELDS)
+    assert block["units"] == pytest.approx(400)
+    assert np.allclose(block["mean"], vectors.mean(axis=0))
+    assert np.allclose(block["covariance"], np.cov(vectors.T, bias=True), atol=1e-9)
+    assert np.allclose(block["second_moment"], vectors.T @ vectors / 400)
+    spec_m = FeatureSpec("mean_vector", 3, 10.0)
+    sums_m = spec_m.group_sums(np.zeros(400, dtype=np.int64), spec_m.of_means(vectors), 1)[0]
+    block_m = mean_vector_block(sums_m, 10.0, 0.0, FIELDS)
+    assert block_m["units"] == pytest.approx(400) and np.allclose(block_m["mean"], vectors.mean(axis=0))
+    assert np.allclose(block_m["sum"], vectors.sum(axis=0))
+
+
+def test_released_covariances_are_positive_semi_definite_whatever_the_noise():
+    plan = _plan("covariance", rho=0.01)  # heavy noise: most raw matrices are indefinite
+    rng = np.random.default_rng(2)
+    vectors = rng.normal(0.0, 0.5, (30, 3))
+    spec = plan.features
+    sums = spec.group_sums(np.zeros(30, dtype=np.int64), spec.of_means(vectors), 1)
+    raised = 0
+    for _ in range(200):
+        (block,) = plan.rows(plan.noisy(sums, OpenDPNoise()))
+        raised += block["eigenvalues_raised"]
+        if block["covariance"] is not None:
+            eigenvalues = np.linalg.eigvalsh(np.array(block["covariance"]))
+            assert eigenvalues.min() >= -1e-9 * max(1.0, abs(eigenvalues).max())
+            assert np.allclose(block["covariance"], np.array(block["covariance"]).T)
+    assert raised > 0  # the projection had work to do
+
+
+def test_psd_projection_is_the_nearest_psd_matrix():
+    rng = np.random.default_rng(3)
+    m = rng.normal(0, 1, (4, 4))
+    m = (m + m.T) / 2
+    projected, raised = psd_projection(m)
+    assert raised == int((np.linalg.eigvalsh(m) < 0).sum())
+    # any other PSD matrix (random ones here) is at least as far from m in Frobenius norm
+    best = np.linalg.norm(m - projected)
+    for _ in range(300):
+        a = rng.normal(0, 1, (4, 4))
+        assert np.linalg.norm(m - a @ a.T) >= best - 1e-12
+
+
+def test_mean_intervals_cover_the_true_mean_95_percent_of_the_time():
+    """Delta-method intervals, count noise included: coverage over 400 releases x 3 fields of a group
+    of 60 units stays within [0.92, 0.99] (binomial sd of the rate at 0.95 is 0.0063)."""
+    plan = _plan("mean_vector", rho=0.05, clip_norm=3.0, groups=1)
+    rng = np.random.default_rng(4)
+    vectors = rng.normal([1.0, -1.0, 0.5], 0.4, (60, 3))
+    spec = plan.features
+    sums = spec.group_sums(np.zeros(60, dtype=np.int64), spec.of_means(vectors), 1)
+    truth = vectors.mean(axis=0)
+    hits = trials = 0
+    for _ in range(400):
+        (block,) = plan.rows(plan.noisy(sums, OpenDPNoise()))
+        if block["mean"] is None:
+            continue
+        for mean, half, true in zip(block["mean"], block["mean_ci95"], truth):
+            hits += abs(mean - true) <= half
+            trials += 1
+    assert trials >= 1100
+    assert 0.92 <= hits / trials <= 0.99
+
+
+def test_bad_plans_say_how_to_fix_them():
+    with pytest.raises(ValueError, match="clip_norm must be a positive"):
+        _plan("mean_vector", clip_norm=0.0)
+    with pytest.raises(ValueError, match="repeat a field"):
+        VectorPlan.build(kind="covariance", fields=("a", "a"), clip_norm=1.0, rho=1.0, delta=1e-6,
+                         bounds=ContributionBounds(1, 1))
+    with pytest.raises(ValueError, match="takes 1 to 16 fields"):
+        VectorPlan.build(kind="covariance", fields=tuple(f"f{i}" for i in range(17)), clip_norm=1.0, rho=1.0,
+                         delta=1e-6, bounds=ContributionBounds(1, 1))
+    with pytest.raises(ValueError, match=r"shape \(groups, 4\)"):
+        _plan("mean_vector").noisy(np.zeros((2, 3)), OpenDPNoise())
+
+
+def test_feature_layout_is_the_upper_triangle_of_the_augmented_outer_product():
+    spec = FeatureSpec("covariance", 2, 10.0)
+    (row,) = spec.of_means(np.array([[2.0, 3.0]]))
+    x = [2.0, 3.0, 10.0]
+    assert row.tolist() == [x[i] * x[j] for i, j in itertools.combinations_with_replacement(range(3), 2)]

@@ -1,0 +1,42 @@
+"""User functions for the sample-and-aggregate tests: well-behaved ones and every way one can misbehave."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+
+def mean_or_zero(values: np.ndarray) -> float:
+    return float(values.mean()) if len(values) else 0.0
+
+
+def fails_on_negative(values: np.ndarray) -> float:
+    if (values < 0).any():
+        raise ArithmeticError("a negative value")
+    return float(values.sum())
+
+
+def slow_on_large(values: np.ndarray) -> float:
+    if (values > 1000).any():
+        time.sleep(30)
+    return float(len(values))
+
+
+def exits_on_seven(values: np.ndarray) -> float:
+    if (values == 7).any():
+        os._exit(3)
+    return float(len(values))
+
+
+def nan_always(values: np.ndarray) -> float:
+    return float("nan")
+
+
+def sees_worker_settings(values: np.ndarray) -> float:
+    """1.0 if any worker setting (a secret among them) reached the sandbox's environment."""
+    return float(any(name.startswith(("STREAM_DP_", "KAFKA_", "REDIS_")) for name in os.environ))
+
+
+NOT_A_FUNCTION = 3
