@@ -49,9 +49,9 @@ UNITS = 40
 PAGES = ["/", "/pricing", "/docs"]
 LATE_EVENTS = 1_500
 INVALID_EVENTS = 400
-# Counters only a restart, a replay, a lost partition or a topic gaining partitions
-# increments; this test stages none of those, so their panel queries are only
-# checked to be valid.
+# Counters only a restart, a replay, a lost partition, a topic gaining partitions or a
+# failing sample-and-aggregate function increments; this test stages none of those, so
+# their panel queries are only checked to be valid.
 FAULT_ONLY_SERIES = {
     "stream_dp_windows_republished_total",
     "stream_dp_late_partials_total",
@@ -61,6 +61,7 @@ FAULT_ONLY_SERIES = {
     "stream_dp_budget_charge_replays_total",
     "stream_dp_windows_withheld_total",
     "stream_dp_partition_count_changes_total",
+    "stream_dp_sample_aggregate_failed_blocks_total",
 }
 # Grafana's $__rate_interval is at least four scrape intervals (1 s here).
 DASHBOARD_VARIABLES = {"query": ".*", "namespace": ".*", "horizon": ".*", "__rate_interval": "10s"}
