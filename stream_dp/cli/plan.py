@@ -81,7 +81,8 @@ def _options(query, plan, described) -> list[str]:
     if plan.local is not None:
         local = plan.local
         examples = ", ".join(f"{n:,} reports ±{_fmt(1.96 * local.estimate_bounds(n)[1] ** 0.5)}" for n in (100, 10_000, 1_000_000))
-        lines.append(f"local_dp: {local.mechanism} randomized response over {local.domain_size} values at epsilon "
+        how = "k-ary randomized response" if local.mechanism == "krr" else "optimized unary encoding"
+        lines.append(f"local_dp: {how} ({local.mechanism}) over {local.domain_size} values at epsilon "
                      f"{local.epsilon:.4g} per report, applied by the producer (`stream-dp produce --local-dp "
                      f"{query.local_dp.field}`); p={local.p:.3g}, q={local.q:.3g}; no central noise; a value's "
                      f"frequency estimate at 95%: {examples}")

@@ -151,7 +151,10 @@ class LocalReports:
                 self.dropped += 1  # a value outside the domain (or no event) is never sent, true or not
                 continue
             (report,) = self.randomizer.randomize(np.array([true_index]), self.bits).tolist()
-            event[self.field] = self.domain[report]
+            if self.randomizer.mechanism == "oue":  # the values whose bits came out 1
+                event[self.field] = [value for value, bit in zip(self.domain, report) if bit]
+            else:
+                event[self.field] = self.domain[report]
             yield key, orjson.dumps(event), event_ms
         if self.dropped:
             print(f"{self.dropped} events with no {self.field!r} in the local_dp domain were not sent", file=sys.stderr)

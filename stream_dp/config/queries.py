@@ -18,8 +18,8 @@ from stream_dp.config.aggregation_options import (
     CovarianceAggregation,
     MeanVectorAggregation,
     SampleAggregateAggregation,
-    check_option_query,
 )
+from stream_dp.config.query_checks import check_query_options
 from stream_dp.config.durations import parse_duration_ms
 from stream_dp.windows.specs import MAX_ABS_VALUE
 
@@ -318,7 +318,7 @@ class LocalDPConfig(_Strict):
     true value of ``field`` and releases debiased frequency estimates of the domain (``groups.public``)."""
 
     field: str = Field(min_length=1)
-    mechanism: Literal["krr"] = "krr"
+    mechanism: Literal["krr", "oue"] = "krr"
     epsilon: float = Field(gt=0, le=20, allow_inf_nan=False)
 
 
@@ -335,7 +335,6 @@ class HierarchyConfig(_Strict):
         return value
 
 
-MAX_WINDOWS_PER_PERIOD = 1 << 20
 
 
 class QueryConfig(_Strict):
@@ -398,7 +397,7 @@ class QueryConfig(_Strict):
                 "in group_by; give each "
                 "role its own field"
             )
-        self._check_options()
+        check_query_options(self)
         if self.input_topic == self.output_topic:
             raise ValueError("output_topic equals input_topic; releases must go to their own topic")
         if isinstance(self.groups, PublicGroups):
@@ -411,77 +410,6 @@ class QueryConfig(_Strict):
                         + ("one string or integer per group" if width == 1 else f"a list of {width} strings or integers per group")
                     )
         return self
-
-    def _check_options(self) -> None:
-        """Continual releases, hierarchies and local DP: what they can be combined with."""
-        public = isinstance(self.groups, PublicGroups)
-        check_option_query(self)
-        if self.local_dp is not None:
-            self._check_local_dp(public)
-        if self.continual is not None:
-            period, size = self.continual.period_ms, self.window.size_ms
-            if period % size or period < 2 * size:
-                raise ValueError(
-                    f"continual.period of {period} ms is not a multiple of at least two windows of {size} ms; "
-                    "use e.g. period: 1d with 1m windows"
-                )
-            if period // size > MAX_WINDOWS_PER_PERIOD:
-                raise ValueError(
-                    f"continual.period holds {period // size} windows, more than {MAX_WINDOWS_PER_PERIOD}; "
-                    "use a shorter period or larger windows"
-                )
-            if self.continual.max_windows_per_unit > period // size:
-                raise ValueError(
-                    f"continual.max_windows_per_unit {self.continual.max_windows_per_unit} exceeds the "
-                    f"{period // size} windows of a period; lower it"
-                )
-            if self.mechanism != "laplace":
-                raise ValueError("continual releases use the binary tree mechanism with Laplace noise; set mechanism: laplace")
-            if not public:
-                raise ValueError("continual releases keep a running total per group: list the groups under groups.public")
-            extra = sorted(self.aggregations.names() - {"count", "sum", "mean"})
-            if extra:
-                raise ValueError(f"continual releases running counts, sums and means; {extra} cannot be released "
-                                 "continually: move them to a query without continual")
-            if self.hierarchy:
-                raise ValueError("continual and hierarchy cannot be combined in one query; use two queries")
-        if not public and not self.aggregations.names() & {"count", "sum", "mean"}:
-            raise ValueError(
-                "with privately selected groups, top_k and quantiles work on the groups a count or sum release "
-                "keeps: add count: {}, or list the groups under groups.public"
-            )
-        if self.hierarchy:
-            if len(self.group_by) < 2:
-                raise ValueError(f"hierarchy needs at least two group_by fields (coarsest first), got {self.group_by}")
-            if not public:
-                raise ValueError("hierarchy releases every level of the public groups: list them under groups.public")
-            split = self.hierarchy.split if isinstance(self.hierarchy, HierarchyConfig) else None
-            if split is not None and len(split) != len(self.group_by):
-                raise ValueError(
-                    f"hierarchy.split has {len(split)} weights for {len(self.group_by)} levels of group_by "
-                    f"{self.group_by}; give one weight per level"
-                )
-            if not self.aggregations.names() & {"count", "sum"}:
-                raise ValueError("hierarchy rolls up counts and sums: add count: {} or a sum")
-
-    def _check_local_dp(self, public: bool) -> None:
-        local = self.local_dp
-        assert local is not None
-        fixes = []
-        if self.group_by != [local.field]:
-            fixes.append(f"group_by: [{local.field}] (the reports' field, and nothing else)")
-        if not public:
-            fixes.append("groups.public listing the field's domain (every value a producer may report)")
-        if self.aggregations.names() != {"count"}:
-            fixes.append("aggregations: {count: {}} only (the estimates are debiased counts)")
-        if (self.bounds.max_groups_per_unit, self.bounds.max_events_per_group) != (1, 1):
-            fixes.append("bounds: {max_groups_per_unit: 1, max_events_per_group: 1} (one report per unit per window)")
-        if self.epsilon != local.epsilon:
-            fixes.append(f"epsilon: {local.epsilon:g} (what a window costs a unit: its one report)")
-        if self.mechanism != "laplace" or self.continual is not None or self.hierarchy:
-            fixes.append("no mechanism, continual or hierarchy (no central noise is added)")
-        if fixes:
-            raise ValueError("local_dp needs " + "; ".join(fixes))
 
     @property
     def hierarchy_split(self) -> list[float] | None:

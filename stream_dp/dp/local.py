@@ -132,3 +132,28 @@ class LocalRandomizer:
         base = reports * q * (1 - q) / (p - q) ** 2
         spread = reports * (1 - p - q) / (p - q)
         return min(base, base + spread), max(base, base + spread)
+
+
+@dataclass(frozen=True, slots=True)
+class UnaryReports:
+    """How the worker adds up unary (``oue``) reports: each kept report is a 0/1 row over the domain,
+    and a group's feature sum is the support count of every value (what ``estimate`` debiases).
+
+    The partials' ``features`` interface (as ``stream_dp.dp.vectors.FeatureSpec``): one report per
+    unit and window is kept, so a pair's mean row is its report.
+    """
+
+    width: int
+    kind: str = "oue_reports"
+
+    @property
+    def dimensions(self) -> int:
+        return self.width
+
+    def of_means(self, means: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.asarray(means, dtype=np.float64).reshape(-1, self.width)
+
+    def group_sums(self, pair_group: NDArray[np.int64], features: NDArray[np.float64], n_groups: int) -> NDArray[np.float64]:
+        out = np.zeros((n_groups, self.width), dtype=np.float64)
+        np.add.at(out, np.asarray(pair_group, dtype=np.int64), features)
+        return out

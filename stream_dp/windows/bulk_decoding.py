@@ -92,6 +92,10 @@ class BulkEventDecoder:
         if record_ms is not None and (ts_ms > record_ms + schema.max_future_skew_ms).any():
             return None
         values_col = self.reference.values_of(events)
+        if self.schema.report_field is not None:
+            values_col, bad_reports = self.reference.reports_of(events)
+            if bad_reports:
+                return None
         group_keys = list(map(self._group_getter, events)) if self._group_getter is not None else None
         return DecodedEvents(np.arange(n, dtype=np.int64), np.array(units, dtype="S"), group_keys, ts_ms, values_col)
 

@@ -112,6 +112,8 @@ def classify_message(raw: bytes, schema: EventSchema) -> tuple[RejectReason, str
     fields = [(schema.unit_field, "unit"), (schema.timestamp_field, "timestamp")]
     fields += [(name, "group") for name in schema.group_by]
     fields += [(name, "value") for name in schema.value_fields]
+    if schema.report_field is not None:
+        fields.append((schema.report_field, "report"))
     for name, role in fields:
         if name not in event:
             return RejectReason.MISSING_FIELD, f"field {name!r} is missing"
@@ -139,6 +141,14 @@ def _check_field(name: str, role: str, value: Any, schema: EventSchema) -> tuple
                 f"field {name!r} (the privacy unit) has {len(value)} characters, more than max_unit_length {schema.max_unit_length}"
             )
         return None
+    if role == "report":
+        if not isinstance(value, list):
+            return RejectReason.WRONG_TYPE, f"field {name!r} must be a list of reported values, got {_describe(value)}"
+        for item in value:
+            item_is_int = isinstance(item, int) and not isinstance(item, bool)
+            if not (isinstance(item, str) or item_is_int):
+                return RejectReason.WRONG_TYPE, f"field {name!r} holds {_describe(item)}; a report lists strings or integers"
+        return _check_report(name, value, schema)
     if role == "timestamp":
         allowed_number = schema.timestamp_format != "iso8601"
         allowed_string = schema.timestamp_format in ("auto", "iso8601")
@@ -165,6 +175,19 @@ def _check_field(name: str, role: str, value: Any, schema: EventSchema) -> tuple
     return None
 
 
+def _check_report(name: str, items: list[Any], schema: EventSchema) -> tuple[RejectReason, str] | None:
+    """Why a unary report is not a set of domain values, or None."""
+    domain = set(schema.report_domain)
+    if len(items) > len(domain):
+        return RejectReason.VALUE_OUT_OF_RANGE, f"field {name!r} lists {len(items)} values, more than the domain's {len(domain)}"
+    for item in items:
+        if item not in domain or isinstance(item, bool):
+            return RejectReason.VALUE_OUT_OF_RANGE, f"field {name!r} reports {str(item)[:64]!r}, which is not in the domain"
+    if len(set(items)) != len(items):
+        return RejectReason.WRONG_TYPE, f"field {name!r} lists a value twice; a report is a set of values"
+    return None
+
+
 class EventDecoder:
     """Decodes batches of one query's messages; build once per query."""
 
@@ -188,11 +211,32 @@ class EventDecoder:
         for attr, name in zip(value_attrs, schema.value_fields):
             fields.append((attr, Annotated[float, msgspec.Meta(ge=-limit, le=limit)]))
             rename[attr] = name
+        self._report_index: dict[Any, int] | None = None
+        if schema.report_field is not None:  # a unary report: the list of its 1-bits' values
+            domain = schema.report_domain
+            fields.append(("r", Annotated[list[str | _BoundedInt], msgspec.Meta(max_length=len(domain))]))
+            rename["r"] = schema.report_field
+            self._report_index = {(type(v), v): i for i, v in enumerate(domain)}
         event_type = msgspec.defstruct("Event", fields, rename=rename, gc=False, frozen=True)
         self._decode_one = msgspec.json.Decoder(event_type).decode
         self._group_getter = attrgetter(*group_attrs) if group_attrs else None
         self._value_getter = attrgetter(*value_attrs) if schema.value_fields else None
         self._vector_width = len(schema.vector_fields)
+
+    def reports_of(self, events: list[Any]) -> tuple[np.ndarray, dict[int, tuple[RejectReason, str]]]:
+        """Unary reports as a (n, domain) 0/1 matrix, and why some rows are not valid reports."""
+        assert self._report_index is not None
+        index, name = self._report_index, self.schema.report_field
+        matrix = np.zeros((len(events), len(index)), dtype=np.float64)
+        bad: dict[int, tuple[RejectReason, str]] = {}
+        for row, event in enumerate(events):
+            positions = [index.get((type(v), v), -1) for v in event.r]
+            if -1 in positions or len(set(positions)) != len(positions):
+                bad[row] = _check_report(str(name), list(event.r), self.schema) or (
+                    RejectReason.VALUE_OUT_OF_RANGE, f"field {name!r} reports a value outside the domain")
+                continue
+            matrix[row, positions] = 1.0
+        return matrix, bad
 
     def values_of(self, events: list[Any]) -> np.ndarray | None:
         """The events' value column (n,), their vectors (n, d), or None for a query without values."""
@@ -222,6 +266,9 @@ class EventDecoder:
         units = [e.u for e in events]
         raw_ts = [e.t for e in events]
         values_col = self.values_of(events)
+        report_problems: dict[int, tuple[RejectReason, str]] = {}
+        if self._report_index is not None:
+            values_col, report_problems = self.reports_of(events)
         group_keys = list(map(self._group_getter, events)) if self._group_getter is not None else None
         if set(map(type, units)) != {str} and units:
             units = [u if type(u) is str else str(u) for u in units]
@@ -239,6 +286,10 @@ class EventDecoder:
         else:
             unit_bytes = np.array([u.encode("utf-8") for u in units], dtype="S")
 
+        for i, (reason, detail) in report_problems.items():
+            if not bad[i]:
+                bad[i] = True
+                problems.append((int(index[i]), reason, detail))
         ts_ms, ts_problems = to_epoch_ms(raw_ts, schema.timestamp_format)
         for i, detail in ts_problems.items():
             if bad[i]:

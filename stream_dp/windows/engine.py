@@ -429,7 +429,7 @@ class WindowEngine:
         group_hash = self._groups.hashes[group_ids]
         if decoded.values is None:
             values = np.zeros(len(accepted))
-        elif decoded.values.ndim == 2:  # a vector query's events: clipped in l2 per unit later, never per field
+        elif decoded.values.ndim == 2:  # vectors (clipped in l2 per unit later, never per field) or reports
             values = decoded.values[accepted]
         else:
             values = np.clip(decoded.values[accepted], self.bounding.clip_lo, self.bounding.clip_hi)
@@ -491,7 +491,7 @@ class WindowEngine:
                 progress.close_through(boundary)
         partials: list[WindowPartial] = []
         # only a query with value fields can ask for histograms or vectors: the others' values are all zeros
-        keep_values = bool(self.schema.value_fields)
+        keep_values = self.schema.keeps_values
         for start in sorted(self._windows):
             window = self._windows[start]
             due = [

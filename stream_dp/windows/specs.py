@@ -38,7 +38,9 @@ class EventSchema:
     as its decimal string); ``group_by`` the fields whose values
     (strings or integers) form the group key; ``value_field`` a finite number,
     or ``None`` for a query that only counts; ``vector_fields`` the finite
-    numbers of a mean-vector or covariance query (then ``value_field`` is None). ``timestamp_format`` is
+    numbers of a mean-vector or covariance query (then ``value_field`` is None);
+    ``report_field`` a list of distinct values of ``report_domain``, the 1-bits
+    of a unary-encoded local-DP report (read as a 0/1 vector over the domain). ``timestamp_format`` is
     ``"epoch_s"``, ``"epoch_ms"``, ``"iso8601"`` (a string with a zone) or
     ``"auto"`` (numbers below 1e11 are seconds, larger ones milliseconds,
     strings ISO-8601).
@@ -49,11 +51,18 @@ class EventSchema:
     group_by: tuple[str, ...] = ()
     value_field: str | None = None
     vector_fields: tuple[str, ...] = ()
+    report_field: str | None = None
+    report_domain: tuple[str | int, ...] = ()
     timestamp_format: TimestampFormat = "auto"
     max_message_bytes: int = 65_536
     max_abs_value: float = MAX_ABS_VALUE
     max_future_skew_ms: int = 300_000
     max_unit_length: int = 256
+
+    @property
+    def keeps_values(self) -> bool:
+        """Whether events carry numbers the partials keep (a value, a vector or a report)."""
+        return bool(self.value_fields) or self.report_field is not None
 
     @property
     def value_fields(self) -> tuple[str, ...]:
@@ -63,11 +72,19 @@ class EventSchema:
     def __post_init__(self) -> None:
         object.__setattr__(self, "group_by", tuple(self.group_by))
         object.__setattr__(self, "vector_fields", tuple(self.vector_fields))
+        object.__setattr__(self, "report_domain", tuple(self.report_domain))
         _require(
-            self.value_field is None or not self.vector_fields,
-            "an event schema reads either one value_field or vector_fields, not both; use two queries",
+            sum((self.value_field is not None, bool(self.vector_fields), self.report_field is not None)) <= 1,
+            "an event schema reads one of value_field, vector_fields or report_field; use one query for each",
+        )
+        _require(
+            (self.report_field is None) == (not self.report_domain)
+            and len(set(self.report_domain)) == len(self.report_domain),
+            "report_field needs report_domain, the distinct values a report may hold (and only then)",
         )
         names = [self.unit_field, self.timestamp_field, *self.group_by, *self.vector_fields]
+        if self.report_field is not None:
+            names.append(self.report_field)
         if self.value_field is not None:
             names.append(self.value_field)
         for name in names:

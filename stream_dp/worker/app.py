@@ -136,11 +136,17 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
         namespace = config.namespaces[query.privacy_unit.namespace]
         aggregations = query.aggregations
         clip = aggregations.value_range or (0.0, 0.0)
+        # unary local-DP reports are one event per unit and window holding a set of values: the engine keeps
+        # them as 0/1 rows of one group; the release turns their sums into one record per value
+        unary = query.local_dp is not None and query.local_dp.mechanism == "oue"
+        domain = tuple(key[0] for key in query.public_group_keys() or ()) if unary else ()
         engine = WindowEngine(
             EventSchema(
                 unit_field=query.privacy_unit.field,
                 timestamp_field=query.timestamp_field,
-                group_by=tuple(query.group_by),
+                group_by=() if unary else tuple(query.group_by),
+                report_field=query.local_dp.field if unary else None,  # type: ignore[union-attr]
+                report_domain=domain,
                 value_field=aggregations.value_field,
                 vector_fields=tuple(aggregations.vector.fields) if aggregations.vector is not None else (),
                 timestamp_format=query.timestamp_format,
@@ -171,11 +177,11 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
             window_size_ms=query.window.size_ms,
             window_offset_ms=query.window.offset_ms,
             release_timeout_ms=query.release_timeout_ms,
-            public_groups=query.public_group_keys(),
+            public_groups=[()] if unary else query.public_group_keys(),
             has_sum=aggregations.sum is not None,
             period=None if query.continual is None else (query.continual.period_ms, query.window.offset_ms),
             quantile_bins=None if aggregations.quantiles is None else aggregations.quantiles.bins,
-            feature_width=None if plan.vector is None else plan.vector.features.width,
+            feature_width=plan.vector.features.width if plan.vector is not None else (len(domain) if unary else None),
             blocks=plan.sample_aggregate is not None,
         )
         cost, delta = window_cost(plan, namespace.accounting, query.name)

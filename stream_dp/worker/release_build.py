@@ -159,13 +159,23 @@ def _local_release(query: Any, window: Any, released_at_ms: int) -> ReleaseEntry
     frequencies (normal approximation); each record's ``local_dp.variance`` is its own estimate's.
     """
     local = query.plan.local
-    support = np.asarray(window.count, dtype=np.int64)
-    reports = int(support.sum())
+    groups = None
+    if local.mechanism == "oue":
+        # one group holding every kept report's 0/1 row: its sums are the values' support counts, and
+        # every report is one unit charged (a report may support no value at all)
+        features = window.features
+        support = (np.zeros(local.domain_size) if features is None or not len(features) else features[0])
+        support = np.rint(support).astype(np.int64)
+        reports = 0 if window.withheld else int(window.units_charged)
+        groups = query.public_groups
+    else:
+        support = np.asarray(window.count, dtype=np.int64)  # each report supports one value
+        reports = int(support.sum())
     estimate, variance = local.estimate(support, reports)
     _, worst = local.estimate_bounds(reports)
     noisy = _LocalEstimates(keep=np.ones(support.size, dtype=bool), count=estimate,
                             count_std=float(worst) ** 0.5, count_ci95=1.96 * float(worst) ** 0.5)
-    entry = build_entry(query, window, noisy, released_at_ms)
+    entry = build_entry(query, window, noisy, released_at_ms, groups=groups)
     fragments = [b',"local_dp":' + orjson.dumps({"reports": reports, "variance": float(v)}) for v in variance.tolist()]
     return ReleaseEntry(**{**entry.__dict__, "row_extra": fragments})
 

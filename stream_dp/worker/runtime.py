@@ -122,6 +122,14 @@ class QueryRuntime:
 
     @property
     def features(self) -> Any:
-        """What each unit adds to a vector query's groups (``stream_dp.dp.vectors.FeatureSpec``), else None."""
+        """What each unit adds to a vector query's groups (``stream_dp.dp.vectors.FeatureSpec``), or to a unary
+        local-DP query's (``stream_dp.dp.local.UnaryReports``), else None."""
         vector = getattr(self.plan, "vector", None)
-        return None if vector is None else vector.features
+        if vector is not None:
+            return vector.features
+        local = getattr(self.plan, "local", None)
+        if local is not None and local.mechanism == "oue":  # unary reports: support counts per value
+            from stream_dp.dp.local import UnaryReports
+
+            return UnaryReports(local.domain_size)
+        return None

@@ -88,6 +88,10 @@ SCENARIOS += (
     Scenario("local_dp", "local", "count", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": LOCAL_EPSILON,
               "local_dp": {"field": "group", "mechanism": "krr", "epsilon": LOCAL_EPSILON}}),
+    # The same neighbours with optimized unary encoding: each report a set of values (``--local-dp`` with oue).
+    Scenario("local_dp_oue", "local_oue", "count", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": LOCAL_EPSILON,
+              "local_dp": {"field": "group", "mechanism": "oue", "epsilon": LOCAL_EPSILON}}),
     Scenario("staircase", "main", "count", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "mechanism": "staircase"}),
@@ -107,7 +111,7 @@ SCENARIOS += (
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "continual": {"period": "2s", "max_windows_per_unit": 1}}),
 )
-TOPIC_PARTITIONS = {"main": 3, "spread": 3, "clock": 1, "local": 3}
+TOPIC_PARTITIONS = {"main": 3, "spread": 3, "clock": 1, "local": 3, "local_oue": 3}
 
 
 def release_key(scenario: Scenario, record: dict) -> tuple[int, str] | None:
@@ -160,7 +164,7 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> li
         for i in range(BACKGROUND_UNITS):
             unit = f"bg-{w}-{i}"
             out.append((unit.encode(), _event(unit, t + 100 + i, "a", 5.0), t + 100 + i, None))
-        if topic == "local":
+        if topic in ("local", "local_oue"):
             out.append((b"target", _event("target", t + 200, "e" if with_target else "a", 1.0), t + 200, None))
         if not with_target:
             continue
@@ -178,22 +182,26 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> li
     for partition in range(TOPIC_PARTITIONS[topic]):
         key = _closer_key(partition, TOPIC_PARTITIONS[topic])
         out.append((key, _event(key.decode(), closes_all, "a", 0.0), closes_all, None))
-    return _randomized(out) if topic == "local" else out
+    if topic in ("local", "local_oue"):
+        return _randomized(out, "krr" if topic == "local" else "oue")
+    return out
 
 
-def _randomized(records_: list[tuple[bytes, bytes, int, int | None]]) -> list[tuple[bytes, bytes, int, int | None]]:
-    """Each event's group replaced by its k-ary randomized response, as ``stream-dp produce --local-dp`` does."""
+def _randomized(records_: list[tuple[bytes, bytes, int, int | None]],
+                mechanism: str) -> list[tuple[bytes, bytes, int, int | None]]:
+    """Each event's group replaced by its randomized report (k-ary randomized response: a value; optimized
+    unary encoding: the values whose bits came out 1), as ``stream-dp produce --local-dp`` does."""
     import numpy as np
 
     from stream_dp.dp.exact_sampling import UrandomBits
     from stream_dp.dp.local import LocalRandomizer
 
-    randomizer = LocalRandomizer.build("krr", LOCAL_EPSILON, len(GROUPS))
+    randomizer = LocalRandomizer.build(mechanism, LOCAL_EPSILON, len(GROUPS))
     events = [orjson.loads(value) for _, value, _, _ in records_]
     reports = randomizer.randomize(np.array([GROUPS.index(e["group"]) for e in events]), UrandomBits()).tolist()
     out = []
     for (key, _, stamp, partition), event, report in zip(records_, events, reports):
-        event["group"] = GROUPS[report]
+        event["group"] = GROUPS[report] if mechanism == "krr" else [g for g, bit in zip(GROUPS, report) if bit]
         out.append((key, orjson.dumps(event), stamp, partition))
     return out
 
@@ -324,7 +332,7 @@ class Deployment:
         producer = kafka.KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=20,
                                        batch_size=256 * 1024)
         try:
-            for name in ("main", "spread", "local"):
+            for name in ("main", "spread", "local", "local_oue"):
                 for key, value, stamp, partition in records(name, self.start_ms, self.windows,
                                                             with_target=self.with_target):
                     producer.send(self.topics[name], key=key, value=value, timestamp_ms=stamp, partition=partition)

@@ -117,7 +117,7 @@ def test_vector_fields_are_checked_like_values():
 
 
 def test_a_schema_reads_a_value_or_a_vector_not_both():
-    with pytest.raises(ValueError, match="either one value_field or vector_fields"):
+    with pytest.raises(ValueError, match="one of value_field, vector_fields or report_field"):
         EventSchema(unit_field="u", timestamp_field="t", value_field="v", vector_fields=("x",))
     with pytest.raises(ValueError, match="more than one role"):
         EventSchema(unit_field="u", timestamp_field="t", group_by=("x",), vector_fields=("x", "y"))

@@ -1,4 +1,5 @@
-"""Local DP end to end: `stream-dp produce --local-dp` randomizes, the real worker debiases, on the real broker.
+"""Local DP end to end: `stream-dp produce --local-dp` randomizes (k-ary randomized response, optimized unary
+encoding), the real worker debiases, on the real broker.
 
 The true values are known here, so: what reaches Kafka is checked against the
 randomizer's law (the true value in a share p of the events, by a binomial
@@ -51,8 +52,9 @@ def _truth(unit: int) -> str:
     return DOMAIN[-1]
 
 
+@pytest.mark.parametrize("mechanism", ["krr", "oue"])
 def test_producer_randomizes_and_the_worker_releases_debiased_frequencies(
-    tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name
+    tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name, mechanism
 ):
     topic, output = new_topic("in", partitions=2), f"{unique_name}-out"
     namespace, name = f"{unique_name}-devices", unique_name.replace("-", "_")[-30:] + "_local"
@@ -66,7 +68,7 @@ def test_producer_randomizes_and_the_worker_releases_debiased_frequencies(
             "group_by": ["browser"], "groups": {"public": DOMAIN},
             "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
             "aggregations": {"count": {}}, "release_timeout": "30s",
-            "local_dp": {"field": "browser", "mechanism": "krr", "epsilon": EPSILON}, "epsilon": EPSILON,
+            "local_dp": {"field": "browser", "mechanism": mechanism, "epsilon": EPSILON}, "epsilon": EPSILON,
         }],
     }))
     first_start = (int(time.time() * 1000) - 120_000) // WINDOW_MS * WINDOW_MS
@@ -92,10 +94,21 @@ def test_producer_randomizes_and_the_worker_releases_debiased_frequencies(
     # What Kafka holds: randomized reports only, the true value in a share p = e^eps / (e^eps + k - 1).
     sent = [orjson.loads(m.value) for m in consume_all(kafka_bootstrap, topic, until=lambda rs: len(rs) >= WINDOWS * UNITS,
                                                        timeout_s=60)]
-    assert len(sent) == WINDOWS * UNITS and all(e["browser"] in DOMAIN for e in sent)
-    kept = sum(e["browser"] == truth[(e["device_id"], e["ts"])] for e in sent)
-    p = math.exp(EPSILON) / (math.exp(EPSILON) + len(DOMAIN) - 1)
-    assert stats.binomtest(kept, len(sent), p).pvalue > P_MIN, (kept, len(sent), p)
+    assert len(sent) == WINDOWS * UNITS
+    if mechanism == "krr":
+        assert all(e["browser"] in DOMAIN for e in sent)
+        kept = sum(e["browser"] == truth[(e["device_id"], e["ts"])] for e in sent)
+        p = math.exp(EPSILON) / (math.exp(EPSILON) + len(DOMAIN) - 1)
+        assert stats.binomtest(kept, len(sent), p).pvalue > P_MIN, (kept, len(sent), p)
+    else:
+        # optimized unary encoding: a set of values; the true one in it with p = 1/2, each other with
+        # q = 1 / (e^eps + 1), independently
+        assert all(set(e["browser"]) <= set(DOMAIN) and len(set(e["browser"])) == len(e["browser"]) for e in sent)
+        kept = sum(truth[(e["device_id"], e["ts"])] in e["browser"] for e in sent)
+        others = sum(len(e["browser"]) for e in sent) - kept
+        assert stats.binomtest(kept, len(sent), 0.5).pvalue > P_MIN, kept
+        q = 1 / (math.exp(EPSILON) + 1)
+        assert stats.binomtest(others, len(sent) * (len(DOMAIN) - 1), q).pvalue > P_MIN, others
 
     worker_env = dict(env, STREAM_DP_GROUP_ID=f"{unique_name}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{unique_name}.",
                       STREAM_DP_CONTRIBUTION_SECRET="test-secret-0123456789abcdef",
@@ -117,7 +130,7 @@ def test_producer_randomizes_and_the_worker_releases_debiased_frequencies(
     released = collections.defaultdict(dict)
     for record in records:
         validator.validate(record)
-        assert record["privacy"]["trust_model"] == "local" and record["privacy"]["mechanism"] == "local_krr"
+        assert record["privacy"]["trust_model"] == "local" and record["privacy"]["mechanism"] == f"local_{mechanism}"
         released[record["window"]["start_ms"]][record["group"]["browser"]] = record
     for start in starts:
         assert set(released[start]) == set(DOMAIN), f"window {start}: {sorted(released[start])}; log {tmp_path}"

@@ -1,0 +1,87 @@
+"""What a query's options can be combined with: continual releases, hierarchies, local DP, vectors and
+sample-and-aggregate. Each check raises ``ValueError`` saying how to fix the query (``QueryConfig`` turns
+it into a validation error naming the query)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stream_dp.config.aggregation_options import check_option_query
+
+MAX_WINDOWS_PER_PERIOD = 1 << 20
+MAX_UNARY_DOMAIN = 4096  # an oue report is kept as one 8-byte number per value of the domain
+
+
+def check_query_options(query: Any) -> None:
+    """Continual releases, hierarchies and local DP: what they can be combined with."""
+    public = query.public_group_keys() is not None
+    check_option_query(query)
+    if query.local_dp is not None:
+        _check_local_dp(query, public)
+    if query.continual is not None:
+        period, size = query.continual.period_ms, query.window.size_ms
+        if period % size or period < 2 * size:
+            raise ValueError(
+                f"continual.period of {period} ms is not a multiple of at least two windows of {size} ms; "
+                "use e.g. period: 1d with 1m windows"
+            )
+        if period // size > MAX_WINDOWS_PER_PERIOD:
+            raise ValueError(
+                f"continual.period holds {period // size} windows, more than {MAX_WINDOWS_PER_PERIOD}; "
+                "use a shorter period or larger windows"
+            )
+        if query.continual.max_windows_per_unit > period // size:
+            raise ValueError(
+                f"continual.max_windows_per_unit {query.continual.max_windows_per_unit} exceeds the "
+                f"{period // size} windows of a period; lower it"
+            )
+        if query.mechanism != "laplace":
+            raise ValueError("continual releases use the binary tree mechanism with Laplace noise; set mechanism: laplace")
+        if not public:
+            raise ValueError("continual releases keep a running total per group: list the groups under groups.public")
+        extra = sorted(query.aggregations.names() - {"count", "sum", "mean"})
+        if extra:
+            raise ValueError(f"continual releases running counts, sums and means; {extra} cannot be released "
+                             "continually: move them to a query without continual")
+        if query.hierarchy:
+            raise ValueError("continual and hierarchy cannot be combined in one query; use two queries")
+    if not public and not query.aggregations.names() & {"count", "sum", "mean"}:
+        raise ValueError(
+            "with privately selected groups, top_k and quantiles work on the groups a count or sum release "
+            "keeps: add count: {}, or list the groups under groups.public"
+        )
+    if query.hierarchy:
+        if len(query.group_by) < 2:
+            raise ValueError(f"hierarchy needs at least two group_by fields (coarsest first), got {query.group_by}")
+        if not public:
+            raise ValueError("hierarchy releases every level of the public groups: list them under groups.public")
+        split = None if isinstance(query.hierarchy, bool) else query.hierarchy.split
+        if split is not None and len(split) != len(query.group_by):
+            raise ValueError(
+                f"hierarchy.split has {len(split)} weights for {len(query.group_by)} levels of group_by "
+                f"{query.group_by}; give one weight per level"
+            )
+        if not query.aggregations.names() & {"count", "sum"}:
+            raise ValueError("hierarchy rolls up counts and sums: add count: {} or a sum")
+
+def _check_local_dp(query: Any, public: bool) -> None:
+    local = query.local_dp
+    assert local is not None
+    fixes = []
+    if query.group_by != [local.field]:
+        fixes.append(f"group_by: [{local.field}] (the reports' field, and nothing else)")
+    if not public:
+        fixes.append("groups.public listing the field's domain (every value a producer may report)")
+    if query.aggregations.names() != {"count"}:
+        fixes.append("aggregations: {count: {}} only (the estimates are debiased counts)")
+    if local.mechanism == "oue" and public and len(query.groups.public) > MAX_UNARY_DOMAIN:  # type: ignore[union-attr]
+        fixes.append(f"at most {MAX_UNARY_DOMAIN} values in groups.public with mechanism oue (a report holds one "
+                     "bit per value)")
+    if (query.bounds.max_groups_per_unit, query.bounds.max_events_per_group) != (1, 1):
+        fixes.append("bounds: {max_groups_per_unit: 1, max_events_per_group: 1} (one report per unit per window)")
+    if query.epsilon != local.epsilon:
+        fixes.append(f"epsilon: {local.epsilon:g} (what a window costs a unit: its one report)")
+    if query.mechanism != "laplace" or query.continual is not None or query.hierarchy:
+        fixes.append("no mechanism, continual or hierarchy (no central noise is added)")
+    if fixes:
+        raise ValueError("local_dp needs " + "; ".join(fixes))
