@@ -15,15 +15,18 @@ it had already built), which ``bench_windows`` measures.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
 from stream_dp.windows.histogram import HistogramSpec
 from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.records import PartialAggregate, encode_partial_payload
-from tests.perf.bench_windows import START_MS, WINDOW_MS, make_engine, synthetic_batches
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_windows import START_MS, WINDOW_MS, make_engine, synthetic_batches  # noqa: E402
 
 
 def best_cpu_ms(fn, repeat: int) -> float:
