@@ -1,77 +1,73 @@
 """Runs a sample-and-aggregate query's user function away from the worker: one child process per query.
 
-The child is started fresh (``spawn``: a new interpreter, none of the
-worker's objects, sockets or memory), with the worker's settings
-(``STREAM_DP_*``, ``KAFKA_*``, ``REDIS_*``) removed from its environment
-before the function's module is imported. It receives one block's values at a
-time and answers with a number. Each block has its own time limit: a block
-whose function raises, returns something that is not a finite number, runs
-past ``timeout_s`` or kills its process counts as failed (the plan puts the
-output range's midpoint in its place) and the child is restarted for the
-next block -- so one unit's data can only ever change its own block's
-output, never stop the worker or the other blocks.
+The child is a new interpreter (``python -m stream_dp.worker.sandbox_child``:
+none of the worker's objects, sockets or memory) started with an environment
+from which every worker setting (``STREAM_DP_*``, ``KAFKA_*``, ``REDIS_*``)
+is left out -- never set, so not even ``/proc/self/environ`` holds them -- and
+with the worker's import path, so the function loads as it would in the
+worker. It receives one block's values at a time and answers with a number.
+Each block has its own time limit: a block whose function raises, returns
+something that is not a finite number, runs past ``timeout_s`` or ends its
+process counts as failed (the plan puts the output range's midpoint in its
+place) and the child is restarted for the next block -- so one unit's data
+can only ever change its own block's output, never stop the worker or the
+other blocks.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-import multiprocessing
 import os
+import select
+import struct
+import subprocess
+import sys
 import threading
+import time
+import weakref
 from collections import Counter
 from typing import Any
 
 import numpy as np
 
 from stream_dp.dp.sample_aggregate import parse_function_path
+from stream_dp.worker.sandbox_child import STOP
 
 log = logging.getLogger(__name__)
 
 _SCRUBBED_PREFIXES = ("STREAM_DP_", "KAFKA_", "REDIS_")
 _START_TIMEOUT_S = 60.0
+_COUNT = struct.Struct("<Q")
 
 
 class FunctionLoadError(ValueError):
     """The function's import path does not name a callable that can be loaded."""
 
 
-def _load(path: str) -> Any:
-    import importlib
+class _Gone(Exception):
+    """The child's answer did not come: it ended (``crashed``) or ran out of time (``timeout``)."""
 
-    module_name, attribute = parse_function_path(path)
-    target: Any = importlib.import_module(module_name)
-    for name in attribute.split("."):
-        target = getattr(target, name)
-    if not callable(target):
-        raise TypeError(f"{path} is a {type(target).__name__}, not a function")
-    return target
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
-def _child(path: str, conn: Any) -> None:
-    """The child's loop: scrub the environment, load the function, answer one block at a time."""
-    for name in list(os.environ):
-        if name.startswith(_SCRUBBED_PREFIXES):
-            del os.environ[name]
-    try:
-        function = _load(path)
-    except BaseException as exc:  # anything the import does: report it, then stop
-        conn.send(("load_error", f"{type(exc).__name__}: {exc}"[:500]))
-        return
-    conn.send(("ready", None))
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:
-            return
-        if message is None:
-            return
-        values = np.frombuffer(message, dtype=np.float64)
-        try:
-            out = float(function(values))
-            conn.send(("ok", out) if math.isfinite(out) else ("error", "not_finite"))
-        except Exception as exc:  # the user's function failed on this block
-            conn.send(("error", type(exc).__name__))
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """End a child and reap it (also when its sandbox is garbage collected or the worker exits)."""
+    if process.poll() is None:
+        process.kill()
+    process.wait(5)
+    for pipe in (process.stdin, process.stdout):
+        if pipe is not None:
+            pipe.close()
+
+
+def _child_environment() -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if not name.startswith(_SCRUBBED_PREFIXES)}
+    env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
+    return env
 
 
 class FunctionSandbox:
@@ -83,9 +79,9 @@ class FunctionSandbox:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.function = function
         self.timeout_s = timeout_s
-        self._context = multiprocessing.get_context("spawn")
-        self._process: Any = None
-        self._conn: Any = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._buffer = b""
         self._lock = threading.Lock()
         self._failures: Counter[str] = Counter()
         self._error_types: Counter[str] = Counter()
@@ -95,34 +91,52 @@ class FunctionSandbox:
         with self._lock:
             self._ensure_started()
 
+    def _answer(self, timeout_s: float) -> dict[str, Any]:
+        """The child's next JSON line, or ``_Gone``."""
+        assert self._process is not None and self._process.stdout is not None
+        fd = self._process.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise _Gone("timeout")
+            chunk = os.read(fd, 65_536)
+            if not chunk:
+                raise _Gone("crashed")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
+
     def _ensure_started(self) -> None:
-        if self._process is not None and self._process.is_alive():
+        if self._process is not None and self._process.poll() is None:
             return
-        parent, child = self._context.Pipe()
-        process = self._context.Process(target=_child, args=(self.function, child), daemon=True,
-                                        name=f"stream-dp-sandbox:{self.function}")
-        process.start()
-        child.close()
-        if not parent.poll(_START_TIMEOUT_S):
-            process.kill()
-            raise FunctionLoadError(f"function {self.function}: the sandbox did not start within {_START_TIMEOUT_S:g} s")
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "stream_dp.worker.sandbox_child", self.function],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_environment(), close_fds=True,
+        )
+        self._finalizer = weakref.finalize(self, _stop, self._process)
+        self._buffer = b""
         try:
-            status, detail = parent.recv()
-        except EOFError:
-            status, detail = "load_error", f"the process exited with code {process.exitcode}"
-        if status != "ready":
-            process.join(5)
+            first = self._answer(_START_TIMEOUT_S)
+        except _Gone as gone:
+            code = self._process.poll()
+            self._restart()
+            detail = (f"the sandbox did not start within {_START_TIMEOUT_S:g} s" if gone.reason == "timeout"
+                      else f"the sandbox process exited with code {code}")
+            raise FunctionLoadError(f"function {self.function}: {detail}") from None
+        if first.get("s") != "ready":
+            self._restart()
             raise FunctionLoadError(
-                f"function {self.function} cannot be loaded: {detail}; make its module importable by the worker "
-                "(installed, or on PYTHONPATH) and name a function as package.module:function"
+                f"function {self.function} cannot be loaded: {first.get('e')}; make its module importable by the "
+                "worker (installed, or on PYTHONPATH) and name a function as package.module:function"
             )
-        self._process, self._conn = process, parent
 
     def _restart(self) -> None:
-        if self._process is not None:
-            self._process.kill()
-            self._process.join(5)
-        self._process = self._conn = None
+        if self._finalizer is not None:
+            self._finalizer()  # _stop, once
+            self._finalizer = None
+        self._process = None
+        self._buffer = b""
 
     def run(self, blocks: list[np.ndarray]) -> np.ndarray:
         """The function's output on each block's values; NaN where it failed (reasons: ``take_failures``)."""
@@ -135,25 +149,24 @@ class FunctionSandbox:
                     log.error("%s; %d block(s) count as failed", exc, len(blocks) - i)
                     self._failures["load_error"] += len(blocks) - i
                     break
-                payload = np.ascontiguousarray(values, dtype=np.float64).tobytes()
+                assert self._process is not None and self._process.stdin is not None
+                payload = np.ascontiguousarray(values, dtype="<f8")
                 try:
-                    self._conn.send(payload)
-                    if not self._conn.poll(self.timeout_s):
-                        self._failures["timeout"] += 1
-                        self._restart()
-                        continue
-                    status, detail = self._conn.recv()
-                except (EOFError, OSError):  # the function ended its process (BrokenPipe is an OSError)
-                    self._failures["crashed"] += 1
+                    self._process.stdin.write(_COUNT.pack(len(payload)) + payload.tobytes())
+                    self._process.stdin.flush()
+                    reply = self._answer(self.timeout_s)
+                except (_Gone, OSError) as exc:  # BrokenPipe: the process ended on an earlier write
+                    self._failures[exc.reason if isinstance(exc, _Gone) else "crashed"] += 1
                     self._restart()
                     continue
+                status = reply.get("s")
                 if status == "ok":
-                    out[i] = detail
-                elif detail == "not_finite":
+                    out[i] = float(reply["v"])
+                elif status == "not_finite":
                     self._failures["not_finite"] += 1
                 else:
                     self._failures["error"] += 1
-                    self._error_types[detail] += 1
+                    self._error_types[str(reply.get("e"))[:100]] += 1
         return out
 
     def take_failures(self) -> dict[str, int]:
@@ -169,11 +182,12 @@ class FunctionSandbox:
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
+            process = self._process
+            if process is not None and process.poll() is None and process.stdin is not None:
                 try:
-                    self._conn.send(None)
-                except (OSError, BrokenPipeError):
+                    process.stdin.write(_COUNT.pack(STOP))
+                    process.stdin.flush()
+                    process.wait(2)
+                except (OSError, subprocess.TimeoutExpired):
                     pass
-            if self._process is not None:
-                self._process.join(2)
             self._restart()

@@ -40,3 +40,15 @@ def sees_worker_settings(values: np.ndarray) -> float:
 
 
 NOT_A_FUNCTION = 3
+
+
+def sees_worker_settings_in_proc(values: np.ndarray) -> float:
+    """1.0 if the process's initial environment block (what /proc shows) held a worker setting."""
+    with open("/proc/self/environ", "rb") as handle:
+        names = [entry.split(b"=", 1)[0] for entry in handle.read().split(b"\0")]
+    return float(any(name.startswith((b"STREAM_DP_", b"KAFKA_", b"REDIS_")) for name in names))
+
+
+def prints_to_stdout(values: np.ndarray) -> float:
+    print("a function's own output must not break the sandbox's protocol", len(values))
+    return float(len(values))

@@ -48,9 +48,19 @@ def test_each_misbehaviour_costs_its_own_block_only(caplog):
 def test_the_worker_settings_do_not_reach_the_function(monkeypatch):
     monkeypatch.setenv("STREAM_DP_CONTRIBUTION_SECRET", "do-not-leak-0123456789abcdef")
     monkeypatch.setenv("REDIS_URL", "redis://user:password@example:6379/0")
-    sandbox = FunctionSandbox("tests.worker._functions:sees_worker_settings")
+    for name in ("sees_worker_settings", "sees_worker_settings_in_proc"):
+        sandbox = FunctionSandbox(f"tests.worker._functions:{name}")
+        try:
+            assert sandbox.run(_blocks([1])).tolist() == [0.0], name
+        finally:
+            sandbox.close()
+
+
+def test_a_function_that_prints_does_not_break_the_answers():
+    sandbox = FunctionSandbox("tests.worker._functions:prints_to_stdout")
     try:
-        assert sandbox.run(_blocks([1])).tolist() == [0.0]
+        assert sandbox.run(_blocks([1, 2], [3])).tolist() == [2.0, 1.0]
+        assert sandbox.take_failures() == {}
     finally:
         sandbox.close()
 
