@@ -11,7 +11,7 @@ be combined with.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
@@ -22,6 +22,7 @@ from stream_dp.dp.vectors import MAX_DIMENSIONS
 
 class _VectorAggregation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: ClassVar[str]
 
     fields: list[str] = Field(min_length=1)
     clip_norm: float
@@ -33,6 +34,9 @@ class _VectorAggregation(BaseModel):
             raise ValueError("fields must be non-empty JSON keys of the events, e.g. [lat, lon]")
         if len(set(value)) != len(value):
             raise ValueError(f"fields {value} name a field twice; list each field once")
+        most = MAX_DIMENSIONS[cls.kind]
+        if len(value) > most:
+            raise ValueError(f"{cls.kind} takes at most {most} fields; split it over queries")
         return value
 
     @field_validator("clip_norm")
@@ -49,23 +53,13 @@ class _VectorAggregation(BaseModel):
 class MeanVectorAggregation(_VectorAggregation):
     """Per group and window: the sum and mean of the units' vectors over ``fields`` (Gaussian vector mechanism)."""
 
-    @field_validator("fields")
-    @classmethod
-    def _few(cls, value: list[str]) -> list[str]:
-        if len(value) > MAX_DIMENSIONS["mean_vector"]:
-            raise ValueError(f"mean_vector takes at most {MAX_DIMENSIONS['mean_vector']} fields; split it over queries")
-        return value
+    kind: ClassVar[str] = "mean_vector"
 
 
 class CovarianceAggregation(_VectorAggregation):
     """Per group and window: the mean and covariance matrix of the units' vectors ("Analyze Gauss", PSD-projected)."""
 
-    @field_validator("fields")
-    @classmethod
-    def _few(cls, value: list[str]) -> list[str]:
-        if len(value) > MAX_DIMENSIONS["covariance"]:
-            raise ValueError(f"covariance takes at most {MAX_DIMENSIONS['covariance']} fields; split it over queries")
-        return value
+    kind: ClassVar[str] = "covariance"
 
 
 class SampleAggregateAggregation(BaseModel):

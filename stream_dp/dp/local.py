@@ -154,6 +154,6 @@ class UnaryReports:
         return np.asarray(means, dtype=np.float64).reshape(-1, self.width)
 
     def group_sums(self, pair_group: NDArray[np.int64], features: NDArray[np.float64], n_groups: int) -> NDArray[np.float64]:
-        out = np.zeros((n_groups, self.width), dtype=np.float64)
-        np.add.at(out, np.asarray(pair_group, dtype=np.int64), features)
-        return out
+        from stream_dp.dp.vectors import group_row_sums
+
+        return group_row_sums(pair_group, features, n_groups, self.width)

@@ -68,6 +68,15 @@ def _upper(d: int) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
     return np.triu_indices(d)
 
 
+def group_row_sums(group: NDArray[Any], rows: NDArray[np.float64], n_groups: int, width: int) -> NDArray[np.float64]:
+    """Per-group sums of ``rows`` (one row of ``width`` per entry of ``group``), ``(n_groups, width)``."""
+    out = np.zeros((n_groups, width), dtype=np.float64)
+    if len(group):
+        for column in range(width):  # bincount adds in index order: bit-identical on every replay
+            out[:, column] = np.bincount(group, weights=rows[:, column], minlength=n_groups)
+    return out
+
+
 @dataclass(frozen=True)
 class FeatureSpec:
     """What one (unit, group) pair adds to its group: see the module docstring."""
@@ -114,11 +123,7 @@ class FeatureSpec:
 
     def group_sums(self, pair_group: NDArray[Any], features: NDArray[np.float64], n_groups: int) -> NDArray[np.float64]:
         """Per-group sums of the pairs' feature vectors, ``(n_groups, width)``, added in pair order."""
-        out = np.zeros((n_groups, self.width), dtype=np.float64)
-        if len(pair_group):
-            for column in range(self.width):  # bincount adds in index order: bit-identical on every replay
-                out[:, column] = np.bincount(pair_group, weights=features[:, column], minlength=n_groups)
-        return out
+        return group_row_sums(pair_group, features, n_groups, self.width)
 
 
 @dataclass(frozen=True)

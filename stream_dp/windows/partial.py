@@ -161,12 +161,8 @@ class WindowPartial:
         present = np.flatnonzero(totals.distinct_units > 0)
         if len(present) == n_groups:
             return totals
-        if totals.histogram is not None:
-            position = np.full(n_groups, -1, dtype=np.int64)
-            position[present] = np.arange(len(present))
-            hist: SparseHistogram | None = totals.histogram.take_groups(position, len(present))
-        else:
-            hist = None
+        position = position_of(present, n_groups)
+        hist = None if totals.histogram is None else totals.histogram.take_groups(position, len(present))
         return GroupTotals(
             groups=[self.groups[i] for i in present.tolist()],
             count=totals.count[present],
@@ -175,8 +171,7 @@ class WindowPartial:
             histogram=hist,
             features=None if totals.features is None else totals.features[present],
             blocks=None if totals.blocks is None else BlockValues(
-                position_of(present, n_groups)[totals.blocks.group].astype(np.int32), totals.blocks.block,
-                totals.blocks.value),
+                position[totals.blocks.group].astype(np.int32), totals.blocks.block, totals.blocks.value),
         )
 
     def _histogram(self, keep: np.ndarray | None, spec: HistogramSpec) -> SparseHistogram:

@@ -130,10 +130,13 @@ class CombinedWindow:
     blocks: BlockValues | None = None
 
 
-def features_conflict(partials: list[PartialAggregate], width: int | None, blocks: bool = False) -> str | None:
-    """Why these partials' feature sums (or block values) cannot be combined, or None."""
-    if blocks and any(partial.blocks is None for partial in partials):
-        return "blocks_missing"
+def blocks_conflict(partials: list[PartialAggregate], blocks: bool) -> str | None:
+    """Why a sample-and-aggregate query's partials cannot be combined (one lacks block values), or None."""
+    return "blocks_missing" if blocks and any(partial.blocks is None for partial in partials) else None
+
+
+def features_conflict(partials: list[PartialAggregate], width: int | None) -> str | None:
+    """Why these partials' feature sums cannot be added up into ``width`` columns, or None."""
     if width is None:
         return None
     for partial in partials:
@@ -347,7 +350,7 @@ class WindowCombiner:
         window_end_ms = window_start_ms + self.window_size_ms if pending is None else pending.window_end_ms
         partials = [] if pending is None else [pending.partials[p] for p in sorted(pending.partials)]
         withheld = (placement_conflict(partials) or histogram_conflict(partials, self.quantile_bins)
-                    or features_conflict(partials, self.feature_width, self.blocks))
+                    or features_conflict(partials, self.feature_width) or blocks_conflict(partials, self.blocks))
         groups, count, sums, distinct, histogram, features, blocks = self._merge([] if withheld else partials)
         reported = {p.partition for p in partials}
         missing = [

@@ -194,6 +194,20 @@ def _quantiles_runtime(bins: int = 16):
                         delta=0.0, privacy={})
 
 
+def _through_the_wire(engine, runtime, combiner, out_of_budget: set[str], start: int):
+    """Close the engine's windows, leave ``out_of_budget`` out and aggregate as the ingest stage does, send
+    every partial through its binary records into ``combiner``, and take the window starting at ``start``."""
+    for partial in engine.tick():
+        excluded = partial.unit_mask(out_of_budget)
+        totals = partial.aggregate(excluded, histogram=runtime.histogram, features=runtime.features,
+                                   blocks=runtime.blocks)
+        message = partial_message(runtime, partial, totals, input_partitions=2, units=len(partial.units),
+                                  excluded=int(excluded.sum()), closed_at_ms=ENGINE_NOW_MS)
+        for record in partial_records(message, 1_000_000):
+            assert combiner.add_partial(PartialsReader().read(0, 0, record), now_ms=ENGINE_NOW_MS)
+    return combiner.take(start)
+
+
 def test_events_reach_the_combined_window_as_one_histogram_without_excluded_units():
     """Engine (two input partitions) -> budget-filtered partials -> binary records -> combined window."""
     runtime = _quantiles_runtime()
@@ -213,14 +227,7 @@ def test_events_reach_the_combined_window_as_one_histogram_without_excluded_unit
                               release_timeout_ms=1, public_groups=[("/p0",), ("/p1",), ("/p2",), ("/none",)],
                               has_sum=False, quantile_bins=spec.bins)
     out_of_budget = {"u4", "u7"}
-    for partial in engine.tick():
-        excluded = partial.unit_mask(out_of_budget)
-        totals = partial.aggregate(excluded, histogram=runtime.histogram)
-        message = partial_message(runtime, partial, totals, input_partitions=2, units=len(partial.units),
-                                  excluded=int(excluded.sum()), closed_at_ms=ENGINE_NOW_MS)
-        for record in partial_records(message, 1_000_000):
-            assert combiner.add_partial(PartialsReader().read(0, 0, record), now_ms=ENGINE_NOW_MS)
-    window = combiner.take(start)
+    window = _through_the_wire(engine, runtime, combiner, out_of_budget, start)
     assert window.withheld is None and window.partitions_missing == []
     expected = np.zeros((4, spec.bins), dtype=np.int64)
     for u, g, v in events:
@@ -255,14 +262,7 @@ def test_events_reach_the_combined_window_as_feature_sums_without_excluded_units
     combiner = WindowCombiner(config.name, window_size_ms=60_000, window_offset_ms=0, release_timeout_ms=1,
                               public_groups=[("/p0",), ("/p1",), ("/none",)], has_sum=False, feature_width=spec.width)
     out_of_budget = {"u4", "u7"}
-    for partial in engine.tick():
-        excluded = partial.unit_mask(out_of_budget)
-        totals = partial.aggregate(excluded, features=runtime.features)
-        message = partial_message(runtime, partial, totals, input_partitions=2, units=len(partial.units),
-                                  excluded=int(excluded.sum()), closed_at_ms=ENGINE_NOW_MS)
-        for record in partial_records(message, 1_000_000):
-            assert combiner.add_partial(PartialsReader().read(0, 0, record), now_ms=ENGINE_NOW_MS)
-    window = combiner.take(start)
+    window = _through_the_wire(engine, runtime, combiner, out_of_budget, start)
     assert window.withheld is None and window.features.shape == (3, 10)
     per_pair: dict = {}
     for u, g, v in events:
