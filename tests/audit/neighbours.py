@@ -100,6 +100,12 @@ SCENARIOS += (
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "mechanism": "gaussian", "delta": 1e-6,
               "aggregations": {"mean_vector": {"fields": ["value"], "clip_norm": 10.0}}}),
+    # The same target against a covariance query: its (x, C) adds C^2 to the corner of the augmented
+    # matrix. Audited on ``units``, the corner over C^2 after noise and PSD projection, released always.
+    Scenario("covariance", "main", "cov_units", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
+              "mechanism": "gaussian", "delta": 1e-6,
+              "aggregations": {"covariance": {"fields": ["value"], "clip_norm": 10.0}}}),
     # A median per block of units: the target's 1e6 values push its block's median to the top of the
     # output range (and fill an empty block in groups b to e); outputs clipped to [0, 10].
     Scenario("sample_aggregate", "main", "sa_value", GROUPS,
@@ -413,6 +419,8 @@ class Deployment:
             return [float(releases[(s, "top")]["top"][0]["group"]["group"] == group) for s in starts]
         if scenario.statistic == "sa_value":
             return [float(releases[(s, group)]["sample_aggregate"]["value"]) for s in starts]
+        if scenario.statistic == "cov_units":
+            return [float(releases[(s, group)]["covariance"]["units"]) for s in starts]
         if scenario.statistic == "vector_sum":
             return [float(releases[(s, group)]["mean_vector"]["sum"][0]) for s in starts]
         if scenario.statistic == "median":
