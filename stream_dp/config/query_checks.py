@@ -63,6 +63,12 @@ def check_query_options(query: Any) -> None:
             )
         if not query.aggregations.names() & {"count", "sum"}:
             raise ValueError("hierarchy rolls up counts and sums: add count: {} or a sum")
+        if query.mechanism == "staircase":
+            # A coarse level is calibrated as one parent moved by up to L0 * Linf: sound for Laplace (l1)
+            # and Gaussian (l2), but a unit's L0 leaves under L0 different parents move L0 parents, and the
+            # staircase's loss per moved group does not shrink with the size of the move.
+            raise ValueError("hierarchy releases use mechanism: laplace or gaussian; the staircase's loss does not "
+                             "shrink when a unit's events spread over several parents, so it cannot be rolled up")
 
 def _check_local_dp(query: Any, public: bool) -> None:
     local = query.local_dp

@@ -77,6 +77,12 @@ def _error(data: dict) -> str:
         (lambda d: d["queries"][8]["aggregations"].update(mean_vector={"fields": ["a"], "clip_norm": 1}),
          r"keep covariance"),
         (lambda d: d["queries"][7].update(groups={"select": {"delta": 1e-6}}), r"count: \{\} or groups.public"),
+        (lambda d: d["queries"][4].update(mechanism="staircase"), r"hierarchy releases use mechanism: laplace or gaussian"),
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(function="statistics"),
+         r"package\.module:function"),
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(output_range=[5, 5]),
+         r"output_range"),
+        (lambda d: d["queries"][9].update(mechanism="staircase"), r"sample_aggregate needs mechanism: laplace or gaussian"),
     ],
 )
 def test_mistakes_are_explained(example, mutate, expected):
