@@ -1,17 +1,17 @@
-"""Runs a sample-and-aggregate query's user function away from the worker: one child process per query.
+"""Runs a sample-and-aggregate query's user function away from the worker: one sandbox process per query.
 
-The child is a new interpreter (``python -m stream_dp.worker.sandbox_child``:
+The sandbox is a new interpreter (``python -m stream_dp.worker.sandbox_child``:
 none of the worker's objects, sockets or memory) started with an environment
 from which every worker setting (``STREAM_DP_*``, ``KAFKA_*``, ``REDIS_*``)
 is left out -- never set, so not even ``/proc/self/environ`` holds them -- and
 with the worker's import path, so the function loads as it would in the
-worker. It receives one block's values at a time and answers with a number.
-Each block has its own time limit: a block whose function raises, returns
-something that is not a finite number, runs past ``timeout_s`` or ends its
-process counts as failed (the plan puts the output range's midpoint in its
-place) and the child is restarted for the next block -- so one unit's data
-can only ever change its own block's output, never stop the worker or the
-other blocks.
+worker. It loads the function once and runs each block in a fresh process
+forked from that state, with the block's time limit: whatever a call leaves
+behind (globals, caches, a crash) dies with its block. A block whose function
+raises, returns something that is not a finite number, runs past
+``timeout_s`` or ends its process counts as failed (the plan puts the output
+range's midpoint in its place) -- so one unit's data can only ever change its
+own block's output, never stop the worker or reach the other blocks.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 _SCRUBBED_PREFIXES = ("STREAM_DP_", "KAFKA_", "REDIS_")
 _START_TIMEOUT_S = 60.0
+_ANSWER_GRACE_S = 10.0  # beyond a block's own limit, which the sandbox enforces: then the sandbox itself is stuck
 _COUNT = struct.Struct("<Q")
 
 
@@ -111,7 +112,7 @@ class FunctionSandbox:
         if self._process is not None and self._process.poll() is None:
             return
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "stream_dp.worker.sandbox_child", self.function],
+            [sys.executable, "-m", "stream_dp.worker.sandbox_child", self.function, repr(self.timeout_s)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_environment(), close_fds=True,
         )
         self._finalizer = weakref.finalize(self, _stop, self._process)
@@ -154,16 +155,16 @@ class FunctionSandbox:
                 try:
                     self._process.stdin.write(_COUNT.pack(len(payload)) + payload.tobytes())
                     self._process.stdin.flush()
-                    reply = self._answer(self.timeout_s)
-                except (_Gone, OSError) as exc:  # BrokenPipe: the process ended on an earlier write
+                    reply = self._answer(self.timeout_s + _ANSWER_GRACE_S)
+                except (_Gone, OSError) as exc:  # the sandbox itself ended or hangs (BrokenPipe: on a write)
                     self._failures[exc.reason if isinstance(exc, _Gone) else "crashed"] += 1
                     self._restart()
                     continue
                 status = reply.get("s")
                 if status == "ok":
                     out[i] = float(reply["v"])
-                elif status == "not_finite":
-                    self._failures["not_finite"] += 1
+                elif status in ("not_finite", "timeout", "crashed"):
+                    self._failures[status] += 1
                 else:
                     self._failures["error"] += 1
                     self._error_types[str(reply.get("e"))[:100]] += 1

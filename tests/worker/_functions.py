@@ -52,3 +52,22 @@ def sees_worker_settings_in_proc(values: np.ndarray) -> float:
 def prints_to_stdout(values: np.ndarray) -> float:
     print("a function's own output must not break the sandbox's protocol", len(values))
     return float(len(values))
+
+
+_SEEN: list[float] = []
+
+
+def remembers_what_it_saw(values: np.ndarray) -> float:
+    """State across calls: the first block's mean, whatever block it is given (a cache gone wrong).
+
+    Run in one process for every block, it would carry one block's units into every other block's output.
+    """
+    if len(values):
+        _SEEN.append(float(values.mean()))
+    return _SEEN[0] if _SEEN else 0.0
+
+
+def counts_its_calls(values: np.ndarray) -> float:
+    """How many blocks this process has seen: 1.0 in a process of its own."""
+    _SEEN.append(0.0)
+    return float(len(_SEEN))

@@ -86,3 +86,18 @@ def test_a_function_that_cannot_be_loaded_is_refused_with_the_reason(path, messa
 def test_import_paths_are_checked_up_front(path):
     with pytest.raises(ValueError, match="package.module:function"):
         parse_function_path(path)
+
+
+def test_no_block_sees_what_an_earlier_block_or_window_left_behind():
+    """Each block runs in a fresh copy of the loaded function: state a function keeps between calls (a
+    cache, a global) cannot carry one block's units into another block's output, in this window or a later
+    one, nor can a failure restart depend on the data."""
+    sandbox = FunctionSandbox("tests.worker._functions:remembers_what_it_saw")
+    calls = FunctionSandbox("tests.worker._functions:counts_its_calls")
+    try:
+        assert sandbox.run(_blocks([1], [2, 2], [3])).tolist() == [1.0, 2.0, 3.0]
+        assert sandbox.run(_blocks([40])).tolist() == [40.0]  # the next window
+        assert calls.run(_blocks([1], [2], [3])).tolist() == [1.0, 1.0, 1.0]
+    finally:
+        sandbox.close()
+        calls.close()
