@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 
+from stream_dp.cli.plan import mechanism_label
 from stream_dp.config import ConfigError, format_duration_ms, load_config
 
 RETENTION_ENV = "STREAM_DP_INPUT_RETENTION_MS"
@@ -88,8 +89,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"query {query.name}: {query.input_topic} -> {query.output_topic}, "
             f"{format_duration_ms(query.window.size_ms)} windows, {groups} groups by {query.group_by}, "
-            f"{sorted(query.aggregations.names())}, {query.mechanism} epsilon={query.epsilon:g}"
-            + (f" delta={query.delta:g}" if query.delta else "")
+            f"{sorted(query.aggregations.names())}, {mechanism_label(query)}"
         )
     print(f"budget buckets checked for an input retention of {format_duration_ms(retention_ms)} (see --input-retention-ms)")
     print(f"{args.config}: OK ({len(config.queries)} queries)")

@@ -62,8 +62,9 @@ class LocalRandomizer:
                 and 0 < epsilon <= MAX_LOCAL_EPSILON):
             raise ValueError(f"local_dp epsilon must be in (0, {MAX_LOCAL_EPSILON:g}], got {epsilon!r}; e.g. 1.0")
         if isinstance(domain_size, bool) or not isinstance(domain_size, int) or not 2 <= domain_size <= MAX_DOMAIN:
-            raise ValueError(f"local_dp needs a domain of 2 to {MAX_DOMAIN} values, got {domain_size!r}; list them "
-                             "under local_dp.domain")
+            raise ValueError(f"local_dp needs a domain of 2 to {MAX_DOMAIN} values, got {domain_size!r}: the local_dp "
+                             "domain is the query's groups.public; list there every value a producer may report "
+                             "(e.g. groups: {public: [chrome, safari, other]})")
         return cls(mechanism, exact_epsilon(float(epsilon)), domain_size)  # type: ignore[arg-type]
 
     @property

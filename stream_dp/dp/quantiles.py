@@ -133,6 +133,16 @@ def _check_inputs(epsilon: object, q: object, lo: object, hi: object, bins: obje
     return tuple(float(x) for x in levels)
 
 
+def statement_beta(sized_by_count: bool) -> float:
+    """The ``beta`` of the ``rank_error`` a release states (module docstring, "Interval").
+
+    ``1 - CONFIDENCE``; when the group's noisy count sizes it (the query counts, so records carry a
+    ``q_interval``), ``COUNT_BETA`` of that goes to the count's lower bound and ``rank_error`` holds at
+    ``1 - CONFIDENCE - COUNT_BETA``.
+    """
+    return 1.0 - CONFIDENCE - (COUNT_BETA if sized_by_count else 0.0)
+
+
 def bin_edges(lo: float, hi: float, bins: int) -> NDArray[np.float64]:
     """The candidates: ``lo + j (hi - lo) / bins`` for ``j = 0..bins``, the last exactly ``hi``."""
     edges = lo + np.arange(bins + 1, dtype=np.float64) * ((hi - lo) / bins)
@@ -204,6 +214,10 @@ class QuantilesPlan:
     def candidates(self) -> NDArray[np.float64]:
         return bin_edges(self.lo, self.hi, self.bins)
 
+    def stated_rank_error(self, sized_by_count: bool) -> NDArray[np.float64]:
+        """Per quantile, the ``rank_error`` records state: at :func:`statement_beta` of ``sized_by_count``."""
+        return self.rank_error(statement_beta(sized_by_count))
+
     def rank_error(self, beta: float) -> NDArray[np.float64]:
         """Per quantile, ``r`` with ``P(|L_out - q n| > OPT + r) <= beta`` (module docstring)."""
         if not 0.0 < beta < 1.0:
@@ -241,8 +255,7 @@ class QuantilesPlan:
                 for row in range(stop - start):
                     (pick,) = noise.top_k(negated[row], k=1, scale=self.score_scale[i])
                     index[start + row, i] = pick
-        beta = 1.0 - CONFIDENCE - (COUNT_BETA if low is not None else 0.0)
-        error = self.rank_error(beta)
+        error = self.stated_rank_error(low is not None)
         interval = None
         if low is not None:
             offset = np.abs(np.array(self.q) - np.array([num / den for num, den in self.alpha]))

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import orjson
 import pytest
 from kafka import KafkaConsumer
@@ -67,6 +71,182 @@ def test_plan_shows_the_delta_a_fully_active_unit_spends(tmp_path, capsys):
     no_delta.write_text(text.replace(", delta: 1.0e-5}", "}").replace(", delta: 4.0e-5}", "}"))
     assert main(["plan", str(no_delta)]) == 1
     assert "has no delta limit" in capsys.readouterr().err
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _plan_blocks(args: list[str], capsys) -> dict[str, list[str]]:
+    """``stream-dp plan`` text output, per query: its header, then its lines without their indent."""
+    assert main(["plan", *args]) == 0
+    blocks: dict[str, list[str]] = {}
+    for line in capsys.readouterr().out.splitlines():
+        if line.startswith("query "):
+            blocks[line.split()[1]] = [line]
+        else:
+            assert line.startswith("  "), line
+            blocks[list(blocks)[-1]].append(line.strip())
+    return blocks
+
+
+def _one(lines: list[str], pattern: str) -> re.Match:
+    found = [m for line in lines if (m := re.fullmatch(pattern, line))]
+    assert len(found) == 1, f"{len(found)} lines match {pattern!r} in:\n" + "\n".join(lines)
+    return found[0]
+
+
+NUM = r"(-?[\d,.]+(?:e[+-]\d+)?)"
+
+
+def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
+    from stream_dp.config import load_config
+    from stream_dp.worker.app import build_plan
+
+    blocks = _plan_blocks([str(EXAMPLE)], capsys)
+    config = load_config(EXAMPLE)
+    assert list(blocks) == [q.name for q in config.queries]
+
+    # continual: 1,440 one-minute windows a day, so every compared window is within the period
+    lines = blocks["pageviews_today"]
+    assert not any("beyond the period" in line for line in lines)
+    _one(lines, r"continual: binary tree over 1440 windows per period \(depth 11\), a unit counts in at most 10 "
+                r"windows and is charged epsilon 0\.5 once per period")
+    rows = {}
+    for t in (1, 10, 100, 1_000):
+        m = _one(lines, rf"running total after\s+{t:,} windows: count std {NUM} \(95% ±{NUM}\) with the tree vs "
+                        rf"{NUM} summing; sum std {NUM} \(95% ±{NUM}\) with the tree vs {NUM} summing")
+        rows[t] = [_number(x) for x in m.groups()]
+    for t, (tree, ci, naive, tree_sum, ci_sum, naive_sum) in rows.items():
+        assert 0 < tree < ci < 3 * tree and 0 < tree_sum < ci_sum < 3 * tree_sum and naive > 0 and naive_sum > 0
+    # summation's std grows as sqrt(t); the tree's as sqrt(popcount(t)): 1, 2, 3 and 6 nodes
+    assert rows[1_000][2] / rows[10][2] == pytest.approx(10, rel=0.01)
+    assert rows[1_000][0] / rows[1][0] == pytest.approx(6**0.5, rel=0.02)
+    # one node's noise is depth (11) times one window's: the tree starts out worse and wins by window 1,000
+    assert rows[1][0] / rows[1][2] == pytest.approx(11, rel=0.02)
+    for col in (0, 3):  # count, sum
+        assert rows[1][col] > rows[1][col + 2] and rows[10][col] > rows[10][col + 2]
+        assert rows[1_000][col] < rows[1_000][col + 2]
+    m = _one(lines, r"the tree's std grows polylogarithmically .*: the tree is more accurate at every window from "
+                    rf"{NUM} on; before that only at windows with few set bits, never before window {NUM}")
+    better_from, first_better = (int(_number(x)) for x in m.groups())
+    continual = build_plan(config.query("pageviews_today")).continual
+    every = continual.error_table(range(1, continual.windows_per_period + 1))
+    worse = [r["t"] for r in every if any(r[c]["tree_std"] >= r[c]["naive_std"] for c in ("count", "sum"))]
+    better = [r["t"] for r in every if all(r[c]["tree_std"] < r[c]["naive_std"] for c in ("count", "sum"))]
+    assert (better_from, first_better) == (max(worse) + 1, min(better)) == (1_024, 128)
+    # the budget: a 1h horizon inside a 1d period holds at most the 2 periods' charges it overlaps
+    m = _one(lines, r"1 \(delta 1e-05\) per 1h, shorter than the 1d period: a unit is charged 0\.5 epsilon once per "
+                    r"1d period, .*any 1h overlaps at most 2 periods, so holds at most 2 charges \(1 for a unit active "
+                    r"in every window, charged 1d apart\), at most 1 epsilon, .*the limit affords 2 charges.*: "
+                    r"this query alone never excludes a unit")
+    assert not any(re.search(r"\d+ of \d+ periods", line) for line in lines)
+
+    # hierarchy: split [1, 1, 2] of epsilon 0.1, finest level twice the coarser ones' epsilon
+    lines = blocks["visits_by_place"]
+    levels = [_one(lines, rf"hierarchy level {i} \({names}\): epsilon {NUM}, count scale {NUM} \(±{NUM} at 95% "
+                          r"before consistency\); levels made consistent by weighted least squares .*")
+              for i, names in enumerate(["country", "country, region", "country, region, city"])]
+    epsilons, scales = ([_number(m.group(k)) for m in levels] for k in (1, 2))
+    assert sum(epsilons) == pytest.approx(0.1, rel=1e-6) and epsilons == pytest.approx([0.025, 0.025, 0.05], rel=1e-6)
+    assert scales[2] < scales[0] == scales[1]
+
+    # top_k: epsilon x scale = k x max_events_per_group
+    m = _one(blocks["top_pages"], rf"top_k: k=2, permute-and-flip over the released groups, scale {NUM}, "
+                                  rf"epsilon {NUM} \(k x max_events_per_group / scale\)")
+    assert _number(m.group(1)) * _number(m.group(2)) == pytest.approx(2 * 2, rel=1e-3)
+
+    # quantiles: the rank errors the records state (97.5%: the query counts, so 2.5% sizes the group)
+    m = _one(blocks["value_quantiles"], r"quantiles: \[0\.5, 0\.9, 0\.99\], exponential mechanism over 257 bin "
+                                        rf"edges in \[0, 500\], epsilon {NUM} .*with 97\.5% probability each is "
+                                        r"within \[(.*)\] ranks \(events\) of the true quantile.*")
+    printed = [_number(x) for x in m.group(2).split(", ")]
+    assert printed == pytest.approx(_stated_rank_errors(build_plan(config.query("value_quantiles"))), rel=1e-3)
+
+    # staircase: its std below Laplace's at the same epsilon (2 per group)
+    for name in ("count", "sum"):
+        m = _one(blocks["session_minutes"], rf"staircase {name}: epsilon 2 per group, stairs of {NUM} with gamma "
+                                            rf"{NUM}; std {NUM}, mean \|error\| {NUM} vs {NUM} and {NUM} with "
+                                            rf"Laplace at the same epsilon \(std x{NUM}\)")
+        std, laplace_std, ratio = _number(m.group(3)), _number(m.group(5)), _number(m.group(7))
+        assert 0.5 < ratio < 1 and std / laplace_std == pytest.approx(ratio, rel=0.01)
+        assert _number(m.group(4)) < _number(m.group(6))
+
+    # vectors: l2 sensitivity sqrt(2 L0) C and sqrt(3 L0) C^2; errors shrink as 1 / units
+    m = _one(blocks["sensor_means"], rf"mean_vector: 2 fields \['temp_c', 'humidity'\] clipped to l2 norm C=100 "
+                                     rf".*; l2 sensitivity {NUM}, noise sd {NUM} per coordinate, epsilon 0\.5 at "
+                                     rf"delta 1e-06 .*: 100 units ±{NUM}, 10,000 units ±{NUM}, 1,000,000 units ±{NUM}")
+    assert _number(m.group(1)) == pytest.approx(2**0.5 * 100, rel=0.01)
+    assert _number(m.group(3)) / _number(m.group(4)) == pytest.approx(100, rel=0.01)
+    assert _number(m.group(3)) == pytest.approx(1.96 * _number(m.group(2)) / 100, rel=0.01)
+    m = _one(blocks["sensor_covariance"], rf"covariance: 3 fields \['accel_x', 'accel_y', 'accel_z'\] clipped to "
+                                          rf"l2 norm C=20 .*; l2 sensitivity {NUM}, noise sd {NUM} per coordinate, "
+                                          rf"epsilon 0\.5 at delta 1e-06 .*: 100 units ±{NUM} / ±{NUM}, .*")
+    assert _number(m.group(1)) == pytest.approx(3**0.5 * 20**2, rel=0.01)
+    assert _number(m.group(3)) / _number(m.group(4)) == pytest.approx(20, rel=0.01)  # entry / mean coordinate = C
+
+    # sample-and-aggregate: Laplace scale L0 (hi - lo) / epsilon; the mean's 95% half-width scale ln(20) / blocks
+    m = _one(blocks["sensor_median_temp"], r"sample_aggregate: statistics:median on each of 50 blocks of units "
+                                           r"\(keyed hash\), outputs clipped to \[-20, 50\] \(a failed block counts "
+                                           rf"as 15\), laplace noise of scale {NUM} on their sum; the released mean "
+                                           rf"over blocks is within ±{NUM} of the blocks' mean at 95%; epsilon 0\.5")
+    assert _number(m.group(1)) == pytest.approx(70 / 0.5, rel=1e-3)
+    assert _number(m.group(2)) == pytest.approx(140 * math.log(20) / 50, rel=0.01)
+
+    # local DP: named by its trust model, not the unused `mechanism: laplace`; p / q = e^epsilon
+    lines = blocks["browsers_local"]
+    assert "local trust model: krr" in lines[0] and "laplace" not in lines[0]
+    m = _one(lines, r"local_dp: k-ary randomized response \(krr\) over 5 values at epsilon 2 per report, applied by "
+                    rf"the producer .*; p={NUM}, q={NUM}; no central noise; .*: 100 reports ±{NUM}, 10,000 reports "
+                    rf"±{NUM}, .*")
+    p, q = _number(m.group(1)), _number(m.group(2))
+    assert p / q == pytest.approx(math.exp(2), rel=0.01) and p + 4 * q == pytest.approx(1, rel=0.01)
+    assert _number(m.group(4)) / _number(m.group(3)) == pytest.approx(10, rel=0.01)  # sqrt(reports)
+    assert not any(line.startswith("noise scale: count") for line in lines)
+
+
+def _stated_rank_errors(plan) -> list[float]:
+    """The rank errors a worker's quantiles records carry for ``plan`` (three public groups)."""
+    from stream_dp.dp import OpenDPNoise
+    from stream_dp.worker.release_build import _quantile_fragments
+
+    noise = OpenDPNoise()
+    counts = np.array([5, 50, 500], dtype=np.int64)
+    noisy = plan.release(counts, None, None, noise)
+    histogram = np.zeros((3, plan.quantiles.bins), dtype=np.int64)
+    histogram[:, 10] = counts
+    window = SimpleNamespace(histogram=histogram, groups=[("/",), ("/pricing",), ("/docs",)])
+    fragment = _quantile_fragments(plan, window, noisy, np.arange(3), noise)[0]
+    stated = json.loads(fragment.removeprefix(b',"quantiles":'))
+    assert all(entry["q_interval"] is not None for entry in stated.values())  # sized by the noisy count
+    return [entry["rank_error"] for entry in stated.values()]
+
+
+def test_plan_states_what_a_continual_query_charges_per_horizon(tmp_path, capsys):
+    # 0.6 per period against 1 per 1h: one charge fits a horizon, two (a unit first seen at the end of one
+    # period and at the start of the next) do not; a unit active in every window is charged a day apart.
+    tight = tmp_path / "tight.yaml"
+    text = EXAMPLE.read_text()
+    assert text.count("epsilon: 0.5                        # per unit per period") == 1
+    tight.write_text(text.replace("epsilon: 0.5                        # per unit per period",
+                                  "epsilon: 0.6                        # per unit per period"))
+    assert main(["plan", str(tight), "--json"]) == 0
+    plan = next(p for p in json.loads(capsys.readouterr().out) if p["query"] == "pageviews_today")
+    assert plan["charged_per"] == "period" and plan["period"] == "1d"
+    hour, day = plan["horizons"]
+    assert hour["horizon_shorter_than_period"] and not day["horizon_shorter_than_period"]
+    assert (hour["periods_overlapped"], hour["charges_affordable"]) == (2, 1)
+    assert hour["some_unit_excluded"] and not hour["fully_active_unit_excluded"]
+    assert hour["any_unit_spends_at_most"]["epsilon"] == pytest.approx(0.6, rel=1e-6)
+    # 4 per 1d affords 6 charges; a 1d horizon overlaps 2 periods, its bucket runs (26h) 3
+    assert (day["periods_overlapped"], day["charges_affordable"], day["charges_in_bucket_run"]) == (2, 6, 3)
+    assert not day["some_unit_excluded"]
+    assert day["any_unit_spends_at_most"]["epsilon"] == pytest.approx(1.2, rel=1e-6)
+    assert plan["continual"]["tree_better"] == {"better_from": 1_024, "first_better": 128}
+    blocks = _plan_blocks([str(tight)], capsys)
+    _one(blocks["pageviews_today"], r"1 \(delta 1e-05\) per 1h, shorter than the 1d period: .*the limit affords 1 "
+                                    r"charges.*: a unit active in every window is never excluded by this query "
+                                    r"alone; one charged for more periods within a run is left out .*")
 
 
 def test_run_without_secret_explains_how_to_set_it(monkeypatch, capsys):

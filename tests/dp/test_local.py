@@ -32,7 +32,9 @@ def test_randomized_response_reports_the_krr_law(epsilon, k):
     observed = np.bincount(reports, minlength=k)
     assert stats.chisquare(observed, krr_law(epsilon, k, 1) * reports.size).pvalue > P_MIN
     assert stats.chisquare(observed, krr_law(1.2 * epsilon, k, 1) * reports.size).pvalue < 1e-20
-    assert randomizer.p / randomizer.q == pytest.approx(math.exp(epsilon), rel=1e-12)  # eps-LDP, exactly
+    # the probabilities the estimator debiases with are the definition's, whose ratio e^eps makes a report eps-LDP
+    assert randomizer.p == pytest.approx(krr_law(epsilon, k, 1)[1], rel=1e-12)
+    assert randomizer.q == pytest.approx(krr_law(epsilon, k, 1)[0], rel=1e-12)
 
 
 @pytest.mark.parametrize("epsilon", [0.5, 2.0])
@@ -45,9 +47,10 @@ def test_unary_encoding_sets_bits_with_the_oue_probabilities(epsilon):
     others = np.delete(reports, 3, axis=1)
     assert stats.binomtest(int(others.sum()), others.size, q).pvalue > P_MIN
     assert stats.binomtest(int(others.sum()), others.size, 1.0 / (math.exp(1.2 * epsilon) + 1.0)).pvalue < 1e-20
-    # two inputs differ in two bits: the likelihood ratio of any report is at most e^eps
-    p = 0.5
-    assert p * (1 - q) / ((1 - p) * q) == pytest.approx(math.exp(epsilon), rel=1e-12)
+    # the probabilities the estimator debiases with are the definition's; with them two inputs, which differ
+    # in two bits, change a report's probability by at most p (1 - q) / ((1 - p) q) = e^eps
+    assert randomizer.p == 0.5
+    assert randomizer.q == pytest.approx(q, rel=1e-12)
 
 
 @pytest.mark.parametrize("mechanism", ["krr", "oue"])

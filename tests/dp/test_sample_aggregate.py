@@ -1,7 +1,8 @@
 """Sample-and-aggregate: blocks, the neighbouring-dataset bound on the block outputs, noise law, fallbacks.
 
-The reference splits units into blocks and computes each block's median with
-Python's ``statistics`` module, independently of ``split_blocks``.
+The reference assigns units to blocks with the README's formula in Python
+integers and lists each block's values with plain loops, independently of
+``block_of`` and ``split_blocks``.
 """
 
 from __future__ import annotations
@@ -23,12 +24,44 @@ def _plan(blocks: int = 10, lo: float = 0.0, hi: float = 10.0, epsilon: float = 
                                      budget=epsilon, delta=0.0, bounds=ContributionBounds(groups, 5))
 
 
-def _block_medians(units: dict[int, list[float]], hashes: dict[int, int], blocks: int, lo: float, hi: float):
-    """Reference: each block's median (the midpoint for an empty block, as a failed function), clipped."""
-    members: dict[int, list[float]] = {b: [] for b in range(blocks)}
-    for unit, values in units.items():
-        members[int(block_of(np.array([hashes[unit]], dtype=np.uint64), blocks)[0])] += values
-    return [min(max(statistics.median(v), lo), hi) if v else (lo + hi) / 2 for _, v in sorted(members.items())]
+class _SumsSeen:
+    """The production noise source, keeping the exact sums a release hands it (the release before noise)."""
+
+    def __init__(self) -> None:
+        self.inner = OpenDPNoise()
+        self.sums: list[np.ndarray] = []
+
+    def integers(self, values: np.ndarray, **kwargs) -> np.ndarray:
+        self.sums.append(np.array(values, dtype=np.float64))
+        return self.inner.integers(values, **kwargs)
+
+    def floats(self, values: np.ndarray, **kwargs) -> np.ndarray:
+        self.sums.append(np.array(values, dtype=np.float64))
+        return self.inner.floats(values, **kwargs)
+
+
+def _reference_block(unit_hash: int, blocks: int) -> int:
+    """The README's block of a unit, in Python integers: ((h * 0x9E3779B97F4A7C15 mod 2^64) >> 32) mod blocks."""
+    return ((unit_hash * 0x9E3779B97F4A7C15) % 2**64 >> 32) % blocks
+
+
+def _events(units: dict[int, dict[int, list[float]]], hashes: dict[int, int], blocks: int):
+    """Event columns as a window hands them over: units in hash order, each event with its group and its
+    unit's block from production ``block_of``."""
+    order = sorted(units, key=hashes.__getitem__)
+    unit_block = dict(zip(order, block_of(np.array([hashes[u] for u in order], dtype=np.uint64), blocks).tolist()))
+    rows = [(g, unit_block[u], v) for u in order for g, vs in sorted(units[u].items()) for v in vs]
+    group, block, value = (np.array(column) for column in zip(*rows))
+    return group, block, value.astype(np.float64)
+
+
+def _reference_cells(units, hashes, n_groups: int, blocks: int) -> list[list[list[float]]]:
+    """What each (group, block) must hold: the values of its units in that group, units in hash order."""
+    cells: list[list[list[float]]] = [[[] for _ in range(blocks)] for _ in range(n_groups)]
+    for u in sorted(units, key=hashes.__getitem__):
+        for g, vs in sorted(units[u].items()):
+            cells[g][_reference_block(hashes[u], blocks)] += vs
+    return cells
 
 
 def test_blocks_are_a_partition_spread_evenly():
@@ -46,20 +79,47 @@ def test_blocks_are_a_partition_spread_evenly():
 
 
 def test_one_unit_changes_one_block_output_per_group_at_most_by_the_range():
+    # Neighbouring windows through the production path: block_of, split_blocks, the function on each
+    # non-empty block (empty ones are NaN, as the worker hands them over), release. Adding one unit
+    # (touching up to L0 = 3 groups) may change, in each group it touches, only its own block -- both the
+    # block's values and its output -- and the pre-noise sum by at most hi - lo; nothing elsewhere.
     rng = np.random.default_rng(1)
-    units = {u: rng.uniform(-5, 15, rng.integers(1, 4)).tolist() for u in range(300)}
-    hashes = {u: int(h) for u, h in zip(units, rng.integers(0, 2**63, len(units), dtype=np.uint64))}
-    plan = _plan(blocks=10)
-    base = _block_medians(units, hashes, 10, plan.lo, plan.hi)
-    for target_values in ([1e9, 1e9], [-1e9], [3.0]):
-        with_target = {**units, 999: target_values}
-        hashes[999] = int(rng.integers(0, 2**63, dtype=np.uint64))
-        moved = _block_medians(with_target, hashes, 10, plan.lo, plan.hi)
-        changed = [b for b in range(10) if moved[b] != base[b]]
-        assert len(changed) <= 1
-        assert abs(sum(moved) - sum(base)) <= plan.hi - plan.lo
-    assert plan.noise.sensitivity == plan.hi - plan.lo
-    assert _plan(groups=3).noise.sensitivity == 3 * (plan.hi - plan.lo)  # l1 over L0 groups
+    n_groups, blocks = 3, 10
+    units = {u: {int(g): rng.uniform(-5, 15, rng.integers(1, 4)).tolist()
+                 for g in rng.choice(n_groups, rng.integers(1, n_groups + 1), replace=False)} for u in range(300)}
+    hashes = {u: int(h) for u, h in zip(units, rng.integers(0, 2**64, len(units), dtype=np.uint64))}
+    plan = _plan(blocks=blocks, groups=n_groups)
+
+    runs = []
+
+    def run(window: dict[int, dict[int, list[float]]]):
+        cells = split_blocks(*_events(window, hashes, blocks), n_groups, blocks)
+        runs.append((window, dict(hashes), cells))
+        outputs = np.array([[statistics.median(c) if len(c) else np.nan for c in row] for row in cells])
+        seen = _SumsSeen()
+        plan.release(outputs, seen)
+        (sums,) = seen.sums
+        return cells, outputs, sums
+
+    base_cells, base_outputs, base_sums = run(units)
+    for target_values in ({0: [1e9, 1e9]}, {1: [-1e9], 2: [3.0]}, {0: [3.0, 4.0, 5.0], 1: [1e9], 2: [-1e9]}):
+        hashes[999] = int(rng.integers(0, 2**64, dtype=np.uint64))
+        own = _reference_block(hashes[999], blocks)
+        cells, outputs, sums = run({**units, 999: target_values})
+        for g in range(n_groups):
+            allowed = {own} if g in target_values else set()
+            moved_cells = {b for b in range(blocks) if cells[g][b].tolist() != base_cells[g][b].tolist()}
+            assert moved_cells == allowed, (g, moved_cells, own)
+            moved_outputs = {b for b in range(blocks)
+                             if not np.array_equal(outputs[g, b], base_outputs[g, b], equal_nan=True)}
+            assert moved_outputs <= allowed, (g, moved_outputs, own)
+            assert abs(sums[g] - base_sums[g]) <= plan.hi - plan.lo
+        assert np.abs(sums - base_sums).sum() <= plan.noise.sensitivity
+    # and every block holds exactly its units' values, in order
+    for window, window_hashes, cells in runs:
+        assert [[c.tolist() for c in row] for row in cells] == _reference_cells(window, window_hashes, n_groups, blocks)
+    assert plan.noise.sensitivity == n_groups * (plan.hi - plan.lo)  # l1 over L0 groups
+    assert _plan(groups=1).noise.sensitivity == plan.hi - plan.lo
 
 
 def test_split_blocks_matches_a_plain_loop():
