@@ -11,7 +11,7 @@ be combined with.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
@@ -73,6 +73,8 @@ class SampleAggregateAggregation(BaseModel):
     blocks: int = Field(ge=2, le=MAX_BLOCKS)
     output_range: tuple[float, float]
     timeout_ms: Annotated[int, BeforeValidator(parse_duration_ms)] = Field(1_000, alias="timeout", ge=1, le=60_000)
+    aggregate: Literal["mean", "median"] = "mean"
+    bins: int = Field(64, ge=1, le=4096, description="aggregate: median only: candidates are the bins + 1 edges")
 
     @field_validator("function")
     @classmethod
@@ -102,6 +104,12 @@ def check_option_query(query: Any) -> None:
         fixes.append("mechanism: gaussian with a delta (its noise is scaled to the l2 norm of the clipped vectors)")
     if kind == "sample_aggregate" and query.mechanism == "staircase":
         fixes.append("mechanism: laplace or gaussian")
+    if kind == "sample_aggregate":
+        sa = aggregations.sample_aggregate
+        if sa.aggregate == "median" and query.mechanism == "gaussian":
+            fixes.append("mechanism: laplace with aggregate: median (its exponential mechanism is pure DP)")
+        if sa.aggregate == "mean" and "bins" in sa.model_fields_set:
+            fixes.append("aggregate: median with bins (the mean has no bins)")
     if query.continual is not None or query.hierarchy or query.local_dp is not None:
         fixes.append("no continual, hierarchy or local_dp")
     if "count" not in aggregations.names() and query.public_group_keys() is None:

@@ -61,6 +61,8 @@ class SampleAggregateRequest:
     blocks: int
     lo: float
     hi: float
+    aggregate: str = "mean"
+    bins: int = 64
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,8 @@ class QueryPlan:
                 function=sample_aggregate.function, blocks=sample_aggregate.blocks, lo=sample_aggregate.lo,
                 hi=sample_aggregate.hi, kind="gaussian" if gaussian else "laplace",
                 budget=(zcdp_rho(epsilon * share, delta * share) if gaussian else epsilon * share) * (1 - 1e-9),
-                delta=delta * share if gaussian else 0.0, bounds=bounds,
+                delta=delta * share if gaussian else 0.0, bounds=bounds, aggregate=sample_aggregate.aggregate,
+                bins=sample_aggregate.bins,
             )
             loss = sa_plan.loss if loss is None else loss + sa_plan.loss
         assert loss is not None

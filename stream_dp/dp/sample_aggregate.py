@@ -6,7 +6,10 @@ a user-supplied function computes its statistic on each block's values alone;
 each output is clipped into ``output_range = [lo, hi]`` (a block whose
 function fails counts as the range's midpoint, a value that does not depend
 on the data), and the release is the noisy sum of the ``blocks`` outputs over
-``blocks``: a DP mean of the block statistics.
+``blocks``: a DP mean of the block statistics (``aggregate: mean``), or
+their DP median (``aggregate: median``): the exponential mechanism over the
+``bins + 1`` edges of ``[lo, hi]`` (``stream_dp.dp.quantiles``), which one
+block's wild output cannot drag as it drags a mean.
 
 Sensitivity: a unit lies in one block, and it touches at most ``L0`` =
 ``max_groups_per_unit`` groups, so adding or removing it changes at most one
@@ -16,6 +19,13 @@ does -- and the vector of per-group sums by at most ``L0 (hi - lo)`` in l1 and
 blocks' outputs keep their distribution, and the bound holds for every
 value of the changed block's. Laplace noise of ``Delta_1 / epsilon`` (or
 Gaussian of ``Delta_2 / sqrt(2 rho)``) on the sums, certified by OpenDP.
+
+The median sees the ``blocks`` outputs of a group as its values, their number
+fixed: a unit replaces one of them, i.e. removes one value and adds one, so
+the quantile plan is calibrated to ``L0`` groups and ``Linf = 2`` values per
+group (for q = 1/2 a replacement moves each score by at most 2, as two
+additions would). With ``n = blocks`` known exactly, ``q_interval`` needs no
+noisy count: ``1/2 +- rank_error / blocks``.
 
 Pure maths and bookkeeping; running the function is the worker's sandbox's job.
 """
@@ -34,8 +44,10 @@ from stream_dp.dp.calibration import CalibratedNoise, calibrate_sums
 from stream_dp.dp.loss import PrivacyLoss
 from stream_dp.dp.measurements import NoiseKind
 from stream_dp.dp.noise import NoiseSource
+from stream_dp.dp.quantiles import QuantilesPlan, statement_beta
 
 MAX_BLOCKS = 10_000
+AGGREGATES = ("mean", "median")
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -79,13 +91,14 @@ class SampleAggregatePlan:
     blocks: int
     lo: float
     hi: float
-    noise: CalibratedNoise
+    noise: CalibratedNoise | None  # the mean's noise on the sum of outputs; None for the median
     loss: PrivacyLoss
+    median: QuantilesPlan | None = None
 
     @classmethod
     def build(
         cls, *, function: str, blocks: int, lo: float, hi: float, kind: NoiseKind, budget: float, delta: float,
-        bounds: ContributionBounds, max_groups: int = 1_000_000,
+        bounds: ContributionBounds, max_groups: int = 1_000_000, aggregate: str = "mean", bins: int = 64,
     ) -> SampleAggregatePlan:
         """``budget`` is epsilon (``kind="laplace"``) or rho (``"gaussian"``, stated at ``delta``)."""
         if isinstance(blocks, bool) or not isinstance(blocks, int) or not 2 <= blocks <= MAX_BLOCKS:
@@ -93,34 +106,77 @@ class SampleAggregatePlan:
                 f"blocks must be an integer in [2, {MAX_BLOCKS}], got {blocks!r}; more blocks mean less noise "
                 "(it shrinks as 1/blocks) but fewer units per block: 20 to 100 is typical"
             )
+        if aggregate not in AGGREGATES:
+            raise ValueError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
         lo, hi = check_output_range(lo, hi)
         l0 = bounds.max_groups_per_unit
+        if aggregate == "median":
+            if kind != "laplace":
+                raise ValueError("aggregate: median draws with the exponential mechanism, which is pure DP: use "
+                                 "mechanism: laplace (or aggregate: mean with gaussian)")
+            median = QuantilesPlan.build(epsilon=budget, q=[0.5], lo=lo, hi=hi, bins=bins,
+                                         bounds=ContributionBounds(l0, 2))  # a replaced output: -1 value, +1 value
+            return cls(function, blocks, lo, hi, None, median.loss, median)
         sensitivity = (hi - lo) * (l0 if kind == "laplace" else math.sqrt(l0))
         noise = calibrate_sums(kind, budget, sensitivity, max_groups=max_groups)
         loss = PrivacyLoss.pure(noise.cost) if kind == "laplace" else PrivacyLoss.from_zcdp(noise.cost, delta)
         return cls(function, blocks, lo, hi, noise, loss)
 
     @property
+    def aggregate(self) -> str:
+        return "mean" if self.median is None else "median"
+
+    def median_rank_error(self) -> float:
+        """The median's rank error in blocks at 95% (beyond the grid's own resolution)."""
+        assert self.median is not None
+        return float(self.median.rank_error(statement_beta(False))[0])
+
+    @property
     def fallback(self) -> float:
         """What a block whose function failed contributes: the range's midpoint, independent of the data."""
         return self.lo + (self.hi - self.lo) / 2.0
 
-    def release(self, outputs: NDArray[np.float64], noise: NoiseSource) -> tuple[NDArray[np.float64], float]:
-        """Noisy means over blocks of ``outputs`` (groups x blocks, failed blocks as NaN), and the 95% half-width."""
+    def _clipped(self, outputs: NDArray[np.float64]) -> NDArray[np.float64]:
         outputs = np.asarray(outputs, dtype=np.float64)
         if outputs.ndim != 2 or outputs.shape[1] != self.blocks:
             raise ValueError(f"outputs must have shape (groups, {self.blocks}), one value per block; got {outputs.shape}")
-        clipped = np.clip(np.where(np.isfinite(outputs), outputs, self.fallback), self.lo, self.hi)
-        sums = clipped.sum(axis=1)
+        return np.clip(np.where(np.isfinite(outputs), outputs, self.fallback), self.lo, self.hi)
+
+    def release(self, outputs: NDArray[np.float64], noise: NoiseSource) -> tuple[NDArray[np.float64], float]:
+        """Noisy means over blocks of ``outputs`` (groups x blocks, failed blocks as NaN), and the 95% half-width."""
+        if self.noise is None:
+            raise ValueError("this plan releases a median: use release_rows")
+        sums = self._clipped(outputs).sum(axis=1)
         noisy = self.noise.apply(sums, noise) if len(sums) else sums
         return noisy / self.blocks, self.noise.ci_half_width(0.05) / self.blocks
 
+    def release_rows(self, outputs: NDArray[np.float64], noise: NoiseSource) -> list[dict[str, Any]]:
+        """One record part per group (rows of ``outputs``): ``{"value", "ci95", "blocks"}`` for the mean,
+        ``{"value", "rank_error", "q_interval", "blocks", "aggregate"}`` for the median."""
+        if self.median is None:
+            means, half_width = self.release(outputs, noise)
+            return [{"value": float(m), "ci95": half_width, "blocks": self.blocks} for m in means.tolist()]
+        clipped = self._clipped(outputs)
+        bins = self.median.bins
+        # each output counts in its bin of [lo, hi] (hi itself in the last), as values do for quantiles
+        index = np.minimum((clipped - self.lo) * (bins / (self.hi - self.lo)), bins - 1).astype(np.int64)
+        histograms = np.zeros((len(clipped), bins), dtype=np.int64)
+        np.add.at(histograms, (np.repeat(np.arange(len(clipped)), self.blocks), index.reshape(-1)), 1)
+        drawn = self.median.release(histograms, noise).values[:, 0] if len(clipped) else np.zeros(0)
+        error = self.median_rank_error()
+        interval = [max(0.0, 0.5 - error / self.blocks), min(1.0, 0.5 + error / self.blocks)]
+        return [{"value": float(v), "rank_error": error, "q_interval": interval, "blocks": self.blocks,
+                 "aggregate": "median"} for v in drawn.tolist()]
+
     def describe(self) -> dict[str, Any]:
+        common = {"mechanism": "sample_and_aggregate", "aggregate": self.aggregate, "function": self.function,
+                  "blocks": self.blocks, "output_range": [self.lo, self.hi]}
+        if self.median is not None:
+            return {**common, "noise": "exponential", "bins": self.median.bins, "rank_scale": self.median.scale[0],
+                    "rank_error": self.median_rank_error(), **self.loss.to_dict()}
+        assert self.noise is not None
         return {
-            "mechanism": "sample_and_aggregate",
-            "function": self.function,
-            "blocks": self.blocks,
-            "output_range": [self.lo, self.hi],
+            **common,
             "noise": self.noise.kind,
             "sum_scale": self.noise.scale,
             "l_sensitivity": self.noise.sensitivity,

@@ -77,7 +77,7 @@ def build_plan(query: QueryConfig) -> QueryPlan:
         vector=None if aggregations.vector is None else VectorRequest(
             aggregations.vector_kind, tuple(aggregations.vector.fields), float(aggregations.vector.clip_norm)),
         sample_aggregate=None if (sa := aggregations.sample_aggregate) is None else SampleAggregateRequest(
-            sa.function, sa.blocks, float(sa.output_range[0]), float(sa.output_range[1])),
+            sa.function, sa.blocks, float(sa.output_range[0]), float(sa.output_range[1]), sa.aggregate, sa.bins),
     )
 
 

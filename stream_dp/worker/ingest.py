@@ -42,6 +42,7 @@ from stream_dp.worker.records import Progress, encode_progress
 from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
+_METADATA_ATTEMPTS = 6  # about 8 s of retries, within any rebalance or poll timeout
 
 # The broker's default record limit (message.max.bytes) less room for framing; the worker
 # passes the limits it reads from the cluster at start (see ``topics``).
@@ -129,13 +130,7 @@ class IngestStage:
         async with self._lock:
             metadata: dict[TopicPartition, str] = {}
             if assigned:
-                try:
-                    metadata = await asyncio.to_thread(self.read_commit_metadata, assigned)
-                except Exception as exc:
-                    # Without the stored progress, replayed events rebuild windows that were
-                    # already released; their charges then conflict and they are not re-emitted.
-                    self.metrics.internal_errors.labels("commit_metadata_unreadable").inc()
-                    log.error("cannot read committed window progress (%s); replayed windows are detected by their charge ids", exc)
+                metadata = await self._read_commit_metadata(assigned)
             for topic, queries in self.by_topic.items():
                 partitions = [tp.partition for tp in assigned if tp.topic == topic]
                 if not partitions:
@@ -163,6 +158,30 @@ class IngestStage:
                                         closure_steps=steps or None)
             self._joined = True
             log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
+
+    async def _read_commit_metadata(self, assigned: list[TopicPartition]) -> dict[TopicPartition, str]:
+        """The progress committed with the assigned partitions' offsets, retried while the broker recovers
+        (a group coordinator that just moved or restarted answers with errors for a few seconds).
+
+        Without it the partitions' window clocks start from the records read from here on: an event the
+        clock had already passed would be taken as on time. Replayed windows are still caught by their
+        charge ids, so after the retries the worker goes on, and says so.
+        """
+        delay_s = 0.25
+        for attempt in range(1, _METADATA_ATTEMPTS + 1):
+            try:
+                return await asyncio.to_thread(self.read_commit_metadata, assigned)
+            except Exception as exc:
+                if attempt == _METADATA_ATTEMPTS:
+                    self.metrics.internal_errors.labels("commit_metadata_unreadable").inc()
+                    log.error("cannot read committed window progress after %d attempts (%s); window clocks restart "
+                              "from the records read, replayed windows are detected by their charge ids",
+                              attempt, exc)
+                    return {}
+                log.warning("reading committed window progress failed (%s); retrying in %.2f s", exc, delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s = min(2 * delay_s, 4.0)
+        return {}
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._lock:

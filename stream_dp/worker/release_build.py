@@ -69,8 +69,9 @@ def privacy_statement(query: Any, plan: Any, described: dict[str, Any]) -> dict[
         }
     if described.get("sample_aggregate") is not None:
         sa = described["sample_aggregate"]
-        privacy["sample_aggregate"] = {key: sa[key] for key in ("mechanism", "function", "blocks", "output_range",
-                                                                  "noise", "sum_scale", "epsilon", "delta", "rho")}
+        privacy["sample_aggregate"] = {key: sa[key] for key in ("mechanism", "aggregate", "function", "blocks",
+                                                                  "output_range", "noise", "sum_scale", "bins",
+                                                                  "rank_scale", "epsilon", "delta", "rho") if key in sa}
     if query.mechanism == "staircase":
         privacy["staircase"] = {
             name: {"epsilon_per_group": law["epsilon_per_group"], "stair_width": law["scale"],
@@ -195,7 +196,7 @@ def _vector_fragments(vector: Any, window: Any, index: np.ndarray, noise: Any) -
 
 
 def _sample_aggregate_fragments(query: Any, window: Any, index: np.ndarray, noise: Any) -> list[bytes]:
-    """``,"sample_aggregate":{...}`` for each released group: the noisy mean of the blocks' clipped outputs.
+    """``,"sample_aggregate":{...}`` for each released group: the noisy mean (or median) of the blocks' clipped outputs.
 
     The user function runs in the query's sandbox on every non-empty block of every group, whatever
     is published; an empty or failed block counts as the output range's midpoint (``SampleAggregatePlan``).
@@ -215,9 +216,8 @@ def _sample_aggregate_fragments(query: Any, window: Any, index: np.ndarray, nois
     filled = [i for i, values in enumerate(flat) if len(values)]
     if filled:
         outputs[filled] = query.sandbox.run([flat[i] for i in filled])
-    means, half_width = plan.release(outputs.reshape(n, plan.blocks), noise)
-    return [b',"sample_aggregate":' + orjson.dumps({"value": float(means[i]), "ci95": half_width,
-                                                    "blocks": plan.blocks}) for i in index.tolist()]
+    rows = plan.release_rows(outputs.reshape(n, plan.blocks), noise)
+    return [b',"sample_aggregate":' + orjson.dumps(rows[i]) for i in index.tolist()]
 
 
 def _quantile_fragments(plan: Any, window: Any, noisy: Any, index: np.ndarray, noise: Any) -> list[bytes]:

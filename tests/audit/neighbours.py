@@ -103,6 +103,10 @@ SCENARIOS += (
     Scenario("staircase", "main", "count", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "mechanism": "staircase"}),
+    # The staircase on a clipped sum (values on the grid of the sum's noise, one stair wider than the clip).
+    Scenario("staircase_sum", "main", "sum", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
+              "mechanism": "staircase", "aggregations": {"sum": {"field": "value", "clip": [0, 10]}}}),
     # The target's value 1e6 in every group, against a clip norm of 10: the first coordinate of the sum.
     Scenario("mean_vector", "main", "vector_sum", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
@@ -120,6 +124,12 @@ SCENARIOS += (
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "aggregations": {"sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": 4,
                                                     "output_range": [0, 10]}}}),
+    # The blocks' median instead of their mean, on the quant topic: the target's block output goes from
+    # 0 (a background value) or 5 (an empty block) to 10, across the middle edge of [0, 10].
+    Scenario("sample_aggregate_median", "quant", "sa_value", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
+              "aggregations": {"sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": 2,
+                                                    "output_range": [0, 10], "aggregate": "median", "bins": 2}}}),
     # Periods of two windows; the target counts in its first window of each (max_windows_per_unit 1).
     # It moves both tree nodes of the period: sampled as how many of the period's two running totals are
     # at least its 2 events above D's true total. Both are with probability about 1/4 in D' and

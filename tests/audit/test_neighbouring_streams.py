@@ -107,8 +107,8 @@ def _scenario(name: str) -> Scenario:
 
 @pytest.mark.parametrize("name", ["over_bounds", "sum_clipping", "gaussian", "three_partitions_three_workers",
                                   "future_timestamp", "top_k", "quantiles", "hierarchy", "continual",
-                                  "staircase", "local_dp", "local_dp_oue", "mean_vector", "covariance",
-                                  "sample_aggregate"])
+                                  "staircase", "staircase_sum", "local_dp", "local_dp_oue", "mean_vector",
+                                  "covariance", "sample_aggregate", "sample_aggregate_median"])
 def test_no_unit_moves_a_release_by_more_than_its_claimed_epsilon(streams, name):
     epsilon, bound = audit(streams, _scenario(name))
     assert bound.epsilon <= epsilon, f"{name}: empirical lower bound {bound.epsilon:.3f} > claimed {epsilon}"

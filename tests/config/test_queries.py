@@ -83,6 +83,11 @@ def _error(data: dict) -> str:
         (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(output_range=[5, 5]),
          r"output_range"),
         (lambda d: d["queries"][9].update(mechanism="staircase"), r"sample_aggregate needs mechanism: laplace or gaussian"),
+        (lambda d: (d["queries"][9]["aggregations"]["sample_aggregate"].update(aggregate="median"),
+                    d["queries"][9].update(mechanism="gaussian", delta=1e-6)), r"laplace with aggregate: median"),
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(bins=10), r"aggregate: median with bins"),
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(aggregate="mode"),
+         r"sample_aggregate\.aggregate"),
     ],
 )
 def test_mistakes_are_explained(example, mutate, expected):

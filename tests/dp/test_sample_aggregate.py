@@ -158,3 +158,45 @@ def test_noise_is_laplace_of_the_stated_scale_and_intervals_cover():
 def test_bad_plans_say_how_to_fix_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
         _plan(**kwargs)
+
+
+def _median_plan(epsilon: float, bins: int, blocks: int, groups: int = 1) -> SampleAggregatePlan:
+    return SampleAggregatePlan.build(function="statistics:median", blocks=blocks, lo=0.0, hi=10.0, kind="laplace",
+                                     budget=epsilon, delta=0.0, bounds=ContributionBounds(groups, 5),
+                                     aggregate="median", bins=bins)
+
+
+def test_the_median_of_block_outputs_follows_permute_and_flip_over_the_edges() -> None:
+    """aggregate: median, against its law written from the README: candidates are the bins + 1 edges of
+    [lo, hi]; edge j scores |2 L_j - n| (L_j outputs below it, n = blocks); a unit replaces one output of
+    each of its L0 groups, moving every score by at most 2, so permute-and-flip runs at scale
+    2 * L0 * 2 / epsilon in score units. 20,000 draws, chi-square at P_MIN."""
+    from tests.dp.test_topk import _permute_and_flip
+
+    outputs = [1.0, 2.0, 2.0, 7.0, 9.0, 9.5]  # failed or empty blocks would be NaN: counted at the midpoint
+    epsilon, bins, draws, l0 = 1.0, 4, 20_000, 2
+    plan = _median_plan(epsilon, bins, len(outputs), groups=l0)
+    edges = [10.0 * j / bins for j in range(bins + 1)]
+    below = [sum(o < e for o in outputs) for e in edges]
+    law = _permute_and_flip({j: -abs(2 * b - len(outputs)) for j, b in enumerate(below)}, 2 * l0 * 2 / epsilon)
+    rows = plan.release_rows(np.tile(outputs, (draws, 1)), OpenDPNoise())
+    seen = np.array([edges.index(r["value"]) for r in rows])
+    observed = np.bincount(seen, minlength=bins + 1)
+    expected = np.array([law[j] * draws for j in range(bins + 1)])
+    assert stats.chisquare(observed, expected).pvalue > P_MIN, (observed, expected.round())
+    error = plan.median_rank_error()
+    assert {tuple(r["q_interval"]) for r in rows} == {(max(0.0, 0.5 - error / 6), min(1.0, 0.5 + error / 6))}
+
+
+def test_a_failed_block_counts_at_the_midpoint_in_the_median_too() -> None:
+    """Two of three blocks failed (NaN): they sit at the midpoint 5 beside the output 1, so at a large epsilon
+    the median is an edge of (1, 5] (edges 2 to 5 all score best; with failures at 0 it would be 1)."""
+    plan = _median_plan(1000.0, 10, 3)
+    rows = plan.release_rows(np.array([[np.nan, 1.0, np.nan]] * 50), OpenDPNoise())
+    assert {r["value"] for r in rows} <= {2.0, 3.0, 4.0, 5.0} and rows[0]["aggregate"] == "median"
+
+
+def test_the_median_needs_pure_dp() -> None:
+    with pytest.raises(ValueError, match="mechanism: laplace"):
+        SampleAggregatePlan.build(function="statistics:median", blocks=10, lo=0.0, hi=1.0, kind="gaussian",
+                                  budget=0.1, delta=1e-6, bounds=ContributionBounds(1, 1), aggregate="median")

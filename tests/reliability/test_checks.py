@@ -89,7 +89,8 @@ def _release(query: str, start: int, page: str, count: float, total: float) -> T
               "group": {"page": page}, "count": count, "sum": total, "mean": 1.0,
               "ci95": {"count": 3.0, "sum": 30.0, "mean": 10.0}, "std": {"count": 1.4, "sum": 14.1},
               "privacy": {"namespace": "ns", "unit_field": "user_id", "mechanism": "laplace", "epsilon": 1.0,
-                          "delta": 0.0, "rho": None, "count_scale": 1.0, "sum_scale": 10.0},
+                          "delta": 0.0, "rho": None, "count_scale": 1.0, "sum_scale": 10.0,
+                          "trust_model": "central"},
               "released_at_ms": 1, "released_at": "2026-01-01T00:00:03.000Z"}
     return TopicRecord(0, 0, None, orjson.dumps(record), {})
 

@@ -50,6 +50,7 @@ PLACES = {"a": ("FR", "IDF", "Paris"), "b": ("FR", "ARA", "Lyon"), "c": ("DE", "
 MAX_WINDOWS_PER_UNIT = 2
 CLIP_NORM = 8.0
 SA_BLOCKS = 4
+SA_MEDIAN_BLOCKS = 20
 SECRET = "test-secret-0123456789abcdef"
 
 
@@ -89,6 +90,9 @@ def _config(tmp_path: Path, topic: str, outputs: dict[str, str], namespace: str,
             _query(f"{tag}_median", topic, outputs["median"], namespace, epsilon=10.0, aggregations={
                 "sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": SA_BLOCKS,
                                      "output_range": [0, 100]}}),
+            _query(f"{tag}_blockmedian", topic, outputs["blockmedian"], namespace, epsilon=10.0, aggregations={
+                "sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": SA_MEDIAN_BLOCKS,
+                                     "output_range": [0, 100], "aggregate": "median", "bins": 20}}),
             # a function that ends its process on any block holding a 7 (unit u2's first event, in every page)
             _query(f"{tag}_crashy", topic, outputs["crashy"], namespace, epsilon=10.0, aggregations={
                 "sample_aggregate": {"function": "tests.worker._functions:exits_on_seven", "field": "value",
@@ -110,10 +114,28 @@ def _value(unit: int, event: int) -> float:
     return float(1 + (unit * 3 + event) % 90)
 
 
+def _quiet_scrape(port: int, tries: int = 50) -> str:
+    """A scrape during which no window was released.
+
+    The client collects one metric family after another: a window released mid-scrape can show in the
+    epsilon counter but not in the windows counter read just before it. Two scrapes with the same release
+    counters mean nothing was released from the start of the first to the end of the second.
+    """
+    previous = None
+    for _ in range(tries):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        released = re.findall(r"^stream_dp_(?:windows|epsilon)_released_total\{.*$", text, re.MULTILINE)
+        if released == previous:
+            return text
+        previous = released
+        time.sleep(0.2)
+    raise AssertionError(f"windows kept being released over {tries} scrapes; the counters cannot be compared")
+
+
 def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name):
     topic = new_topic("in", partitions=2)
     outputs = {k: f"{unique_name}-{k}" for k in ("top", "quantiles", "places", "today", "stairs", "vec", "cov",
-                                                  "median", "crashy")}
+                                                  "median", "blockmedian", "crashy")}
     namespace = f"{unique_name}-users"
     config_path = _config(tmp_path, topic, outputs, namespace, unique_name.replace("-", "_")[-30:])
     period_ms = PERIOD_WINDOWS * WINDOW_MS
@@ -151,7 +173,7 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
             got[key] = [orjson.loads(m.value) for m in consume_all(
                 kafka_bootstrap, topic_name, until=lambda rs: set(starts) <= windows_of(rs), timeout_s=150)]
             assert set(starts) <= {r["window"]["start_ms"] for r in got[key]}, f"{key}: missing windows; log {tmp_path}"
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        metrics = _quiet_scrape(metrics_port)
     finally:
         worker.terminate()
         worker.wait(30)
@@ -321,6 +343,30 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
         assert released["blocks"] == SA_BLOCKS and record["privacy"]["sample_aggregate"]["function"] == "statistics:median"
         assert abs(released["value"] - sum(medians) / SA_BLOCKS) <= 4 * released["ci95"], (record, medians)
 
+    # sample_aggregate with aggregate: median: the released edge's rank among the blocks' true outputs
+    # (computed here as above) is within the stated rank_error of the middle, beyond the grid's own
+    # resolution OPT; checked at twice rank_error (probability about beta^2 / bins per record).
+    block20 = {u: ((siphash_reference(unit_key, f"u{u}".encode(), c_rounds=1, d_rounds=3) * 0x9E3779B97F4A7C15
+                    % 2**64) >> 32) % SA_MEDIAN_BLOCKS for u in range(UNITS)}
+    edges = np.linspace(0, 100, 21)
+    median_records = [r for r in got["blockmedian"] if r["window"]["start_ms"] in starts]
+    assert len(median_records) == len(PAGE_EVENTS) * WINDOWS
+    for record in median_records:
+        page = record["group"]["page"]
+        outputs_ = []
+        for b in range(SA_MEDIAN_BLOCKS):
+            members = [_value(u, e) for u in range(UNITS) if block20[u] == b for e in range(PAGE_EVENTS[page])]
+            outputs_.append(min(max(statistics.median(members), 0), 100) if members else 50.0)
+        released, privacy = record["sample_aggregate"], record["privacy"]["sample_aggregate"]
+        assert (privacy["aggregate"], privacy["noise"], privacy["bins"]) == ("median", "exponential", 20)
+        assert released["value"] in edges.tolist() and released["blocks"] == SA_MEDIAN_BLOCKS
+        error = released["rank_error"]
+        assert released["q_interval"] == pytest.approx([max(0, 0.5 - error / 20), min(1, 0.5 + error / 20)])
+        below = [sum(o < edge for o in outputs_) for edge in edges]
+        opt = min(abs(b - SA_MEDIAN_BLOCKS / 2) for b in below)
+        chosen = sum(o < released["value"] for o in outputs_)
+        assert abs(chosen - SA_MEDIAN_BLOCKS / 2) <= opt + 2 * error, (record, sorted(outputs_))
+
     # a user function that kills its process costs its block, not the worker: every window is released
     # (checked above), and the failures are counted per reason
     crashed = sum(float(v) for q, v in re.findall(
@@ -342,9 +388,9 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
     assert series("stream_dp_epsilon_released_total", "_stairs") == pytest.approx(
         10.0 * series("stream_dp_windows_released_total", "_stairs"), rel=1e-6)
 
-    # charged once per period: two periods, 10 epsilon each, plus the other eight queries' windows
+    # charged once per period: two periods, 10 epsilon each, plus the other nine queries' windows
     store = RedisBudgetStore(redis.Redis.from_url(redis_url), policy_from_config(load_config(config_path)))
     spends = {h.currency: h for h in store.spend(namespace, "u0", int(time.time() * 1000))}
-    assert spends["epsilon"].spent == pytest.approx(2 * 10.0 + 8 * WINDOWS * 10.0, rel=1e-6)
+    assert spends["epsilon"].spent == pytest.approx(2 * 10.0 + 9 * WINDOWS * 10.0, rel=1e-6)
     # delta: the two Gaussian vector queries' 1e-5 per window
     assert spends["delta"].spent == pytest.approx(2 * WINDOWS * 1e-5, rel=1e-6)
