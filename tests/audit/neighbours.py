@@ -124,12 +124,16 @@ SCENARIOS += (
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "aggregations": {"sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": 4,
                                                     "output_range": [0, 10]}}}),
-    # The blocks' median instead of their mean, on the quant topic: the target's block output goes from
-    # 0 (a background value) or 5 (an empty block) to 10, across the middle edge of [0, 10].
-    Scenario("sample_aggregate_median", "quant", "sa_value", GROUPS,
+    # The blocks' median instead of their mean: in the target's group both blocks are empty in D (each
+    # counts at the midpoint 5, in the middle of three bins: every edge scores the same), and in D' its
+    # block's output is 10, in the top bin (edge 6.67 scores best: drawn 35% of the time against 25%). A
+    # bound of about ln(0.355 / 0.25) = 0.35 at most, which 800 windows do not resolve: the scenario
+    # catches a median drawn with far too little noise (one without any would bound at ln 4 = 1.39 or
+    # more), its calibration is checked exactly in tests/dp/test_sample_aggregate.py.
+    Scenario("sample_aggregate_median", "main", "sa_value", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "aggregations": {"sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": 2,
-                                                    "output_range": [0, 10], "aggregate": "median", "bins": 2}}}),
+                                                    "output_range": [0, 10], "aggregate": "median", "bins": 3}}}),
     # Periods of two windows; the target counts in its first window of each (max_windows_per_unit 1).
     # It moves both tree nodes of the period: sampled as how many of the period's two running totals are
     # at least its 2 events above D's true total. Both are with probability about 1/4 in D' and
