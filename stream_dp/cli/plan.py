@@ -292,11 +292,10 @@ def _options(query, plan, described) -> list[str]:
         head = (f"sample_aggregate: {sa.function} on each of {sa.blocks} blocks of units (keyed hash), outputs "
                 f"clipped to [{sa.lo:g}, {sa.hi:g}] (a failed block counts as {sa.fallback:g}), ")
         if sa.median is not None:
-            error = sa.median_rank_error()
+            low, high = sa.median_q_interval()
             lines.append(head + f"their median by the exponential mechanism over {sa.median.bins + 1} edges: at 95% "
-                         f"its rank among the blocks is within {_fmt(error)} of the middle (q in "
-                         f"[{max(0.0, 0.5 - error / sa.blocks):.3g}, {min(1.0, 0.5 + error / sa.blocks):.3g}]); "
-                         f"epsilon {sa.loss.epsilon:.4g}")
+                         f"its rank among the blocks is within {_fmt(sa.median_rank_error())} of the middle (q in "
+                         f"[{low:.3g}, {high:.3g}]); epsilon {sa.loss.epsilon:.4g}")
         else:
             lines.append(head + f"{sa.noise.kind} noise of scale {_fmt(sa.noise.scale)} on their sum; the released "
                          f"mean over blocks is within ±{_fmt(sa.noise.ci_half_width(0.05) / sa.blocks)} of the "

@@ -131,6 +131,11 @@ class SampleAggregatePlan:
         assert self.median is not None
         return float(self.median.rank_error(statement_beta(False))[0])
 
+    def median_q_interval(self) -> list[float]:
+        """``1/2 -+ rank_error / blocks`` in [0, 1]: ``n = blocks`` is known exactly, no noisy count needed."""
+        error = self.median_rank_error()
+        return [max(0.0, 0.5 - error / self.blocks), min(1.0, 0.5 + error / self.blocks)]
+
     @property
     def fallback(self) -> float:
         """What a block whose function failed contributes: the range's midpoint, independent of the data."""
@@ -156,15 +161,16 @@ class SampleAggregatePlan:
         if self.median is None:
             means, half_width = self.release(outputs, noise)
             return [{"value": float(m), "ci95": half_width, "blocks": self.blocks} for m in means.tolist()]
+        from stream_dp.windows.histogram import HistogramSpec
+
         clipped = self._clipped(outputs)
         bins = self.median.bins
-        # each output counts in its bin of [lo, hi] (hi itself in the last), as values do for quantiles
-        index = np.minimum((clipped - self.lo) * (bins / (self.hi - self.lo)), bins - 1).astype(np.int64)
+        # each output counts in its bin of [lo, hi], as values do for quantiles
+        index = HistogramSpec(bins, self.lo, self.hi).bin_of(clipped)
         histograms = np.zeros((len(clipped), bins), dtype=np.int64)
         np.add.at(histograms, (np.repeat(np.arange(len(clipped)), self.blocks), index.reshape(-1)), 1)
         drawn = self.median.release(histograms, noise).values[:, 0] if len(clipped) else np.zeros(0)
-        error = self.median_rank_error()
-        interval = [max(0.0, 0.5 - error / self.blocks), min(1.0, 0.5 + error / self.blocks)]
+        error, interval = self.median_rank_error(), self.median_q_interval()
         return [{"value": float(v), "rank_error": error, "q_interval": interval, "blocks": self.blocks,
                  "aggregate": "median"} for v in drawn.tolist()]
 

@@ -172,15 +172,14 @@ class IngestStage:
             try:
                 return await asyncio.to_thread(self.read_commit_metadata, assigned)
             except Exception as exc:
-                if attempt == _METADATA_ATTEMPTS:
-                    self.metrics.internal_errors.labels("commit_metadata_unreadable").inc()
-                    log.error("cannot read committed window progress after %d attempts (%s); window clocks restart "
-                              "from the records read, replayed windows are detected by their charge ids",
-                              attempt, exc)
-                    return {}
-                log.warning("reading committed window progress failed (%s); retrying in %.2f s", exc, delay_s)
-                await asyncio.sleep(delay_s)
-                delay_s = min(2 * delay_s, 4.0)
+                error = exc
+                if attempt < _METADATA_ATTEMPTS:
+                    log.warning("reading committed window progress failed (%s); retrying in %.2f s", exc, delay_s)
+                    await asyncio.sleep(delay_s)
+                    delay_s = min(2 * delay_s, 4.0)
+        self.metrics.internal_errors.labels("commit_metadata_unreadable").inc()
+        log.error("cannot read committed window progress after %d attempts (%s); window clocks restart from the "
+                  "records read, replayed windows are detected by their charge ids", _METADATA_ATTEMPTS, error)
         return {}
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
