@@ -91,6 +91,13 @@ def run(args: argparse.Namespace) -> int:
             f"{format_duration_ms(query.window.size_ms)} windows, {groups} groups by {query.group_by}, "
             f"{sorted(query.aggregations.names())}, {mechanism_label(query)}"
         )
+        if query.continual is not None:
+            # a silent default would drop most of an active unit's day: say what the file asks for
+            windows = query.continual.max_windows_per_unit
+            given = "" if "max_windows_per_unit" in query.continual.model_fields_set else ", the default"
+            print(f"  continual: a unit counts in at most {windows} window(s) of each period "
+                  f"(max_windows_per_unit {windows}{given}); its events in later windows of the period are "
+                  f"left out, counted as stream_dp_window_units_total{{outcome=\"over_period_cap\"}}")
     print(f"budget buckets checked for an input retention of {format_duration_ms(retention_ms)} (see --input-retention-ms)")
     print(f"{args.config}: OK ({len(config.queries)} queries)")
     return 0

@@ -352,7 +352,10 @@ def _horizon_line(p: dict, h: dict) -> str:
         joinable = h["windows_a_unit_can_join"]
         note = "excluded before the horizon ends" if h["fully_active_unit_excluded"] else "never excluded"
         spends = h["fully_active_unit_spends"]
-        return (f"{limits} per {h['horizon']}: a unit can join {joinable} of {h['windows_in_horizon']} windows "
+        windows = h["windows_in_horizon"]
+        join = (f"a unit can join {joinable} of {windows} windows" if joinable < windows
+                else f"a unit can join all {windows} windows, and the limit would afford {joinable}")
+        return (f"{limits} per {h['horizon']}: {join} "
                 f"(a unit active in every window is {note}; it spends {spends[accounting]:.6g} "
                 f"{accounting}, delta {spends['delta']:.3g} per {h['horizon']})")
     charge = f"{p['per_window_cost']:.6g} {accounting}" + (f" and delta {p['per_window_delta']:.3g}"

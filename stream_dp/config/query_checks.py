@@ -50,6 +50,17 @@ def check_query_options(query: Any) -> None:
             "with privately selected groups, top_k and quantiles work on the groups a count or sum release "
             "keeps: add count: {}, or list the groups under groups.public"
         )
+    names = query.aggregations.names()
+    if "quantiles" in names and not names & {"count", "mean"}:
+        # Without a noisy count the rank error cannot be turned into the share of values below the released
+        # value: every quantile would lack its 95% interval (q_interval).
+        raise ValueError("quantiles are released with a 95% interval sized by the group's noisy count: add count: {} "
+                         "beside them (it takes an equal share of epsilon)")
+    top_k, public_keys = query.aggregations.top_k, query.public_group_keys()
+    if top_k is not None and public_keys is not None and top_k.k > len(public_keys):
+        # Each of the k picks is charged: asking for more picks than there are groups overcharges every unit.
+        raise ValueError(f"top_k.k is {top_k.k} but there are only {len(public_keys)} public groups, and every pick "
+                         f"is charged; set k to at most {len(public_keys)}")
     if query.hierarchy:
         if len(query.group_by) < 2:
             raise ValueError(f"hierarchy needs at least two group_by fields (coarsest first), got {query.group_by}")

@@ -72,6 +72,24 @@ def privacy_statement(query: Any, plan: Any, described: dict[str, Any]) -> dict[
         privacy["sample_aggregate"] = {key: sa[key] for key in ("mechanism", "aggregate", "function", "blocks",
                                                                   "output_range", "noise", "sum_scale", "bins",
                                                                   "rank_scale", "epsilon", "delta", "rho") if key in sa}
+    if described.get("quantiles") is not None:
+        # the quantiles' own draw: count_scale and sum_scale above are the counts' and sums', not theirs
+        quantiles = described["quantiles"]
+        candidates = quantiles["candidates"]
+        privacy["quantiles"] = {
+            "mechanism": quantiles["mechanism"], "selection": quantiles["selection"], "q": quantiles["q"],
+            "bounds": [candidates["lo"], candidates["hi"]], "bins": candidates["bins"],
+            "epsilon_per_quantile": quantiles["epsilon_per_quantile"], "scale": quantiles["scale"],
+            "epsilon": quantiles["loss"]["epsilon"],
+        }
+    if query.continual is not None:
+        # count_scale and sum_scale are one tree node's: a running total adds up to ``depth`` nodes
+        privacy["continual"] = {
+            "mechanism": described["mechanism"], "noise": described["noise"], "depth": described["depth"],
+            "windows_per_period": described["windows_per_period"],
+            "max_windows_per_unit": described["max_windows_per_unit"],
+            "epsilon_per_level": described["per_level"]["epsilon"],
+        }
     if query.mechanism == "staircase":
         privacy["staircase"] = {
             name: {"epsilon_per_group": law["epsilon_per_group"], "stair_width": law["scale"],

@@ -153,3 +153,20 @@ def test_an_unexpected_failure_while_building_is_named_not_raised(monkeypatch, c
         "(the worker cannot be built from these values)"
         for i, name in enumerate(names)
     ]
+
+
+def test_a_continual_querys_window_cap_is_stated_and_its_default_named(tmp_path, capsys):
+    # The short form, continual: {period: 1d}: a unit counts in one window a day unless told more.
+    config = yaml.safe_load(EXAMPLE.read_text())
+    today = next(q for q in config["queries"] if "continual" in q)
+    today["continual"] = {"period": "1d"}
+    path = tmp_path / "queries.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (f"query {today['name']}:" in out and "  continual: a unit counts in at most 1 window(s) of each period "
+            "(max_windows_per_unit 1, the default)" in out), out
+    today["continual"]["max_windows_per_unit"] = 10
+    path.write_text(yaml.safe_dump(config))
+    assert main(["check-config", str(path)]) == 0
+    assert "at most 10 window(s) of each period (max_windows_per_unit 10);" in capsys.readouterr().out

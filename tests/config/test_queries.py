@@ -64,6 +64,21 @@ def _error(data: dict) -> str:
         (lambda d: d["queries"][0].update(mechanism="staircase", delta=1e-6), r"mechanism staircase is pure DP"),
         (lambda d: d["queries"][0].update(mechanism="exponential"), r"'laplace', 'gaussian', 'staircase' or 'geometric'"),
         (lambda d: d["queries"][3].update(mechanism="staircase"), r"continual releases use the binary tree mechanism"),
+        (lambda d: d["queries"][3]["continual"].update(period="90s"), r"period of 90000 ms is not a multiple of at least two"),
+        (lambda d: d["queries"][3]["continual"].update(max_windows_per_unit=2000), r"exceeds the 1440 windows of a period"),
+        (lambda d: d["queries"][3].update(groups={"select": {"delta": 1e-6}}), r"continual releases keep a running total"),
+        (lambda d: d["queries"][3]["aggregations"].update(top_k={"k": 1}), r"\['top_k'\] cannot be released continually"),
+        (lambda d: d["queries"][3].update(hierarchy=True), r"continual and hierarchy cannot be combined"),
+        (lambda d: d["queries"][4]["hierarchy"].update(split=[1, 1]), r"hierarchy\.split has 2 weights for 3 levels"),
+        (lambda d: d["queries"][4].update(group_by=["city"], groups={"public": ["Paris"]}),
+         r"hierarchy needs at least two group_by fields"),
+        (lambda d: d["queries"][4].update(groups={"select": {"delta": 1e-6}}), r"hierarchy releases every level of the public"),
+        (lambda d: d["queries"][2]["aggregations"].pop("count"), r"add count: \{\} beside them"),
+        (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(q=[0.9, 0.5]), r"distinct and in increasing order"),
+        (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(q=[0.5, 1.5]), r"quantile 1\.5 is not strictly between 0 and 1"),
+        (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(bounds=[500, 0]), r"quantiles\.bounds: .*with lo < hi"),
+        (lambda d: d["queries"][1]["aggregations"]["top_k"].update(k=10), r"top_k\.k is 10 but there are only 3 public groups"),
+        (lambda d: d["queries"][1]["aggregations"].update(top_k={"k": 0}), r"top_k\.k"),
         (lambda d: d["queries"][6].update(epsilon=1.0), r"local_dp needs epsilon: 2 \(what a window costs"),
         (lambda d: d["queries"][6]["bounds"].update(max_events_per_group=3), r"one report per unit per window"),
         (lambda d: d["queries"][6].update(group_by=["os"]), r"local_dp needs group_by: \[browser\]"),
@@ -80,6 +95,8 @@ def _error(data: dict) -> str:
         (lambda d: d["queries"][4].update(mechanism="staircase"), r"hierarchy releases use mechanism: laplace or gaussian"),
         (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(function="statistics"),
          r"package\.module:function"),
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].pop("field"),
+         r"sample_aggregate needs field: the numeric event field whose values each block's function"),
         (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(output_range=[5, 5]),
          r"output_range"),
         (lambda d: d["queries"][9].update(mechanism="staircase"), r"sample_aggregate needs mechanism: laplace or gaussian"),
@@ -108,3 +125,13 @@ def test_unreadable_and_non_yaml_files(tmp_path):
     scalar.write_text("42")
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_config(scalar)
+
+
+def test_hierarchy_true_gives_every_level_the_same_share(example):
+    places = next(q for q in example["queries"] if q["name"] == "visits_by_place")
+    assert parse_config(example, "queries.yaml").queries[4].hierarchy_split == [0.25, 0.25, 0.5]  # split [1, 1, 2]
+    places["hierarchy"] = True
+    query = parse_config(example, "queries.yaml").queries[4]
+    assert query.name == "visits_by_place" and query.hierarchy_split == pytest.approx([1 / 3] * 3)
+    places["hierarchy"] = False
+    assert parse_config(example, "queries.yaml").queries[4].hierarchy_split is None

@@ -222,3 +222,37 @@ def test_aggregate_to_levels_sums_leaves_exactly() -> None:
 def test_bad_inputs_are_refused_with_a_fix(call: object, message: str) -> None:
     with pytest.raises((ValueError, TypeError), match=message):
         call()  # type: ignore[operator]
+
+
+def _gaussian_hierarchy_rho_shortfall(l0: int, linf: int) -> list[float]:
+    """Per level of a Gaussian count hierarchy: the zCDP a worst-case unit needs, over what the level states.
+
+    Needed: ``Delta_2^2 / (2 sigma^2)`` (Bun & Steinke 2016) with the worst unit from the README: all its
+    ``L0 * Linf`` events under one parent at a coarser level, ``L0`` groups of ``Linf`` at the finest.
+    """
+    from stream_dp.dp.bounds import ContributionBounds
+    from stream_dp.dp.query_plan import QueryPlan
+
+    plan = QueryPlan.build(mechanism="gaussian", epsilon=1.0, delta=1e-6, bounds=ContributionBounds(l0, linf),
+                           clip=None, aggregations=["count"], hierarchy_split=[1, 1, 2])
+    worst_l2 = [l0 * linf, l0 * linf, math.sqrt(l0) * linf]
+    ratios = []
+    for level, delta_2 in zip(plan.levels, worst_l2, strict=True):
+        sigma = level.describe()["count_scale"]
+        ratios.append(delta_2**2 / (2 * sigma**2) / level.loss.rho)
+    assert sum(level.loss.rho for level in plan.levels) == pytest.approx(plan.loss.rho, rel=1e-12)
+    assert plan.loss.epsilon <= 1.0 and plan.loss.delta <= 1e-6 * (1 + 1e-12)
+    return ratios
+
+
+@pytest.mark.parametrize(("l0", "linf"), [(1, 1), (3, 2), (10, 1)])
+def test_gaussian_levels_cover_a_unit_with_all_its_events_under_one_parent(l0: int, linf: int) -> None:
+    assert max(_gaussian_hierarchy_rho_shortfall(l0, linf)) <= 1 + 1e-9
+
+
+def test_the_level_check_catches_coarse_levels_calibrated_at_the_finest_bounds(monkeypatch) -> None:
+    from stream_dp.dp import query_plan
+
+    monkeypatch.setattr(query_plan, "_coarse_bounds", lambda bounds: bounds)  # the doctored calibration
+    ratios = _gaussian_hierarchy_rho_shortfall(3, 2)
+    assert ratios[0] == pytest.approx(3.0, rel=1e-6) and ratios[-1] <= 1 + 1e-9  # (3*2)^2 / (sqrt(3)*2)^2

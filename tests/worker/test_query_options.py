@@ -71,7 +71,9 @@ def _config(tmp_path: Path, topic: str, outputs: dict[str, str], namespace: str,
     config = {
         "namespaces": {namespace: {"budgets": [{"horizon": "1h", "epsilon": 1000.0, "delta": 1e-3}]}},
         "queries": [
-            _query(f"{tag}_top", topic, outputs["top"], namespace, aggregations={"count": {}, "top_k": {"k": 2}}, epsilon=10.0),
+            # geometric: the name of the discrete Laplace noise counts already get (records say laplace)
+            _query(f"{tag}_top", topic, outputs["top"], namespace, aggregations={"count": {}, "top_k": {"k": 2}},
+                   epsilon=10.0, mechanism="geometric"),
             _query(f"{tag}_quantiles", topic, outputs["quantiles"], namespace, epsilon=10.0, aggregations={
                 "count": {}, "quantiles": {"field": "value", "q": [0.5, 0.9], "bounds": [0, 100], "bins": 100}}),
             _query(f"{tag}_places", topic, outputs["places"], namespace, epsilon=10.0,
@@ -194,6 +196,12 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
         assert [t["group"]["page"] for t in record["top"]] == ["a", "b"], record
         assert record["privacy"]["mechanism"] == "permute_and_flip"
         assert record["privacy"]["epsilon"] <= record["privacy"]["window_epsilon"] + 1e-9
+    # the counts beside it: discrete Laplace at L0 Linf / epsilon_count = 3 * 3 / 5
+    counts = [r for r in got["top"] if r.get("kind") != "top_k" and r["window"]["start_ms"] in starts]
+    assert len(counts) == len(PAGE_EVENTS) * WINDOWS
+    for record in counts:
+        assert record["privacy"]["mechanism"] == "laplace", record["privacy"]
+        assert record["privacy"]["count_scale"] == pytest.approx(9 / 5, rel=1e-6)
 
     # quantiles: the stated rank_error r is the module's calibration (stream_dp/dp/quantiles.py): scale
     # 2 L0 Linf max(num, den - num) / (den eps_q) ranks, eps_q = 10 / 2 (count, quantiles) / 2 (q's), times
@@ -220,6 +228,11 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
         for q, r in stated.items():
             released = record["quantiles"][str(q)]
             assert released["rank_error"] == pytest.approx(r, rel=1e-6), record
+            # the record states the exponential mechanism's scale that rank_error comes from
+            stated_law = record["privacy"]["quantiles"]
+            assert (stated_law["mechanism"], stated_law["bins"], stated_law["bounds"]) == ("exponential", bins, [0, 100])
+            assert stated_law["epsilon_per_quantile"] == pytest.approx(eps_q, rel=1e-6)
+            assert stated_law["scale"][stated_law["q"].index(q)] == pytest.approx(r / math.log(bins / 0.025), rel=1e-6)
             low, high = released["q_interval"]
             narrowest = r / max(1.0, record["count"])
             widest = r / max(1.0, record["count"] - 2 * record["ci95"]["count"])
@@ -249,6 +262,10 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
     for page, place in PLACES.items():
         true_count = UNITS * PAGE_EVENTS[page]
         assert abs(by_level[2][place]["count"] - true_count) <= 4 * by_level[2][place]["ci95"]["count"]
+    # split [1, 1, 2] of the whole epsilon (counts and sums are the only release): 2.5, 2.5 and 5
+    for level, share in ((0, 2.5), (1, 2.5)):
+        for record in by_level[level].values():
+            assert record["privacy"]["level_epsilon"] == pytest.approx(share, rel=1e-6), record["privacy"]
 
     # continual: running totals since the period's start; a unit counts in its first 2 windows of a period.
     per_window = {p: UNITS * n for p, n in PAGE_EVENTS.items()}
@@ -259,9 +276,18 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
         t = (start - first_start) % period_ms // WINDOW_MS + 1
         assert record["continual"]["window_index"] == t
         assert record["continual"]["period_start_ms"] == first_start + (start - first_start) // period_ms * period_ms
-        true_count = per_window[record["group"]["page"]] * min(t, MAX_WINDOWS_PER_UNIT)
+        page = record["group"]["page"]
+        true_count = per_window[page] * min(t, MAX_WINDOWS_PER_UNIT)
         assert abs(record["count"] - true_count) <= 4 * record["ci95"]["count"], (t, record)
+        # the running sum too: every value is inside the clip [0, 100]
+        true_sum = sum(_value(u, e) for u in range(UNITS) for e in range(PAGE_EVENTS[page])) * min(t, MAX_WINDOWS_PER_UNIT)
+        assert abs(record["sum"] - true_sum) <= 4 * record["ci95"]["sum"], (t, record)
         assert record["privacy"]["charged"] == "per_period"
+        # a tree over the period's 4 windows has nodes of 1, 2 and 4 windows: 3 levels share the 10
+        tree = record["privacy"]["continual"]
+        assert (tree["mechanism"], tree["depth"], tree["windows_per_period"]) == ("binary_tree", 3, PERIOD_WINDOWS)
+        assert tree["max_windows_per_unit"] == MAX_WINDOWS_PER_UNIT
+        assert tree["epsilon_per_level"] * 3 == pytest.approx(record["privacy"]["epsilon"], rel=1e-6)
 
     # staircase: the record states the law (epsilon per group = 5 / L0 for each of count and sum; stairs as
     # wide as one unit's move of a group); values within 4x the stated 95% half-width of the truth.
