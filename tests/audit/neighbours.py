@@ -75,7 +75,10 @@ SCENARIOS = (
 # The query options, each audited on what it publishes: the top group's identity (1 if the group
 # ranks first), a median, the coarsest level of a hierarchy, a period's running total.
 SCENARIOS += (
-    Scenario("top_k", "main", "top1", GROUPS,
+    # On a topic where every group holds TOPK_BACKGROUND units of one event per window, the target's two
+    # events all go to group "c": in D each group ranks first a fifth of the time, in D' "c" is ahead by
+    # max_events_per_group, the most one unit can move a score.
+    Scenario("top_k", "topk", "top1", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "aggregations": {"top_k": {"k": 1}}}),
     # On a topic where every group holds two background values at 0 in every window: the target's two
@@ -145,8 +148,9 @@ SCENARIOS += (
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "continual": {"period": "2s", "max_windows_per_unit": 1}}),
 )
-TOPIC_PARTITIONS = {"main": 3, "spread": 3, "clock": 1, "local": 3, "local_oue": 3, "quant": 3}
+TOPIC_PARTITIONS = {"main": 3, "spread": 3, "clock": 1, "local": 3, "local_oue": 3, "quant": 3, "topk": 3}
 QUANT_BACKGROUND = 2  # units per group and window on the quant topic, each with value 0
+TOPK_BACKGROUND = 2  # units per group and window on the topk topic
 
 
 def release_key(scenario: Scenario, record: dict) -> tuple[int, str] | None:
@@ -212,7 +216,12 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> li
                 for i in range(QUANT_BACKGROUND):
                     unit, ts = f"bg-{w}-{group}-{i}", t + 100 + g * QUANT_BACKGROUND + i
                     out.append((unit.encode(), _event(unit, ts, group, 0.0), ts, None))
-        for i in range(BACKGROUND_UNITS):
+        if topic == "topk":  # balanced groups, and nothing else
+            for g, group in enumerate(GROUPS):
+                for i in range(TOPK_BACKGROUND):
+                    unit, ts = f"bg-{w}-{group}-{i}", t + 100 + g * TOPK_BACKGROUND + i
+                    out.append((unit.encode(), _event(unit, ts, group, 1.0), ts, None))
+        for i in range(BACKGROUND_UNITS if topic != "topk" else 0):
             unit = f"bg-{w}-{i}"
             out.append((unit.encode(), _event(unit, t + 100 + i, "a", 5.0), t + 100 + i, None))
         if topic in ("local", "local_oue"):
@@ -223,6 +232,9 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> li
             for group in GROUPS:
                 for e in range(10):
                     out.append((b"target", _event("target", t + 200 + e, group, 1e6), t + 200 + e, None))
+        elif topic == "topk":
+            for e in range(2):
+                out.append((b"target", _event("target", t + 200 + e, "c", 1.0), t + 200 + e, None))
         elif topic == "spread":
             for partition in range(TOPIC_PARTITIONS["spread"]):  # explicit partitions, the same key
                 out.append((b"target", _event("target", t + 300, "a", 1.0), t + 300, partition))
@@ -383,7 +395,7 @@ class Deployment:
         producer = kafka.KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=20,
                                        batch_size=256 * 1024)
         try:
-            for name in ("main", "spread", "local", "local_oue", "quant"):
+            for name in ("main", "spread", "local", "local_oue", "quant", "topk"):
                 for key, value, stamp, partition in records(name, self.start_ms, self.windows,
                                                             with_target=self.with_target):
                     producer.send(self.topics[name], key=key, value=value, timestamp_ms=stamp, partition=partition)
