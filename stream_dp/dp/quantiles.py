@@ -63,7 +63,8 @@ edge's rank ``L_out / n`` -- the share of the group's values below it -- lies in
     q_interval = [max(0, q - w), min(1, q + w)],   w = r / n_low + |q - num / den|,
 
 widened by the grid's resolution ``OPT / n`` when the quantile falls inside a
-bin. Without a count only ``r`` is reported, at ``beta = 1 - CONFIDENCE``. The
+bin. Without a count only ``r`` is reported, at ``beta = 1 - CONFIDENCE`` (a query
+always has one: ``check-config`` refuses quantiles without ``count``). The
 statements hold per group and per quantile, not all at once; the quantiles of
 a group are drawn independently and may cross.
 """
