@@ -161,14 +161,14 @@ class SampleAggregatePlan:
         if self.median is None:
             means, half_width = self.release(outputs, noise)
             return [{"value": float(m), "ci95": half_width, "blocks": self.blocks} for m in means.tolist()]
-        from stream_dp.windows.histogram import HistogramSpec
+        from stream_dp.windows.histogram import HistogramSpec, SparseHistogram
 
         clipped = self._clipped(outputs)
         bins = self.median.bins
         # each output counts in its bin of [lo, hi], as values do for quantiles
         index = HistogramSpec(bins, self.lo, self.hi).bin_of(clipped)
-        histograms = np.zeros((len(clipped), bins), dtype=np.int64)
-        np.add.at(histograms, (np.repeat(np.arange(len(clipped)), self.blocks), index.reshape(-1)), 1)
+        histograms = SparseHistogram.from_cells(len(clipped), bins, np.repeat(np.arange(len(clipped)), self.blocks),
+                                                index.reshape(-1))
         drawn = self.median.release(histograms, noise).values[:, 0] if len(clipped) else np.zeros(0)
         error, interval = self.median_rank_error(), self.median_q_interval()
         return [{"value": float(v), "rank_error": error, "q_interval": interval, "blocks": self.blocks,
