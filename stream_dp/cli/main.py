@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from stream_dp.cli import budget, check_config, plan, produce, run, tail
+from stream_dp.worker.process_guard import make_undumpable
 
 SUBCOMMANDS = ("run", "check-config", "plan", "produce", "tail", "budget")
 
@@ -55,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Every command may hold secrets in its environment (the contribution secret, Redis and Kafka
+    # passwords): no other process of this user, a sample-and-aggregate function among them, may read them.
+    make_undumpable()
     return int(args.handler(args))
 
 

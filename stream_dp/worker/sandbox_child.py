@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from stream_dp.worker.process_guard import drop_capabilities
+
 STOP = (1 << 64) - 1
 _COUNT = struct.Struct("<Q")
 
@@ -115,6 +117,7 @@ def main(path: str, timeout_s: float) -> None:
         answers.write(json.dumps(message).encode() + b"\n")
 
     try:
+        drop_capabilities()  # before any of the user's code runs, its module's import included
         function = _load(path)
     except BaseException as exc:  # anything the import does: report it, then stop
         answer({"s": "load_error", "e": f"{type(exc).__name__}: {exc}"[:500]})

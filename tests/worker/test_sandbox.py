@@ -6,11 +6,18 @@ cost only its own block.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from stream_dp.dp.sample_aggregate import parse_function_path
 from stream_dp.worker.sandbox import FunctionLoadError, FunctionSandbox
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _blocks(*values):
@@ -101,3 +108,95 @@ def test_no_block_sees_what_an_earlier_block_or_window_left_behind():
     finally:
         sandbox.close()
         calls.close()
+
+
+SANDBOXED_QUERY = """
+namespaces:
+  users: {budgets: [{horizon: 1h, epsilon: 1.0}]}
+queries:
+  - name: probe
+    input_topic: events.probe
+    output_topic: dp.probe
+    privacy_unit: {namespace: users, field: user_id}
+    timestamp_field: ts
+    window: {size: 1m}
+    group_by: [page]
+    groups: {public: [a]}
+    bounds: {max_groups_per_unit: 1, max_events_per_group: 1}
+    aggregations:
+      sample_aggregate: {function: "tests.worker._secret_probe:statistic", field: value, blocks: 2, output_range: [0, 1]}
+    epsilon: 1.0
+"""
+
+
+LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and prctl are Linux's")
+
+
+@LINUX_ONLY
+def test_a_function_cannot_read_the_secret_out_of_the_worker_process(tmp_path):
+    """The worker holds the secret in its real environment (as a container's env would give it); the function's
+    module, imported in the sandbox when ``stream-dp`` loads it, walks up its ancestors' /proc/PID/environ and
+    /proc/PID/mem. Run as root, as here, what refuses it is the sandbox's dropped capabilities (without them the
+    probe finds the secret); a worker run as another user is guarded by being not dumpable (next tests)."""
+    from tests.worker._secret_probe import SECRET_MARK
+
+    config, out = tmp_path / "queries.yaml", tmp_path / "probe.txt"
+    config.write_text(SANDBOXED_QUERY)
+    env = {**os.environ, "STREAM_DP_CONTRIBUTION_SECRET": SECRET_MARK.decode(), "SECRET_PROBE_OUT": str(out)}
+    done = subprocess.run([sys.executable, "-m", "stream_dp.cli.main", "check-config", str(config)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    found = out.read_text()
+    assert found.startswith("not found"), found
+    assert "PermissionError" in found, found  # the stream-dp process itself was tried and refused
+
+
+_HOLDER = """
+import sys, time
+from stream_dp.worker.process_guard import drop_capabilities, make_undumpable
+drop_capabilities()  # as a worker run by an ordinary user: no capabilities at all
+if sys.argv[1] == "guarded":
+    make_undumpable()
+print("ready", flush=True)
+time.sleep(60)
+"""
+_READER = """
+import sys
+from stream_dp.worker.process_guard import drop_capabilities
+drop_capabilities()
+try:
+    print("read" if sys.argv[2].encode() in open(f"/proc/{sys.argv[1]}/environ", "rb").read() else "no secret")
+except PermissionError:
+    print("refused")
+"""
+
+
+@LINUX_ONLY
+@pytest.mark.parametrize("guard, expected", [("guarded", "refused"), ("unguarded", "read")])
+def test_a_process_of_the_same_user_cannot_read_an_undumpable_ones_environment(guard, expected):
+    """Two capability-less processes of one user: the reader gets the holder's environment unless the holder made
+    itself not dumpable (the unguarded case shows the read is otherwise possible)."""
+    secret = "holder-secret-0123456789abcdef"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, guard], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**os.environ, "STREAM_DP_CONTRIBUTION_SECRET": secret})
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        done = subprocess.run([sys.executable, "-c", _READER, str(holder.pid), secret], capture_output=True,
+                              text=True, cwd=ROOT, timeout=60, check=True)
+        assert done.stdout.strip() == expected, done.stderr
+    finally:
+        holder.kill()
+        holder.wait(10)
+        if holder.stdout is not None:
+            holder.stdout.close()
+
+
+@LINUX_ONLY
+def test_every_stream_dp_command_makes_its_process_undumpable(tmp_path):
+    config = tmp_path / "queries.yaml"
+    config.write_text(SANDBOXED_QUERY)
+    script = ("import sys\nfrom stream_dp.cli.main import main\nfrom stream_dp.worker.process_guard import is_dumpable\n"
+              "before = is_dumpable()\nmain(['check-config', sys.argv[1]])\nprint(before, is_dumpable())")
+    done = subprocess.run([sys.executable, "-c", script, str(config)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120, check=True)
+    assert done.stdout.split()[-2:] == ["True", "False"], done.stdout + done.stderr
