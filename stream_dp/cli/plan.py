@@ -8,6 +8,7 @@ import math
 import sys
 
 from stream_dp.config import ConfigError, format_duration_ms, load_config
+from stream_dp.config.aggregation_options import worst_case_release_ms
 
 EXAMPLE_COUNTS = (10, 100, 1_000, 10_000)
 CONTINUAL_WINDOWS = (1, 10, 100, 1_000)
@@ -300,6 +301,12 @@ def _options(query, plan, described) -> list[str]:
             lines.append(head + f"{sa.noise.kind} noise of scale {_fmt(sa.noise.scale)} on their sum; the released "
                          f"mean over blocks is within ±{_fmt(sa.noise.ci_half_width(0.05) / sa.blocks)} of the "
                          f"blocks' mean at 95%; epsilon {sa.loss.epsilon:.4g}")
+        options = query.aggregations.sample_aggregate
+        public = query.public_group_keys()
+        worst = (f"{worst_case_release_ms(options, len(public)) / 1000:g} s per window ({len(public)} groups)"
+                 if public is not None else f"{worst_case_release_ms(options, 1) / 1000:g} s per released group")
+        lines.append(f"sample_aggregate release time: at worst (every block running out its "
+                     f"{options.timeout_ms / 1000:g} s timeout) {worst}; typically 1-3 ms per block")
     if plan.continual is not None:
         lines.extend(_continual_lines(plan))
     return lines

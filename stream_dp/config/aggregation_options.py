@@ -98,6 +98,11 @@ class SampleAggregateAggregation(BaseModel):
         return value
 
 
+def worst_case_release_ms(sa: Any, groups: int) -> int:
+    """How long a window's blocks take if every one runs out its timeout (each runs in turn, in the sandbox)."""
+    return groups * sa.blocks * sa.timeout_ms
+
+
 def check_option_query(query: Any) -> None:
     """What a query with a vector or sample-and-aggregate aggregation may hold; raises ``ValueError``
     saying how to fix it."""
@@ -119,6 +124,15 @@ def check_option_query(query: Any) -> None:
             fixes.append("mechanism: laplace with aggregate: median (its exponential mechanism is pure DP)")
         if sa.aggregate == "mean" and "bins" in sa.model_fields_set:
             fixes.append("aggregate: median with bins (the mean has no bins)")
+        public = query.public_group_keys()
+        worst_ms = worst_case_release_ms(sa, len(public)) if public is not None else 0
+        if worst_ms > query.window.size_ms:
+            # Blocks run one after another with a fixed time each (a shared deadline would let one unit's slow
+            # block fail the blocks after it); at worst every block runs out its timeout, and a window's
+            # release must not take longer than the window, or releases fall further behind with every window.
+            fixes.append(f"a worst-case release time within the window: {len(public)} groups x {sa.blocks} blocks "
+                         f"x timeout {sa.timeout_ms} ms = {worst_ms / 1000:g} s per window of "
+                         f"{query.window.size_ms / 1000:g} s; lower timeout or blocks, or use longer windows")
     if query.continual is not None or query.hierarchy or query.local_dp is not None:
         fixes.append("no continual, hierarchy or local_dp")
     if "count" not in aggregations.names() and query.public_group_keys() is None:

@@ -192,6 +192,9 @@ def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
                                            rf"over blocks is within ±{NUM} of the blocks' mean at 95%; epsilon 0\.5")
     assert _number(m.group(1)) == pytest.approx(70 / 0.5, rel=1e-3)
     assert _number(m.group(2)) == pytest.approx(140 * math.log(20) / 50, rel=0.01)
+    m = _one(blocks["sensor_median_temp"], rf"sample_aggregate release time: at worst \(every block running out its "
+                                           rf"1 s timeout\) {NUM} s per window \(2 groups\); typically .*")
+    assert _number(m.group(1)) == 2 * 50 * 1.0  # groups x blocks x timeout: the blocks run one after another
 
     # local DP: named by its trust model, not the unused `mechanism: laplace`; p / q = e^epsilon
     lines = blocks["browsers_local"]
