@@ -91,12 +91,14 @@ SCENARIOS += (
     Scenario("quantiles", "quant", "median", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "aggregations": {"count": {}, "quantiles": {"field": "value", "q": [0.5], "bounds": [0, 10], "bins": 2}}}),
-    # The target moves both levels (each spends its share of epsilon): sampled as the sum of the region's
-    # count and the group's. Consistent counts hold less than the two levels' noisy counts (the region's
-    # own count is only seen mixed with its children's), so the bound stays well below the claim: with
-    # each level given the whole epsilon it reached 0.90 of a claimed 1.0 (0.37 to 0.44 when sound), with
-    # every level's noise divided by 4, 1.91.
-    Scenario("hierarchy", "main", "level_sum", GROUPS,
+    # The target moves both levels (each spends its share of epsilon) by 2: sampled as whether the region's
+    # consistent count and the group's are both at least 2 above D's true counts, the event of the largest
+    # likelihood ratio for the two levels' noises (as for continual). Consistent counts hold less than the
+    # two levels' noisy counts (the region's own count is only seen mixed with its children's), so the
+    # bound stays below the claim even for twice the claimed loss: in an exact simulation of 800 windows,
+    # 0.17 to 0.27 when sound, 0.95 to 1.05 with each level given the whole epsilon, 2.2 to 2.6 with the
+    # noise divided by 4 (the sum of the two counts, audited before: 0.14-0.24, 0.80-0.94, 2.1).
+    Scenario("hierarchy", "main", "both_levels", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "group_by": ["region", "group"], "groups": {"public": [["r1", g] for g in GROUPS]},
               "hierarchy": True}),
@@ -489,8 +491,9 @@ class Deployment:
         if scenario.name == "continual":  # a period's two running totals, each far above D's
             return [_both_above((releases[(s - 1000, group)]["count"], releases[(s, group)]["count"]),
                                 (_true_count(group), 2 * _true_count(group))) for s in starts]
-        if scenario.statistic == "level_sum":  # the region's count and the group's
-            return [float(releases[(s, "region")]["count"] + releases[(s, group)]["count"]) for s in starts]
+        if scenario.statistic == "both_levels":  # the region's count and the group's, both far above D's
+            return [float(_both_above((releases[(s, "region")]["count"], releases[(s, group)]["count"]),
+                                      (BACKGROUND_UNITS, _true_count(group))) == 2) for s in starts]
         if scenario.statistic == "cov_units":
             return [float(releases[(s, group)]["covariance"]["units"]) for s in starts]
         if scenario.statistic == "vector_sum":

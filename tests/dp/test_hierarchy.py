@@ -256,3 +256,19 @@ def test_the_level_check_catches_coarse_levels_calibrated_at_the_finest_bounds(m
     monkeypatch.setattr(query_plan, "_coarse_bounds", lambda bounds: bounds)  # the doctored calibration
     ratios = _gaussian_hierarchy_rho_shortfall(3, 2)
     assert ratios[0] == pytest.approx(3.0, rel=1e-6) and ratios[-1] <= 1 + 1e-9  # (3*2)^2 / (sqrt(3)*2)^2
+
+
+@pytest.mark.parametrize(("l0", "linf"), [(1, 1), (3, 2), (10, 1)])
+def test_laplace_levels_cover_the_worst_unit_and_add_up_to_the_query_epsilon(l0: int, linf: int) -> None:
+    """Laplace counts: a unit moves every level by at most ``L0 * Linf`` in l1 (its events in L0 leaves, or all
+    under one parent), so level ``l`` needs a scale of at least ``L0 * Linf / epsilon_l``, and the levels'
+    epsilons add up to the query's (basic composition)."""
+    from stream_dp.dp.bounds import ContributionBounds
+    from stream_dp.dp.query_plan import QueryPlan
+
+    plan = QueryPlan.build(mechanism="laplace", epsilon=1.0, delta=0.0, bounds=ContributionBounds(l0, linf),
+                           clip=None, aggregations=["count"], hierarchy_split=[1, 1, 2])
+    for level in plan.levels:
+        assert l0 * linf / level.describe()["count_scale"] <= level.loss.epsilon * (1 + 1e-9)
+    assert [level.loss.epsilon for level in plan.levels] == pytest.approx([0.25, 0.25, 0.5])
+    assert sum(level.loss.epsilon for level in plan.levels) <= 1.0 * (1 + 1e-12)
