@@ -2,13 +2,30 @@
 
 Under pure DP OpenDP's ``make_noisy_top_k`` runs permute-and-flip (McKenna &
 Sheldon, "Permute-and-Flip: A New Mechanism for Differentially Private
-Selection", NeurIPS 2020) ``k`` times without replacement: report-noisy-max
-with exponential noise, never less accurate than the exponential mechanism
-at the same epsilon. One unit changes each group's count by at most
-``Linf = max_events_per_group`` and only upwards when added (the scores are
-*monotonic*), so OpenDP's map certifies ``epsilon = k * Linf / scale`` and
+Selection", NeurIPS 2020), peeled ``k`` times without replacement: each pick
+visits the candidates left in a uniformly random order and stops at ``c``
+with an exact ``Bernoulli(exp(-(max - count_c) / scale))`` coin (OpenDP draws
+these coins on rationals; no noise value is added to any count). That law is
+report-noisy-max with exponential noise of the same ``scale`` (Ding et al.,
+"The Permute-and-Flip Mechanism is Identical to Report-Noisy-Max with
+Exponential Noise", 2021), never less accurate than the exponential mechanism
+at the same epsilon. No Gumbel noise is drawn: that is OpenDP's zCDP path
+(the exponential mechanism), which top_k never takes -- it is pure epsilon-DP
+in every query, a ``gaussian`` one included.
+
+One unit changes each group's count by at most ``Linf = max_events_per_group``
+and only upwards when added (the scores are *monotonic*), so OpenDP's map
+certifies ``epsilon = k * Linf / scale`` and
 
     scale = k * Linf / epsilon.
+
+**Accuracy** (what ``stream-dp plan`` prints). A pick lands on candidate ``c``
+only if ``c``'s own coin comes up when it is visited, so with probability at
+most ``exp(-gap_c / scale)``, ``gap_c`` the best count less ``c``'s. Over the
+``m - 1`` other candidates, the first pick misses a group that leads every
+other by ``gap`` with probability at most ``(m - 1) exp(-gap / scale)``: a lead
+of ``scale * ln((m - 1) / beta)`` events ranks it first with probability at
+least ``1 - beta``.
 
 The candidate groups must not depend on the data beyond what is already
 released: use public group keys, or the groups kept by a release plan's
@@ -44,7 +61,7 @@ class TopKPlan:
 
     @classmethod
     def build(cls, *, epsilon: float, k: int, bounds: ContributionBounds) -> TopKPlan:
-        """Calibrate the Gumbel scale for a per-window budget ``epsilon``."""
+        """Calibrate the permute-and-flip (exponential noise) scale for a per-window budget ``epsilon``."""
         if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not (
             math.isfinite(epsilon) and epsilon > 0
         ):

@@ -15,7 +15,9 @@
   histogram. Progress markers stay JSON
   (wire version 1, a few dozen bytes). Partials of version 1 (one JSON
   record each) are still read.
-* output topics: one ``release`` record per group per window (schema:
+* output topics: one ``release`` record per released group per window, plus
+  one per group of each coarser level of a hierarchy query and one
+  ``{"kind": "top_k"}`` record per window of a top_k query (schema:
   ``deploy/schemas/release.schema.json``); only noisy values.
 * dead-letter topic: the original bytes of a rejected event, with the reason in
   headers.

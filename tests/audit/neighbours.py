@@ -78,7 +78,7 @@ SCENARIOS += (
     # On a topic where every group holds TOPK_BACKGROUND units of one event per window, the target's two
     # events all go to group "c": in D each group ranks first a fifth of the time, in D' "c" is ahead by
     # max_events_per_group, the most one unit can move a score. Seen: 0.50 of a claimed 1.0, and 2.33 with
-    # the Gumbel scale divided by 4.
+    # the permute-and-flip scale divided by 4.
     Scenario("top_k", "topk", "top1", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "aggregations": {"top_k": {"k": 1}}}),

@@ -151,10 +151,13 @@ def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
     assert sum(epsilons) == pytest.approx(0.1, rel=1e-6) and epsilons == pytest.approx([0.025, 0.025, 0.05], rel=1e-6)
     assert scales[2] < scales[0] == scales[1]
 
-    # top_k: epsilon x scale = k x max_events_per_group
-    m = _one(blocks["top_pages"], rf"top_k: k=2, permute-and-flip over the released groups, scale {NUM}, "
-                                  rf"epsilon {NUM} \(k x max_events_per_group / scale\)")
-    assert _number(m.group(1)) * _number(m.group(2)) == pytest.approx(2 * 2, rel=1e-3)
+    # top_k: epsilon x scale = k x max_events_per_group; the lead resolved at 95% among the 3 public groups
+    m = _one(blocks["top_pages"], rf"top_k: k=2, permute-and-flip over the 3 public groups, scale {NUM}, "
+                                  rf"epsilon {NUM} \(k x max_events_per_group / scale\); the top group is ranked first "
+                                  rf"with 95% probability when it leads every other by {NUM} events \(.*\)")
+    scale, epsilon, lead = (_number(x) for x in m.groups())
+    assert scale * epsilon == pytest.approx(2 * 2, rel=1e-3)
+    _check_top_k_lead(lead / scale, 3, draws=200_000)
 
     # quantiles: the rank errors the records state (97.5%: the query counts, so 2.5% sizes the group)
     m = _one(blocks["value_quantiles"], r"quantiles: \[0\.5, 0\.9, 0\.99\], exponential mechanism over 257 bin "
@@ -206,6 +209,57 @@ def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
     assert p / q == pytest.approx(math.exp(2), rel=0.01) and p + 4 * q == pytest.approx(1, rel=0.01)
     assert _number(m.group(4)) / _number(m.group(3)) == pytest.approx(10, rel=0.01)  # sqrt(reports)
     assert not any(line.startswith("noise scale: count") for line in lines)
+
+
+def _leader_first(lead_over_scale: float, candidates: int) -> float:
+    """The exact probability that permute-and-flip's first pick is the leader when its ``candidates - 1``
+    rivals all trail it by ``lead`` (the worst case for a given lead: a rival further back is accepted
+    less often). Visited in a uniformly random order, the leader's coin always comes up and a rival's with
+    ``p = exp(-lead / scale)``: the leader is picked iff the ``j`` rivals before it (``j`` uniform in
+    ``0 .. m - 1``) all fail, so the probability is ``(1 / m) sum_j (1 - p)^j = (1 - (1 - p)^m) / (m p)``."""
+    p, m = math.exp(-lead_over_scale), candidates
+    return (1 - (1 - p) ** m) / (m * p)
+
+
+def _check_top_k_lead(lead_over_scale: float, candidates: int, draws: int | None = None) -> None:
+    """The lead ``plan`` prints makes the leader rank first with probability 95% or more, and is not more
+    than one noise scale above the lead that does (a union bound is allowed some slack, not a lot)."""
+    assert _leader_first(lead_over_scale, candidates) >= 0.95
+    assert _leader_first(lead_over_scale - 1, candidates) < 0.95
+    if draws:
+        # the same law drawn another way, with a fixed seed: report-noisy-max with exponential noise (Ding et
+        # al. 2021: identical to permute-and-flip); the standard error is below 0.0013 at these draws
+        rng = np.random.default_rng(20261126)
+        noisy = rng.exponential(size=(draws, candidates))
+        noisy[:, 0] += lead_over_scale
+        observed = float(np.mean(noisy.argmax(axis=1) == 0))
+        assert observed == pytest.approx(_leader_first(lead_over_scale, candidates), abs=0.006)
+        assert observed >= 0.95
+
+
+def test_plan_states_what_top_k_over_selected_groups_spends_and_resolves(tmp_path, capsys):
+    # the example's top_pages with its groups selected instead of listed
+    text = EXAMPLE.read_text()
+    head, name, rest = text.partition("  - name: top_pages")
+    assert 'public: ["/", "/pricing", "/docs"]' in rest.split("  - name:")[0]  # top_pages's own groups
+    selecting = tmp_path / "top_selected.yaml"
+    selecting.write_text(head + name + rest.replace('public: ["/", "/pricing", "/docs"]', "select: {delta: 1.0e-6}", 1))
+    from stream_dp.config import load_config
+    from stream_dp.worker.app import build_plan
+
+    plan = build_plan(load_config(selecting).query("top_pages"))
+    m = _one(_plan_blocks([str(selecting)], capsys)["top_pages"],
+             rf"top_k: k=2, permute-and-flip over the groups partition selection releases each window \(the window "
+             rf"also spends the selection's delta {NUM}\), scale {NUM}, epsilon {NUM} \(k x max_events_per_group / "
+             rf"scale\); the top group is ranked first with 95% probability when it leads every other by {NUM} / "
+             rf"{NUM} / {NUM} events among 10 / 1,000 / 100,000 released groups \(.*\)")
+    delta, scale, epsilon, *leads = (_number(x) for x in m.groups())
+    # the selection's delta is the window's whole delta here (Laplace noise), as the records' privacy.delta
+    assert delta == pytest.approx(plan.loss.delta, rel=1e-2) and 0 < delta <= 1e-6
+    # selection, count and top_k share epsilon 0.1: top_k's 1/3 at scale k Linf / epsilon = 2 * 2 / (0.1 / 3)
+    assert epsilon == pytest.approx(0.1 / 3, rel=1e-3) and scale == pytest.approx(120, rel=1e-3)
+    for lead, candidates, draws in zip(leads, (10, 1_000, 100_000), (200_000, 20_000, None), strict=True):
+        _check_top_k_lead(lead / scale, candidates, draws)
 
 
 def _stated_rank_errors(plan) -> list[float]:

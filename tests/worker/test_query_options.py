@@ -1,7 +1,7 @@
-"""End to end on the real broker and Redis: top_k, quantiles, hierarchy, continual, staircase, mean_vector,
-covariance and sample_aggregate queries in one worker.
+"""End to end on the real broker and Redis: top_k (over public and over selected groups), quantiles, hierarchy,
+continual, staircase, mean_vector, covariance and sample_aggregate queries in one worker.
 
-One input topic feeds nine queries. The data is known exactly, so each
+One input topic feeds eleven queries. The data is known exactly, so each
 release is checked against values computed here from the README's semantics,
 with bounds wide enough (4x a 95% half-width, or a gap of many noise scales)
 that the whole test fails by chance with probability below 1e-3. Every record
@@ -51,7 +51,13 @@ MAX_WINDOWS_PER_UNIT = 2
 CLIP_NORM = 8.0
 SA_BLOCKS = 4
 SA_MEDIAN_BLOCKS = 20
+# check-config refuses a sample_aggregate query whose blocks could, all timing out, take longer than its
+# 5 s window (3 groups x blocks x timeout): the limits below fit, and a block of statistics.median takes
+# a few ms (a fork of the loaded sandbox)
+SA_TIMEOUT = "400ms"
+SA_MEDIAN_TIMEOUT = "80ms"
 SECRET = "test-secret-0123456789abcdef"
+RARE_TAG = "rare"
 
 
 def _query(name: str, topic: str, output: str, namespace: str, **options) -> dict:
@@ -74,6 +80,12 @@ def _config(tmp_path: Path, topic: str, outputs: dict[str, str], namespace: str,
             # geometric: the name of the discrete Laplace noise counts already get (records say laplace)
             _query(f"{tag}_top", topic, outputs["top"], namespace, aggregations={"count": {}, "top_k": {"k": 2}},
                    epsilon=10.0, mechanism="geometric"),
+            # no public list: top_k ranks the groups partition selection released. Grouped by `tag`, the page
+            # but for unit u0, whose events all carry RARE_TAG: each page has 39 units, far above the threshold
+            # of 15 the selection's epsilon 10 / 3 sets at L0 = 3, while RARE_TAG's one unit is released with
+            # probability 1.3e-7 a window -- ranking the window's groups, not its released ones, counts it a candidate.
+            _query(f"{tag}_topsel", topic, outputs["topsel"], namespace, group_by=["tag"],
+                   groups={"select": {"delta": 1e-6}}, aggregations={"count": {}, "top_k": {"k": 2}}, epsilon=10.0),
             _query(f"{tag}_quantiles", topic, outputs["quantiles"], namespace, epsilon=10.0, aggregations={
                 "count": {}, "quantiles": {"field": "value", "q": [0.5, 0.9], "bounds": [0, 100], "bins": 100}}),
             _query(f"{tag}_places", topic, outputs["places"], namespace, epsilon=10.0,
@@ -91,14 +103,15 @@ def _config(tmp_path: Path, topic: str, outputs: dict[str, str], namespace: str,
                    aggregations={"count": {}, "covariance": {"fields": ["vx", "vy"], "clip_norm": CLIP_NORM}}),
             _query(f"{tag}_median", topic, outputs["median"], namespace, epsilon=10.0, aggregations={
                 "sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": SA_BLOCKS,
-                                     "output_range": [0, 100]}}),
+                                     "output_range": [0, 100], "timeout": SA_TIMEOUT}}),
             _query(f"{tag}_blockmedian", topic, outputs["blockmedian"], namespace, epsilon=10.0, aggregations={
                 "sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": SA_MEDIAN_BLOCKS,
-                                     "output_range": [0, 100], "aggregate": "median", "bins": 20}}),
+                                     "output_range": [0, 100], "aggregate": "median", "bins": 20,
+                                     "timeout": SA_MEDIAN_TIMEOUT}}),
             # a function that ends its process on any block holding a 7 (unit u2's first event, in every page)
             _query(f"{tag}_crashy", topic, outputs["crashy"], namespace, epsilon=10.0, aggregations={
                 "sample_aggregate": {"function": "tests.worker._functions:exits_on_seven", "field": "value",
-                                     "blocks": SA_BLOCKS, "output_range": [0, 100]}}),
+                                     "blocks": SA_BLOCKS, "output_range": [0, 100], "timeout": SA_TIMEOUT}}),
         ],
     }
     path = tmp_path / "queries.yaml"
@@ -136,8 +149,8 @@ def _quiet_scrape(port: int, tries: int = 50) -> str:
 
 def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name):
     topic = new_topic("in", partitions=2)
-    outputs = {k: f"{unique_name}-{k}" for k in ("top", "quantiles", "places", "today", "stairs", "vec", "cov",
-                                                  "median", "blockmedian", "crashy")}
+    outputs = {k: f"{unique_name}-{k}" for k in ("top", "topsel", "quantiles", "places", "today", "stairs", "vec",
+                                                  "cov", "median", "blockmedian", "crashy")}
     namespace = f"{unique_name}-users"
     config_path = _config(tmp_path, topic, outputs, namespace, unique_name.replace("-", "_")[-30:])
     period_ms = PERIOD_WINDOWS * WINDOW_MS
@@ -152,7 +165,7 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
                     ts = first_start + w * WINDOW_MS + 50 * u + e
                     event = {"user_id": f"u{u}", "ts": ts, "page": page, "value": _value(u, e),
                              "country": country, "region": region, "city": city,
-                             "vx": _vector(u)[0], "vy": _vector(u)[1]}
+                             "vx": _vector(u)[0], "vy": _vector(u)[1], "tag": RARE_TAG if u == 0 else page}
                     if w == 0:
                         values[page].append(event["value"])
                     producer.send(topic, key=f"u{u}".encode(), value=orjson.dumps(event), timestamp_ms=ts)
@@ -172,8 +185,10 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
 
         got = {}
         for key, topic_name in outputs.items():
+            # a window's top_k record is published after its group records: wait for it, not for the first row
+            kind = "top_k" if key in ("top", "topsel") else None
             got[key] = [orjson.loads(m.value) for m in consume_all(
-                kafka_bootstrap, topic_name, until=lambda rs: set(starts) <= windows_of(rs), timeout_s=150)]
+                kafka_bootstrap, topic_name, until=lambda rs: set(starts) <= windows_of(rs, kind), timeout_s=150)]
             assert set(starts) <= {r["window"]["start_ms"] for r in got[key]}, f"{key}: missing windows; log {tmp_path}"
         metrics = _quiet_scrape(metrics_port)
     finally:
@@ -202,6 +217,27 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
     for record in counts:
         assert record["privacy"]["mechanism"] == "laplace", record["privacy"]
         assert record["privacy"]["count_scale"] == pytest.approx(9 / 5, rel=1e-6)
+
+    # top_k over selected groups: one record per window, ranking only the groups released in that window
+    # (selection, count and top_k take 10 / 3 each: scale 2 * 3 / (10 / 3) = 1.8 against gaps of 39 events)
+    selected = collections.defaultdict(list)
+    for record in got["topsel"]:
+        if record.get("kind") != "top_k":
+            selected[record["window"]["start_ms"]].append(record)
+    selected_tops = [r for r in got["topsel"] if r.get("kind") == "top_k" and r["window"]["start_ms"] in starts]
+    assert sorted(r["window"]["start_ms"] for r in selected_tops) == starts
+    for record in selected_tops:
+        rows = selected[record["window"]["start_ms"]]
+        assert {r["group"]["tag"] for r in rows} == set(PAGE_EVENTS), rows  # RARE_TAG is not released
+        assert record["candidates"] == len(rows), (record, rows)
+        tags = [t["group"]["tag"] for t in record["top"]]
+        assert set(tags) <= {r["group"]["tag"] for r in rows} and [t["rank"] for t in record["top"]] == [1, 2]
+        assert tags == ["a", "b"], record
+        privacy = record["privacy"]
+        assert privacy["groups"] == "selected" and privacy["delta"] == 0.0
+        assert privacy["window_delta"] == rows[0]["privacy"]["delta"] and 0 < privacy["window_delta"] <= 1e-6
+        assert privacy["window_epsilon"] == rows[0]["privacy"]["epsilon"]
+        assert privacy["epsilon"] == pytest.approx(10 / 3, rel=1e-6)
 
     # quantiles: the stated rank_error r is the module's calibration (stream_dp/dp/quantiles.py): scale
     # 2 L0 Linf max(num, den - num) / (den eps_q) ranks, eps_q = 10 / 2 (count, quantiles) / 2 (q's), times
@@ -414,9 +450,10 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
     assert series("stream_dp_epsilon_released_total", "_stairs") == pytest.approx(
         10.0 * series("stream_dp_windows_released_total", "_stairs"), rel=1e-6)
 
-    # charged once per period: two periods, 10 epsilon each, plus the other nine queries' windows
+    # charged once per period: two periods, 10 epsilon each, plus the other ten queries' windows
     store = RedisBudgetStore(redis.Redis.from_url(redis_url), policy_from_config(load_config(config_path)))
     spends = {h.currency: h for h in store.spend(namespace, "u0", int(time.time() * 1000))}
-    assert spends["epsilon"].spent == pytest.approx(2 * 10.0 + 9 * WINDOWS * 10.0, rel=1e-6)
-    # delta: the two Gaussian vector queries' 1e-5 per window
-    assert spends["delta"].spent == pytest.approx(2 * WINDOWS * 1e-5, rel=1e-6)
+    assert spends["epsilon"].spent == pytest.approx(2 * 10.0 + 10 * WINDOWS * 10.0, rel=1e-6)
+    # delta: the two Gaussian vector queries' 1e-5 per window, and the selection's of the selected top_k
+    selection_delta = selected_tops[0]["privacy"]["window_delta"]
+    assert spends["delta"].spent == pytest.approx(WINDOWS * (2 * 1e-5 + selection_delta), rel=1e-6)
