@@ -107,3 +107,19 @@ def test_a_release_is_published_in_batches_within_the_limit_each_record_once(kaf
     assert sorted(r.key for r in records) == sorted(k for k, _ in entry.render()[:n])
     assert all(r.partition == (murmur2(r.key) & 0x7FFFFFFF) % 3 for r in records)
     assert dict((r.key, r.value) for r in records) == dict(entry.render()[:n])
+
+
+def test_the_readme_example_record_is_one_the_worker_would_publish():
+    """The README's example record validates against the schema and has exactly the fields (and privacy fields)
+    of a record the worker builds for the example query: the documentation cannot drift from the output."""
+    readme = (REPO / "README.md").read_text()
+    example = json.loads(readme.split("### Output records", 1)[1].split("```json", 1)[1].split("```", 1)[0])
+    jsonschema.validate(example, SCHEMA)
+    runtime = _runtime({"public": ["/", "/pricing", "/docs"]})
+    window = _window([("/",), ("/pricing",), ("/docs",)], [0, 40, 4000])
+    noisy = runtime.plan.release(window.count, window.sum, window.distinct_units, OpenDPNoise())
+    record = orjson.loads(encode_releases(runtime, window, noisy, 123_000)[1][1])
+    assert sorted(example) == sorted(record)
+    assert sorted(example["privacy"]) == sorted(record["privacy"])
+    assert {k: v for k, v in example["privacy"].items() if "scale" not in k and k not in ("rho", "epsilon")} == {
+        k: v for k, v in record["privacy"].items() if "scale" not in k and k not in ("rho", "epsilon")}
