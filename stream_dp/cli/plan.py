@@ -206,9 +206,11 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"  noise scale: count {fmt(p['count_scale'])}, sum {fmt(p['sum_scale'])}"
                   + (f"; selection threshold {fmt(p['selection_threshold'])} units" if p["selection_threshold"] else ""))
-        print(f"  {'true count':>10} {'count ±95%':>11} {'sum ±95%':>10} {'mean ±95%':>10}")
-        for a in p["accuracy"]:
-            print(f"  {int(a['count']):>10,} {fmt(a.get('count_ci95')):>11} {fmt(a.get('sum_ci95')):>10} {fmt(a.get('mean_ci95')):>10}")
+        columns = ("count_ci95", "sum_ci95", "mean_ci95")
+        if any(a.get(c) is not None for a in p["accuracy"] for c in columns):  # none: the options state their own
+            print(f"  {'true count':>10} {'count ±95%':>11} {'sum ±95%':>10} {'mean ±95%':>10}")
+            for a in p["accuracy"]:
+                print(f"  {int(a['count']):>10,} " + " ".join(f"{fmt(a.get(c)):>{w}}" for c, w in zip(columns, (11, 10, 10))))
         for h in p["horizons"]:
             print("  " + _horizon_line(p, h))
         for line in p["options"]:
