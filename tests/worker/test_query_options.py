@@ -435,6 +435,11 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
         r'stream_dp_sample_aggregate_failed_blocks_total\{[^}]*query="([^"]+)"[^}]*reason="crashed"[^}]*\} (\S+)', metrics)
         if q.endswith("_crashy"))
     assert crashed >= len(PAGE_EVENTS) * WINDOWS, metrics[-2000:]
+    # ... and reported for each window in the worker's log (one line per reason and window, counts only)
+    reported = [m for line in (tmp_path / "worker.log").read_text().splitlines() if (m := re.search(
+        r"window (\d+) of \S+_crashy: (\d+) block\(s\) failed \(crashed\) and count as the output range's midpoint$",
+        line))]
+    assert set(starts) <= {int(m.group(1)) for m in reported}, f"log {tmp_path}"
 
     # the epsilon metric counts a continual query once per period, the others once per window (windows of a
     # continual query are released in order from the first period's start; both series come from one scrape)
