@@ -24,17 +24,26 @@ import numpy as np
 from stream_dp.windows.batch import BatchResult, RawBatch
 from stream_dp.windows.bounding import ContributionRows
 from stream_dp.windows.bulk_decoding import BulkEventDecoder
-from stream_dp.windows.decoding import DecodedEvents, Problem
+from stream_dp.windows.decoding import DecodedEvents
 from stream_dp.windows.hashing import ContributionHasher
 from stream_dp.windows.interning import GroupTable
 from stream_dp.windows.open_window import OffsetStats, OpenWindow
 from stream_dp.windows.partial import WindowPartial
-from stream_dp.windows.partitioning import Partitioner, check_partitioner, expected_partitions
+from stream_dp.windows.partitioning import Partitioner, check_partitioner
+from stream_dp.windows.placement import check_placement, rejection_of
+from stream_dp.windows.progress_arrays import (
+    NEVER,
+    closed_through_by_slot,
+    closure_met,
+    note_offsets,
+    note_records,
+    record_clock,
+    slots_of,
+)
 from stream_dp.windows.rejections import Rejection, RejectReason
 from stream_dp.windows.specs import BoundingSpec, EventSchema, WindowSpec
 from stream_dp.windows.watermarks import PartitionProgress, combined_watermark_ms
 
-_NEVER = np.iinfo(np.int64).min  # "nothing closed" in per-partition closed-through arrays
 _ALWAYS = np.iinfo(np.int64).max  # "every offset was processed before" when the replay point is unknown
 
 
@@ -264,38 +273,39 @@ class WindowEngine:
         partition that is not assigned; bad message contents never raise.
         """
         slot_partitions = np.array(sorted(self._progress), dtype=np.int32)
-        slots = self._slots_of(batch.partitions, slot_partitions)
+        slots = slots_of(batch.partitions, slot_partitions)
         now = self._clock_ms()
-        record_ms = self._record_clock(batch.timestamps, now)
+        record_ms = record_clock(batch.timestamps, now)
         decoded, problems = self._decoder.decode(batch.values, now, record_ms)
         if self._partitioner is not None:
-            decoded = self._check_placement(batch, decoded, problems)
+            decoded = check_placement(batch, decoded, problems, partition_count=self._partition_count,
+                                      partitioner=self._partitioner, unit_field=self.schema.unit_field)
         rejected: dict[RejectReason, int] = {}
         rejections: list[Rejection] = []
         for index, reason, detail in problems:
             rejected[reason] = rejected.get(reason, 0) + 1
-            rejections.append(self._rejection(batch, index, reason, detail))
+            rejections.append(rejection_of(batch, index, reason, detail))
 
         progress = [self._progress[int(p)] for p in slot_partitions]
-        self._note_offsets(progress, slots, batch.offsets)
+        note_offsets(progress, slots, batch.offsets)
         index = decoded.index
         event_slots = slots[index]
         starts = self.spec.start_of(decoded.ts_ms)
         ends = starts + self.spec.size_ms
-        closed_through, restored_through = self._closed_through_by_slot(progress)
-        closed = ends <= self._closure_met(progress, closed_through, event_slots, batch.offsets[index])
+        closed_through, restored_through = closed_through_by_slot(progress)
+        closed = ends <= closure_met(progress, closed_through, event_slots, batch.offsets[index])
         replay_until = np.array(
             [_ALWAYS if p.replay_until_offset is None else p.replay_until_offset for p in progress], dtype=np.int64
         )
         replayed = (ends <= restored_through[event_slots]) & (batch.offsets[index] < replay_until[event_slots])
         late = closed & ~replayed
-        self._note_records(progress, slots, record_ms, now)
+        note_records(progress, slots, record_ms, now)
         if late.any():
             late_rows = np.flatnonzero(late)
             rejected[RejectReason.LATE] = len(late_rows)
             for i in late_rows.tolist():
                 detail = f"window [{int(starts[i])}, {int(ends[i])}) ms had already closed"
-                rejections.append(self._rejection(batch, int(index[i]), RejectReason.LATE, detail))
+                rejections.append(rejection_of(batch, int(index[i]), RejectReason.LATE, detail))
         accepted = np.flatnonzero(~closed)
         self._ingest(decoded, accepted, batch, starts, event_slots)
         return BatchResult(
@@ -306,110 +316,6 @@ class WindowEngine:
             rejections=rejections,
             partials=self._advance(now),
         )
-
-    @staticmethod
-    def _slots_of(partitions: np.ndarray, slot_partitions: np.ndarray) -> np.ndarray:
-        slots = np.searchsorted(slot_partitions, partitions)
-        found = slots < len(slot_partitions)
-        found[found] = slot_partitions[slots[found]] == partitions[found]
-        if not found.all():
-            missing = sorted(set(partitions[~found].tolist()))
-            raise ValueError(f"partition(s) {missing} are not assigned to this engine; call assign({missing}) first")
-        return slots
-
-    def _check_placement(self, batch: RawBatch, decoded: DecodedEvents, problems: list[Problem]) -> DecodedEvents:
-        """Drop (into ``problems``) valid events not keyed by their unit or not on their key's partition."""
-        if batch.keys is None:
-            raise ValueError("this engine checks co-partitioning: pass the records' keys in RawBatch.keys")
-        count = self._partition_count
-        if count is None:
-            raise ValueError("call set_partition_count() with the input topic's partition count before process()")
-        if not len(decoded):
-            return decoded
-        if len(decoded) == len(batch):  # every message decoded: the index is the identity
-            keys = batch.keys if isinstance(batch.keys, list) else list(batch.keys)
-        else:
-            keys = list(map(batch.keys.__getitem__, decoded.index.tolist()))
-        wrong_key = _differs(keys, decoded.units)
-        expected = expected_partitions(decoded.units, count, self._partitioner)  # type: ignore[arg-type]
-        actual = batch.partitions[decoded.index]
-        wrong_partition = ~wrong_key & (expected != actual)
-        if not (wrong_key.any() or wrong_partition.any()):
-            return decoded
-        field = self.schema.unit_field
-        for i in np.flatnonzero(wrong_key).tolist():
-            shown = "no key" if keys[i] is None else f"key {bytes(keys[i])[:64]!r}"
-            problems.append((int(decoded.index[i]), RejectReason.WRONG_KEY, (
-                f"the record has {shown}, not the privacy-unit id {decoded.units[i][:64]!r}; "
-                f"key every event by its {field!r} (UTF-8) so that all of a unit's events share a partition"
-            )))
-        for i in np.flatnonzero(wrong_partition).tolist():
-            problems.append((int(decoded.index[i]), RejectReason.WRONG_PARTITION, (
-                f"the record is on partition {int(actual[i])}, but the {self._partitioner} partitioner puts its key "
-                f"on partition {int(expected[i])} of {count}; produce with that partitioner and no explicit partition"
-            )))
-        return decoded.take(~(wrong_key | wrong_partition))
-
-    @staticmethod
-    def _rejection(batch: RawBatch, index: int, reason: RejectReason, detail: str) -> Rejection:
-        value = batch.values[index]
-        return Rejection(
-            partition=int(batch.partitions[index]),
-            offset=int(batch.offsets[index]),
-            reason=reason,
-            detail=detail,
-            value=None if value is None else bytes(value),
-        )
-
-    @staticmethod
-    def _closed_through_by_slot(progress: list[PartitionProgress]) -> tuple[np.ndarray, np.ndarray]:
-        closed = [_NEVER if p.closed_through_ms is None else p.closed_through_ms for p in progress]
-        restored = [_NEVER if p.restored_through_ms is None else p.restored_through_ms for p in progress]
-        return np.array(closed, dtype=np.int64), np.array(restored, dtype=np.int64)
-
-    @staticmethod
-    def _closure_met(progress: list[PartitionProgress], closed_through: np.ndarray, event_slots: np.ndarray,
-                     offsets: np.ndarray) -> np.ndarray:
-        """Per event, the closure it meets: its partition's, or while replaying, the one the
-        earlier owner had when it read that offset (its restored steps up to the offset)."""
-        met = closed_through[event_slots]
-        for slot, p in enumerate(progress):
-            if not p.restored_steps:
-                continue
-            here = event_slots == slot
-            for offset, boundary in p.restored_steps:
-                rows = here & (offsets >= offset)
-                met[rows] = np.maximum(met[rows], boundary)
-        return met
-
-    @staticmethod
-    def _note_offsets(progress: list[PartitionProgress], slots: np.ndarray, offsets: np.ndarray) -> None:
-        if not len(slots):
-            return
-        next_offsets = np.full(len(progress), _NEVER, dtype=np.int64)
-        np.maximum.at(next_offsets, slots, offsets + 1)
-        for slot in np.flatnonzero(next_offsets != _NEVER).tolist():
-            p = progress[slot]
-            seen = int(next_offsets[slot])
-            p.next_offset = seen if p.next_offset is None else max(p.next_offset, seen)
-
-    @staticmethod
-    def _record_clock(timestamps: np.ndarray, now: int) -> np.ndarray:
-        """Each record's timestamp capped at the wall clock; a record without one counts as read now."""
-        return np.where(timestamps < 0, now, np.minimum(timestamps, now))
-
-    @staticmethod
-    def _note_records(progress: list[PartitionProgress], slots: np.ndarray, record_ms: np.ndarray, now: int) -> None:
-        """Every record, valid or not, advances its partition's clock and keeps it active."""
-        if not len(slots):
-            return
-        newest = np.full(len(progress), _NEVER, dtype=np.int64)
-        np.maximum.at(newest, slots, record_ms)
-        for slot in np.flatnonzero(newest != _NEVER).tolist():
-            p = progress[slot]
-            p.last_active_wall_ms = now
-            seen = int(newest[slot])
-            p.max_record_ms = seen if p.max_record_ms is None else max(p.max_record_ms, seen)
 
     def _ingest(
         self, decoded: DecodedEvents, accepted: np.ndarray, batch: RawBatch, starts: np.ndarray, slots: np.ndarray
@@ -450,7 +356,7 @@ class WindowEngine:
         cell = which * n_slots + slots[accepted]
         n_cells = len(distinct) * n_slots
         firsts = np.full(n_cells, np.iinfo(np.int64).max, dtype=np.int64)
-        lasts = np.full(n_cells, _NEVER, dtype=np.int64)
+        lasts = np.full(n_cells, NEVER, dtype=np.int64)
         np.minimum.at(firsts, cell, offsets)
         np.maximum.at(lasts, cell, offsets)
         counts = np.bincount(cell, minlength=n_cells)
@@ -517,21 +423,3 @@ class WindowEngine:
         for rows in parts:
             rows.group = remap[rows.group].astype(np.uint32)
 
-
-def _differs(keys: list[bytes | None], units: np.ndarray) -> np.ndarray:
-    """Per event, whether its message key is not exactly its unit id's bytes (``units``: an ``S`` array)."""
-    # One byte wider than the widest id: a key longer than its id stays longer when truncated to it.
-    width = f"S{units.dtype.itemsize + 1}"
-    try:
-        as_array = np.array(keys, dtype=width)
-    except TypeError:  # a null key, or a key that is not bytes
-        as_array = np.array([k if isinstance(k, bytes) else b"" for k in keys], dtype=width)
-    differs = as_array != units
-    try:
-        joined = b"".join(keys)  # type: ignore[arg-type]
-    except TypeError:  # a null key, or a key that is not bytes
-        joined = b"".join(k for k in keys if isinstance(k, bytes))
-    if b"\x00" in joined:
-        # A fixed-width array drops trailing NULs; unit ids never contain one, so such a key never matches.
-        differs |= np.fromiter((isinstance(k, bytes) and b"\x00" in k for k in keys), dtype=bool, count=len(keys))
-    return differs

@@ -1,0 +1,73 @@
+"""Per-partition progress of a batch, vectorised: which slot each record's partition has, the clock its records
+advance, the offsets they cover, and the closure each event meets (``WindowEngine.process``). Pure numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stream_dp.windows.watermarks import PartitionProgress
+
+NEVER = np.iinfo(np.int64).min  # "nothing closed" in per-partition closed-through arrays
+
+
+def slots_of(partitions: np.ndarray, slot_partitions: np.ndarray) -> np.ndarray:
+    """Each record's slot: the index of its partition in the sorted assigned ``slot_partitions``."""
+    slots = np.searchsorted(slot_partitions, partitions)
+    found = slots < len(slot_partitions)
+    found[found] = slot_partitions[slots[found]] == partitions[found]
+    if not found.all():
+        missing = sorted(set(partitions[~found].tolist()))
+        raise ValueError(f"partition(s) {missing} are not assigned to this engine; call assign({missing}) first")
+    return slots
+
+
+def closed_through_by_slot(progress: list[PartitionProgress]) -> tuple[np.ndarray, np.ndarray]:
+    """Per slot, the window ends closed through now and those restored at assignment (``NEVER``: none)."""
+    closed = [NEVER if p.closed_through_ms is None else p.closed_through_ms for p in progress]
+    restored = [NEVER if p.restored_through_ms is None else p.restored_through_ms for p in progress]
+    return np.array(closed, dtype=np.int64), np.array(restored, dtype=np.int64)
+
+
+def closure_met(progress: list[PartitionProgress], closed_through: np.ndarray, event_slots: np.ndarray,
+                 offsets: np.ndarray) -> np.ndarray:
+    """Per event, the closure it meets: its partition's, or while replaying, the one the
+    earlier owner had when it read that offset (its restored steps up to the offset)."""
+    met = closed_through[event_slots]
+    for slot, p in enumerate(progress):
+        if not p.restored_steps:
+            continue
+        here = event_slots == slot
+        for offset, boundary in p.restored_steps:
+            rows = here & (offsets >= offset)
+            met[rows] = np.maximum(met[rows], boundary)
+    return met
+
+
+def note_offsets(progress: list[PartitionProgress], slots: np.ndarray, offsets: np.ndarray) -> None:
+    """Each partition's next offset to read moves past the batch's records on it."""
+    if not len(slots):
+        return
+    next_offsets = np.full(len(progress), NEVER, dtype=np.int64)
+    np.maximum.at(next_offsets, slots, offsets + 1)
+    for slot in np.flatnonzero(next_offsets != NEVER).tolist():
+        p = progress[slot]
+        seen = int(next_offsets[slot])
+        p.next_offset = seen if p.next_offset is None else max(p.next_offset, seen)
+
+
+def record_clock(timestamps: np.ndarray, now: int) -> np.ndarray:
+    """Each record's timestamp capped at the wall clock; a record without one counts as read now."""
+    return np.where(timestamps < 0, now, np.minimum(timestamps, now))
+
+
+def note_records(progress: list[PartitionProgress], slots: np.ndarray, record_ms: np.ndarray, now: int) -> None:
+    """Every record, valid or not, advances its partition's clock and keeps it active."""
+    if not len(slots):
+        return
+    newest = np.full(len(progress), NEVER, dtype=np.int64)
+    np.maximum.at(newest, slots, record_ms)
+    for slot in np.flatnonzero(newest != NEVER).tolist():
+        p = progress[slot]
+        p.last_active_wall_ms = now
+        seen = int(newest[slot])
+        p.max_record_ms = seen if p.max_record_ms is None else max(p.max_record_ms, seen)
