@@ -75,13 +75,21 @@ SCENARIOS = (
 # The query options, each audited on what it publishes: the top group's identity (1 if the group
 # ranks first), a median, the coarsest level of a hierarchy, a period's running total.
 SCENARIOS += (
-    # On a topic where every group holds TOPK_BACKGROUND units of one event per window, the target's two
-    # events all go to group "c": in D each group ranks first a fifth of the time, in D' "c" is ahead by
-    # max_events_per_group, the most one unit can move a score. Seen: 0.50 of a claimed 1.0, and 2.33 with
-    # the permute-and-flip scale divided by 4.
+    # On a topic where every group holds TOPK_BACKGROUND units of one event per window, the target sends
+    # two events to each of groups "c" and "d", of which this query keeps one group (max_groups_per_unit 1):
+    # in D each group ranks first a fifth of the time, in D' the kept one is ahead by max_events_per_group,
+    # the most one unit can move a score. Seen: 0.50 of a claimed 1.0, and 2.33 with the permute-and-flip
+    # scale divided by 4.
     Scenario("top_k", "topk", "top1", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "aggregations": {"top_k": {"k": 1}}}),
+    # k = 2, keeping both of the target's groups: each is ahead by 2, and each of the two picks spends half
+    # of epsilon (scale k * max_events_per_group / epsilon), so the list {c, d} has the largest likelihood
+    # ratio, up to e^epsilon. In a simulation of this law over 800 windows: 0.27 to 0.46 when sound, 0.78 to
+    # 0.99 with the scale not multiplied by k, 1.5 to 1.7 with the scale divided by 4.
+    Scenario("top_k2", "topk", "top2_target", ("c",),
+             {"bounds": {"max_groups_per_unit": 2, "max_events_per_group": 2}, "epsilon": 1.0,
+              "groups": {"public": list(GROUPS)}, "aggregations": {"top_k": {"k": 2}}}),
     # On a topic where every group holds two background values at 0 in every window: the target's two
     # values clipped to 10 make the middle candidate (5) the best instead of 0 (with no other values in
     # its group, both sides would give every candidate the same score). Three candidates: each sample
@@ -154,15 +162,17 @@ SCENARIOS += (
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "continual": {"period": "2s", "max_windows_per_unit": 1}}),
 )
+TOP_K_SCENARIOS = ("top_k", "top_k2")
 TOPIC_PARTITIONS = {"main": 3, "spread": 3, "clock": 1, "local": 3, "local_oue": 3, "quant": 3, "topk": 3}
 QUANT_BACKGROUND = 2  # units per group and window on the quant topic, each with value 0
 TOPK_BACKGROUND = 2  # units per group and window on the topk topic
+TOPK_TARGET_GROUPS = ("c", "d")  # the target's two events in each, on the topk topic
 
 
 def release_key(scenario: Scenario, record: dict) -> tuple[int, str] | None:
     """Where a scenario keeps a record: (window start, group), or None for records it does not audit."""
     start = record["window"]["start_ms"]
-    if scenario.name == "top_k":
+    if scenario.name in TOP_K_SCENARIOS:
         return (start, "top") if record.get("kind") == "top_k" else None
     if scenario.name == "hierarchy" and record.get("level") == 0:
         return start, "region"
@@ -239,8 +249,9 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> li
                 for e in range(10):
                     out.append((b"target", _event("target", t + 200 + e, group, 1e6), t + 200 + e, None))
         elif topic == "topk":
-            for e in range(2):
-                out.append((b"target", _event("target", t + 200 + e, "c", 1.0), t + 200 + e, None))
+            for g, group in enumerate(TOPK_TARGET_GROUPS):
+                for e in range(2):
+                    out.append((b"target", _event("target", t + 200 + 2 * g + e, group, 1.0), t + 200 + 2 * g + e, None))
         elif topic == "spread":
             for partition in range(TOPIC_PARTITIONS["spread"]):  # explicit partitions, the same key
                 out.append((b"target", _event("target", t + 300, "a", 1.0), t + 300, partition))
@@ -442,7 +453,7 @@ class Deployment:
             self.check_workers()
 
     def expected(self, scenario: Scenario) -> set[tuple[int, str]]:
-        groups = ("top",) if scenario.name == "top_k" else scenario.groups
+        groups = ("top",) if scenario.name in TOP_K_SCENARIOS else scenario.groups
         if scenario.name == "hierarchy":
             groups = (*groups, "region")
         windows = audited_windows(scenario, self.start_ms, self.windows)
@@ -487,6 +498,9 @@ class Deployment:
         starts = [self.start_ms + w * 1000 for w in audited_windows(scenario, self.start_ms, self.windows)]
         if scenario.statistic == "top1":
             return [float(releases[(s, "top")]["top"][0]["group"]["group"] == group) for s in starts]
+        if scenario.statistic == "top2_target":  # the list is the target's two groups (``group`` unused)
+            return [float({t["group"]["group"] for t in releases[(s, "top")]["top"]} == set(TOPK_TARGET_GROUPS))
+                    for s in starts]
         if scenario.statistic == "sa_value":
             return [float(releases[(s, group)]["sample_aggregate"]["value"]) for s in starts]
         if scenario.name == "continual":  # a period's two running totals, each far above D's

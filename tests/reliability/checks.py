@@ -89,6 +89,24 @@ def dead_letter_sources(observed: Observed) -> dict[tuple[str, int, int], set[st
     return sources
 
 
+def accepted_by_coarser_clock(model_late: dict[str, set[tuple[int, int]]],
+                              dead_lettered_late: dict[str, set[tuple[int, int]]],
+                              sent_late: set[tuple[int, int]], limit: int) -> dict[str, set[tuple[int, int]]]:
+    """Per query, the events the model calls late that the worker accepted, when they may count as on time.
+
+    The worker's clock may only lag the model's (README, "Windows"), so it may accept what the model calls
+    late, never the reverse. Empty (judge by the model's late set) unless every event dead-lettered as late
+    is late by the model, no event sent late on purpose was accepted, and at most ``limit`` were.
+    """
+    accepted = {q: late - dead_lettered_late.get(q, set()) for q, late in model_late.items()}
+    count = sum(len(events) for events in accepted.values())
+    if not 0 < count <= limit or any(sent_late & events for events in accepted.values()):
+        return {}
+    if any(not dead_lettered_late.get(q, set()) <= late for q, late in model_late.items()):
+        return {}
+    return {q: events for q, events in accepted.items() if events}
+
+
 def late_by_query(observed: Observed) -> dict[str, set[tuple[int, int]]]:
     late: dict[str, set[tuple[int, int]]] = defaultdict(set)
     for (query, partition, offset), reasons in dead_letter_sources(observed).items():

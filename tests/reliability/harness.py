@@ -27,6 +27,7 @@ from stream_dp.budget import policy_from_config
 from stream_dp.config import load_config
 from tests.reliability.checks import (
     CheckReport,
+    accepted_by_coarser_clock,
     Observed,
     check_accounting,
     check_metrics_text,
@@ -34,6 +35,7 @@ from tests.reliability.checks import (
     check_partials,
     check_partials_before_release,
     check_release_records,
+    late_by_query,
 )
 from tests.reliability.model import compute_truth
 from tests.reliability.redis_proxy import FaultProxy
@@ -50,6 +52,10 @@ from tests.reliability.workers import WorkerProcess
 from tests.reliability.workload import PAGES, LiveProducer, StreamSpec, encode_event, schedule, write_config
 
 SECRET = "reliability-secret-0123456789abcdef"
+# Events the worker may accept though the model's finer clock calls them late (``FaultRun._check``): seen one at
+# a time, about once in 15 runs of "broker down between claim and publish"; a worker whose clock ignored
+# lateness would accept hundreds.
+MAX_ACCEPTED_BY_COARSER_CLOCK = 10
 _ASSIGNED = re.compile(r"stream_dp\.worker\.ingest: assigned \[(.*)\]")
 
 
@@ -337,6 +343,16 @@ class FaultRun:
         for query, late in truth.late.items():
             if not sent_late <= late:
                 report.fail("model", f"{query}: events sent late on purpose are not late by the model's clock rule")
+        # The model's clock is per partition and per record; the worker's is the lowest of its active
+        # partitions' and moves per batch (README, "Windows"), so after a backlog (a broker outage) it may
+        # accept an event the model calls late -- never the reverse. A few such events count as on time
+        # (then they must be in the released totals like any other); an on-time event made late, an event
+        # sent late on purpose accepted, or more than a few fail the late-set check as before.
+        accepted_late = accepted_by_coarser_clock(truth.late, late_by_query(observed), sent_late,
+                                                  MAX_ACCEPTED_BY_COARSER_CLOCK)
+        if accepted_late:
+            truth = compute_truth(config, SECRET.encode(), observed.input_records, on_time=accepted_late)
+            report.stats["accepted though late by the model's per-record clock"] = sum(map(len, accepted_late.values()))
         check_outputs(observed, truth, report)
         check_partials(observed, truth, self.stream.partitions, report)
         check_partials_before_release(observed, truth, report)

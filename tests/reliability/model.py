@@ -179,8 +179,12 @@ def _decode(value: bytes | None, query) -> tuple[str, int, tuple, float] | None:
     return str(unit), ts, group, float(raw)
 
 
-def compute_truth(config: PipelineConfig, secret: bytes, records: list) -> Truth:
-    """``records``: the input topic's records (``partition``, ``offset``, ``key``, ``value``, ``timestamp``)."""
+def compute_truth(config: PipelineConfig, secret: bytes, records: list,
+                  on_time: dict[str, set[tuple[int, int]]] | None = None) -> Truth:
+    """``records``: the input topic's records (``partition``, ``offset``, ``key``, ``value``, ``timestamp``).
+
+    ``on_time``: per query, (partition, offset) of events the model's clock calls late that count as on time
+    (the worker's coarser clock accepted them: see ``harness.FaultRun._check``)."""
     hashes = Hashes(secret)
     truth = Truth()
     for name, ns in config.namespaces.items():
@@ -209,7 +213,8 @@ def compute_truth(config: PipelineConfig, secret: bytes, records: list) -> Truth
                 else:
                     unit, ts, group, value = decoded
                     start = ts // size * size
-                    if newest is not None and start + size <= newest - query.window.allowed_lateness_ms:
+                    if newest is not None and start + size <= newest - query.window.allowed_lateness_ms \
+                            and source not in (on_time or {}).get(name, ()):
                         late.add(source)
                     else:
                         accepted += 1

@@ -19,6 +19,7 @@ from stream_dp.config import load_config
 from stream_dp.worker.records import PartialAggregate, encode_partial
 from tests.reliability.checks import (
     CheckReport,
+    accepted_by_coarser_clock,
     Observed,
     check_accounting,
     check_metrics_text,
@@ -292,3 +293,17 @@ def test_release_records_check_rejects_a_schema_breach_and_a_unit_id(world):
     leaking = dict(orjson.loads(good), group={"page": "user-1"}, extra=1)
     check_release_records([orjson.dumps(leaking)], {"user-1"}, report)
     assert report.kinds == {"schema": 1, "unit id in output": 1}, report.violations
+
+
+def test_a_few_events_accepted_by_the_coarser_clock_count_as_on_time_and_nothing_else_does():
+    model = {"q": {(0, 1), (0, 2), (1, 5)}, "r": {(2, 7)}}
+    # the worker dead-lettered all but (1, 5): that one counts as on time
+    assert accepted_by_coarser_clock(model, {"q": {(0, 1), (0, 2)}, "r": {(2, 7)}}, {(0, 1)}, 10) == {"q": {(1, 5)}}
+    # the model's late set holds: nothing to excuse
+    assert accepted_by_coarser_clock(model, {"q": {(0, 1), (0, 2), (1, 5)}, "r": {(2, 7)}}, set(), 10) == {}
+    # an event sent late on purpose was accepted: a clock that ignores lateness, not a coarser one
+    assert accepted_by_coarser_clock(model, {"q": {(0, 2)}, "r": {(2, 7)}}, {(0, 1)}, 10) == {}
+    # an on-time event was made late: never excused
+    assert accepted_by_coarser_clock(model, {"q": {(0, 1), (0, 2), (3, 3)}, "r": {(2, 7)}}, set(), 10) == {}
+    # more than the limit accepted
+    assert accepted_by_coarser_clock(model, {"q": set(), "r": set()}, set(), 3) == {}
