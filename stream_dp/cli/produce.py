@@ -144,12 +144,12 @@ class LocalReports:
 
     def __init__(  # type: ignore[no-untyped-def]
         self, field: str, domain: list, randomizer, *, unit_field: str, timestamp_field: str, window: WindowSpec,
-        timestamp_format: str = "auto", bits=None, clock_ms=None,
+        bits=None, clock_ms=None,
     ) -> None:
         from stream_dp.dp.exact_sampling import UrandomBits
 
         self.field, self.domain, self.randomizer = field, domain, randomizer
-        self.unit_field, self.timestamp_field, self.timestamp_format = unit_field, timestamp_field, timestamp_format
+        self.unit_field, self.timestamp_field = unit_field, timestamp_field
         self.window = window
         self.index = {value: i for i, value in enumerate(domain)}
         self.bits = bits if bits is not None else UrandomBits()  # kernel CSPRNG words
@@ -164,14 +164,15 @@ class LocalReports:
         self._closed_through_ms: int | None = None
 
     def apply(self, events):  # type: ignore[no-untyped-def]
-        for _key, value, _time in events:  # key and time are derived again from the fields sent
+        # The sources give each event's time parsed from the query's timestamp field (None: unparsable); the
+        # key is made again from the unit id sent.
+        for _key, value, event_ms in events:
             try:
                 event = orjson.loads(value)
                 unit, ts = event[self.unit_field], event[self.timestamp_field]
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 self.unusable += 1
                 continue
-            event_ms = _event_ms(ts, self.timestamp_format)
             # Only ids the worker accepts (a string or an integer): a nested object could hold the true value.
             if event_ms is None or isinstance(unit, bool) or not isinstance(unit, (str, int)):
                 self.unusable += 1
@@ -258,11 +259,8 @@ def _local_randomizer(args: argparse.Namespace) -> LocalReports | None:
                          f"local_dp: {{field: {args.local_dp}, mechanism: krr, epsilon: 1.0}} to it")
     domain = [key[0] for key in query.public_group_keys() or ()]
     randomizer = LocalRandomizer.build(query.local_dp.mechanism, query.local_dp.epsilon, len(domain))
-    window = WindowSpec(size_ms=query.window.size_ms, offset_ms=query.window.offset_ms,
-                        allowed_lateness_ms=query.window.allowed_lateness_ms,
-                        idle_timeout_ms=query.window.idle_timeout_ms)
     return LocalReports(args.local_dp, domain, randomizer, unit_field=query.privacy_unit.field,
-                        timestamp_field=query.timestamp_field, window=window, timestamp_format=query.timestamp_format)
+                        timestamp_field=query.timestamp_field, window=WindowSpec.of(query.window))
 
 
 def _partitioner(name: str):

@@ -154,6 +154,13 @@ class WindowSpec:
             "make it longer than the consumer's poll interval",
         )
 
+    @classmethod
+    def of(cls, window: Any) -> WindowSpec:
+        """The spec of a query's ``window`` setting (``size_ms``, ``offset_ms``, ``allowed_lateness_ms``,
+        ``idle_timeout_ms``): the worker and the producer's ``--local-dp`` assign windows alike."""
+        return cls(size_ms=window.size_ms, offset_ms=window.offset_ms,
+                   allowed_lateness_ms=window.allowed_lateness_ms, idle_timeout_ms=window.idle_timeout_ms)
+
     def start_of(self, ts_ms: Any) -> Any:
         """Start of the window holding ``ts_ms`` (an int or an int64 array)."""
         return (ts_ms - self.offset_ms) // self.size_ms * self.size_ms + self.offset_ms

@@ -153,12 +153,7 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
                 max_message_bytes=query.max_message_bytes,
                 max_future_skew_ms=query.max_future_skew_ms,
             ),
-            WindowSpec(
-                size_ms=query.window.size_ms,
-                offset_ms=query.window.offset_ms,
-                allowed_lateness_ms=query.window.allowed_lateness_ms,
-                idle_timeout_ms=query.window.idle_timeout_ms,
-            ),
+            WindowSpec.of(query.window),
             BoundingSpec(
                 max_groups_per_unit=query.bounds.max_groups_per_unit,
                 max_events_per_group=query.bounds.max_events_per_group,
