@@ -37,7 +37,7 @@ def mechanism_label(query) -> str:
 
 
 def plan_config(config) -> list[dict]:
-    from stream_dp.worker.app import build_plan, check_cost_fits, window_cost
+    from stream_dp.worker.query_costs import build_plan, check_cost_fits, window_cost
 
     out = []
     for query in config.queries:

@@ -101,7 +101,7 @@ NUM = r"(-?[\d,.]+(?:e[+-]\d+)?)"
 
 def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
     from stream_dp.config import load_config
-    from stream_dp.worker.app import build_plan
+    from stream_dp.worker.query_costs import build_plan
 
     blocks = _plan_blocks([str(EXAMPLE)], capsys)
     config = load_config(EXAMPLE)
@@ -245,7 +245,7 @@ def test_plan_states_what_top_k_over_selected_groups_spends_and_resolves(tmp_pat
     selecting = tmp_path / "top_selected.yaml"
     selecting.write_text(head + name + rest.replace('public: ["/", "/pricing", "/docs"]', "select: {delta: 1.0e-6}", 1))
     from stream_dp.config import load_config
-    from stream_dp.worker.app import build_plan
+    from stream_dp.worker.query_costs import build_plan
 
     plan = build_plan(load_config(selecting).query("top_pages"))
     m = _one(_plan_blocks([str(selecting)], capsys)["top_pages"],

@@ -17,7 +17,7 @@ from stream_dp.windows import EventSchema
 from stream_dp.windows.histogram import SparseHistogram
 from stream_dp.windows.partial import BlockValues
 from stream_dp.wire import UnknownWireVersion, WireFormatError
-from stream_dp.worker.app import build_plan
+from stream_dp.worker.query_costs import build_plan
 from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.partials_in import PartialsIntake, PartialsReader
 from stream_dp.worker.partials_out import partial_message

@@ -1,0 +1,152 @@
+"""The query file's ``aggregations:`` block: counts, sums, means, top-k and quantiles.
+
+Vectors and sample-and-aggregate are in ``aggregation_options``; ``Aggregations``
+holds one of each and checks the combinations one query can release (a query
+clips one value field, once, before bounding).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from stream_dp.config.aggregation_options import (
+    CovarianceAggregation,
+    MeanVectorAggregation,
+    SampleAggregateAggregation,
+)
+from stream_dp.windows.specs import MAX_ABS_VALUE
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CountAggregation(_Strict):
+    pass
+
+
+class SumAggregation(_Strict):
+    field: str = Field(min_length=1)
+    clip: tuple[float, float]
+
+    @field_validator("clip")
+    @classmethod
+    def _clip(cls, value: tuple[float, float]) -> tuple[float, float]:
+        return _check_range(value, "clip")
+
+
+class MeanAggregation(_Strict):
+    field: str = Field(min_length=1)
+
+
+def _check_range(value: tuple[float, float], name: str) -> tuple[float, float]:
+    lo, hi = value
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo >= hi:
+        raise ValueError(f"{name} {list(value)} must be two finite numbers [lo, hi] with lo < hi, e.g. [0, 100]")
+    if max(abs(lo), abs(hi)) > MAX_ABS_VALUE:
+        raise ValueError(
+            f"{name} {list(value)} reaches beyond ±{MAX_ABS_VALUE:g}, the largest value an event may carry; "
+            "narrow it to the values you expect"
+        )
+    return value
+
+
+class TopKAggregation(_Strict):
+    """The ``k`` groups with the most bounded events of each window, best first (permute-and-flip)."""
+
+    k: int = Field(ge=1, le=1000)
+
+
+class QuantilesAggregation(_Strict):
+    """Quantiles of ``field`` per group per window (exponential mechanism over ``bins`` candidates in ``bounds``)."""
+
+    field: str = Field(min_length=1)
+    q: list[float] = Field(min_length=1, max_length=20)
+    bounds: tuple[float, float]
+    bins: int = Field(256, ge=2, le=4096)
+
+    @field_validator("q")
+    @classmethod
+    def _probabilities(cls, value: list[float]) -> list[float]:
+        for q in value:
+            if not (0.0 < q < 1.0):
+                raise ValueError(f"quantile {q} is not strictly between 0 and 1; use e.g. q: [0.5, 0.9, 0.99]")
+        if len(set(value)) != len(value) or value != sorted(value):
+            raise ValueError(f"quantiles {value} must be distinct and in increasing order, e.g. [0.5, 0.9, 0.99]")
+        return value
+
+    @field_validator("bounds")
+    @classmethod
+    def _bounds(cls, value: tuple[float, float]) -> tuple[float, float]:
+        return _check_range(value, "quantile bounds")
+
+
+class Aggregations(_Strict):
+    count: CountAggregation | None = None
+    sum: SumAggregation | None = None
+    mean: MeanAggregation | None = None
+    top_k: TopKAggregation | None = None
+    quantiles: QuantilesAggregation | None = None
+    mean_vector: MeanVectorAggregation | None = None
+    covariance: CovarianceAggregation | None = None
+    sample_aggregate: SampleAggregateAggregation | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Aggregations:
+        if not self.names():
+            raise ValueError("no aggregation; add at least `count: {}`")
+        if self.mean_vector is not None and self.covariance is not None:
+            raise ValueError("mean_vector and covariance in one query: keep covariance (its records carry the mean too)")
+        if self.mean is not None:
+            if self.sum is None:
+                raise ValueError("mean needs a sum with a clip range on the same field, e.g. sum: {field: value, clip: [0, 100]}")
+            if self.mean.field != self.sum.field:
+                raise ValueError(f"mean.field {self.mean.field!r} differs from sum.field {self.sum.field!r}; a mean is the sum over the count of one field")
+        if self.quantiles is not None and self.sum is not None:
+            # The worker clips one value field per query, once, before bounding.
+            if self.quantiles.field != self.sum.field:
+                raise ValueError(
+                    f"quantiles.field {self.quantiles.field!r} differs from sum.field {self.sum.field!r}; a query reads "
+                    "one value field: use the same field, or a second query for the other field"
+                )
+            if tuple(self.quantiles.bounds) != tuple(self.sum.clip):
+                raise ValueError(
+                    f"quantiles.bounds {list(self.quantiles.bounds)} differ from sum.clip {list(self.sum.clip)}; values "
+                    "are clipped once per query: give both the same range"
+                )
+        return self
+
+    @property
+    def value_field(self) -> str | None:
+        if self.sum is not None:
+            return self.sum.field
+        if self.sample_aggregate is not None:
+            return self.sample_aggregate.field
+        return self.quantiles.field if self.quantiles is not None else None
+
+    @property
+    def value_range(self) -> tuple[float, float] | None:
+        """The range every value is clipped into (the sum's clip, else the quantiles' bounds; a
+        sample-and-aggregate function sees the values as sent: only its output is clipped)."""
+        if self.sum is not None:
+            return tuple(self.sum.clip)  # type: ignore[return-value]
+        if self.sample_aggregate is not None:
+            return (-MAX_ABS_VALUE, MAX_ABS_VALUE)
+        return tuple(self.quantiles.bounds) if self.quantiles is not None else None  # type: ignore[return-value]
+
+    @property
+    def vector(self) -> MeanVectorAggregation | CovarianceAggregation | None:
+        return self.mean_vector if self.mean_vector is not None else self.covariance
+
+    @property
+    def vector_kind(self) -> str | None:
+        """``"mean_vector"``, ``"covariance"`` or None."""
+        if self.mean_vector is not None:
+            return "mean_vector"
+        return "covariance" if self.covariance is not None else None
+
+    def names(self) -> frozenset[str]:
+        return frozenset(n for n in ("count", "sum", "mean", "top_k", "quantiles", "mean_vector", "covariance",
+                                     "sample_aggregate") if getattr(self, n) is not None)
