@@ -133,7 +133,9 @@ def option_lines(query, plan, described) -> list[str]:
         lines.append(f"quantiles: {q['q']}, exponential mechanism over {candidates['count']} bin edges in "
                      f"[{candidates['lo']:g}, {candidates['hi']:g}], epsilon {plan.quantiles.loss.epsilon:.4g} "
                      f"({q['epsilon_per_quantile']:.4g} per q); with {level:.1%} probability each is within "
-                     f"[{errors}] ranks (events) of the true quantile{why}")
+                     f"[{errors}] ranks (events) of the true quantile{why}, beyond the grid's resolution "
+                     f"of {(candidates['hi'] - candidates['lo']) / (candidates['count'] - 1):g}: values sharing the "
+                     "quantile's bin count as one point")
     if plan.vector is not None:
         v = plan.vector
         kind = v.features.kind

@@ -36,6 +36,19 @@ def _location(data: Any, loc: tuple[Any, ...]) -> str:
     return "".join(parts) or "(top level)"
 
 
+_RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
+_SIZE_ERRORS = frozenset({"too_short", "too_long"})
+# pydantic names the branches of a union by their type; an error of a scalar branch for a mapping or
+# list is that branch not applying ("hierarchy.bool: Input should be a valid boolean" for a split),
+# not something to fix.
+_SCALAR_BRANCHES = frozenset({"bool", "int", "float", "str"})
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _message(error: dict[str, Any]) -> str:
     kind = error["type"]
     msg = error["msg"].removeprefix("Value error, ")
@@ -43,7 +56,18 @@ def _message(error: dict[str, Any]) -> str:
         return "unknown field; remove it or check its spelling against deploy/queries.example.yaml"
     if kind == "missing":
         return "is required; add it (see deploy/queries.example.yaml)"
+    if kind in _RANGE_ERRORS:
+        return f"{msg}, got {_shown(error.get('input'))}; change it to a value in that range"
+    if kind in _SIZE_ERRORS:
+        return f"{msg}; see deploy/queries.example.yaml for one that works"
+    if kind.endswith(("_type", "_parsing")):
+        return f"{msg}, got {_shown(error.get('input'))}"
     return msg
+
+
+def _not_a_branch_that_applies(error: dict[str, Any]) -> bool:
+    return (isinstance(error.get("input"), (dict, list))
+            and any(isinstance(item, str) and item in _SCALAR_BRANCHES for item in error["loc"]))
 
 
 def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
@@ -56,10 +80,14 @@ def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
         lines = []
         seen = set()
         for error in exc.errors():
+            if _not_a_branch_that_applies(error):
+                continue
             line = f"{source}: {_location(data, tuple(error['loc']))}: {_message(error)}"
             if line not in seen:
                 seen.add(line)
                 lines.append(line)
+        if not lines:  # every error was a union branch's: show them rather than nothing
+            lines = [f"{source}: {_location(data, tuple(e['loc']))}: {_message(e)}" for e in exc.errors()]
         raise ConfigError("\n".join(lines)) from None
 
 

@@ -241,6 +241,15 @@ class QueryConfig(_Strict):
     def _alias(cls, value: str) -> str:
         return "laplace" if value == "geometric" else value
 
+    @field_validator("hierarchy", mode="before")
+    @classmethod
+    def _hierarchy_form(cls, value: Any) -> Any:
+        # pydantic would read "yes" or 1 as true; a typo must not turn on a release of every level
+        if not isinstance(value, (bool, dict, HierarchyConfig)):
+            raise ValueError(f"hierarchy must be true, false or {{split: [w, ...]}} (one weight per group_by "
+                             f"level, coarsest first), got {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> QueryConfig:
         if self.mechanism == "gaussian" and self.delta <= 0:

@@ -62,8 +62,11 @@ edge's rank ``L_out / n`` -- the share of the group's values below it -- lies in
 
     q_interval = [max(0, q - w), min(1, q + w)],   w = r / n_low + |q - num / den|,
 
-widened by the grid's resolution ``OPT / n`` when the quantile falls inside a
-bin. Without a count only ``r`` is reported, at ``beta = 1 - CONFIDENCE`` (a query
+plus the grid's resolution ``OPT / n`` when the quantile falls inside a bin.
+``OPT`` depends on the values, so no record can state it: ``rank_error`` and
+``q_interval`` are the mechanism's part only, which is the whole error when
+the group's values are spread over many bins, and understates it when many
+share the quantile's bin (a constant field: every edge then scores the same). Without a count only ``r`` is reported, at ``beta = 1 - CONFIDENCE`` (a query
 always has one: ``check-config`` refuses quantiles without ``count``). The
 statements hold per group and per quantile, not all at once; the quantiles of
 a group are drawn independently and may cross.

@@ -105,6 +105,15 @@ def _error(data: dict) -> str:
         (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(bins=10), r"aggregate: median with bins"),
         (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(aggregate="mode"),
          r"sample_aggregate\.aggregate"),
+        # a bound says the value it got and what to do; a list too short points at an example
+        (lambda d: d["queries"][3]["continual"].update(max_windows_per_unit=0),
+         r"max_windows_per_unit: Input should be greater than or equal to 1, got 0; change it to a value in that range"),
+        (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(bins=5000), r"bins: .*4096, got 5000; change it"),
+        (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(q=[]), r"at least 1 item.*see deploy/queries"),
+        (lambda d: d["queries"][0].update(epsilon="lots"), r"\.epsilon: Input should be a valid number.*got 'lots'"),
+        # a typo must not switch on every level's release
+        (lambda d: d["queries"][4].update(hierarchy="yes"), r"hierarchy must be true, false or \{split.*got 'yes'"),
+        (lambda d: d["queries"][4].update(hierarchy=1), r"hierarchy must be true, false or \{split.*got 1"),
     ],
 )
 def test_mistakes_are_explained(example, mutate, expected):
@@ -112,6 +121,13 @@ def test_mistakes_are_explained(example, mutate, expected):
     message = _error(example)
     assert message.startswith("queries.yaml: ")
     assert __import__("re").search(expected, message), message
+
+
+def test_a_bad_hierarchy_split_is_one_line_not_a_union_branch_per_type(example):
+    example["queries"][4]["hierarchy"].update(split=[1, 0, 1])
+    lines = _error(example).splitlines()
+    assert lines == ["queries.yaml: queries[4] (visits_by_place).hierarchy.split: hierarchy.split [1.0, 0.0, 1.0] must "
+                     "be positive weights, one per group_by level, e.g. [1, 1, 2]"]
 
 
 def test_unreadable_and_non_yaml_files(tmp_path):
