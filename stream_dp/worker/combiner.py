@@ -37,6 +37,7 @@ import numpy as np
 
 from stream_dp.windows.histogram import SparseHistogram, add_histograms
 from stream_dp.windows.partial import BlockValues
+from stream_dp.worker.partial_checks import blocks_conflict, features_conflict, histogram_conflict, placement_conflict
 from stream_dp.worker.records import GroupKey, PartialAggregate, Progress
 
 MAX_EMPTY_WINDOWS_PER_STEP = 1_000  # bounds the work after a long silence
@@ -53,44 +54,6 @@ def window_home(query: str, window_start_ms: int, partials_partitions: int, peri
         window_start_ms = offset_ms + (window_start_ms - offset_ms) // period_ms * period_ms
     digest = hashlib.blake2b(f"{query}|{window_start_ms}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % partials_partitions
-
-
-def placement_conflict(partials: list[PartialAggregate]) -> str | None:
-    """Why these partials of one window cannot be added up soundly, or None.
-
-    Each input partition bounds the units whose events it holds. That bounds a
-    unit once only if all its events sit on one partition, which the ingest
-    stage checks against the topic's partition count. When the count changed
-    while the window was open, or partitions checked against different counts,
-    a unit may have events on two partitions, each bounded on its own: the
-    window's data is then left out (its release is noise only; the units stay
-    charged). A partial from a worker that did not check placement (count 0)
-    is only trusted alone.
-    """
-    if any(p.placement_changed for p in partials):
-        return "partition_count_changed"
-    if len(partials) > 1 and any(p.placement_partitions == 0 for p in partials):
-        return "placement_unchecked"
-    if len({p.placement_partitions for p in partials}) > 1:
-        return "partition_counts_differ"
-    return None
-
-
-def histogram_conflict(partials: list[PartialAggregate], bins: int | None) -> str | None:
-    """Why these partials' histograms cannot be added up into ``bins`` bins, or None.
-
-    With ``bins`` set (a quantiles query) every partial must carry a histogram
-    of that many bins: one without (written by a worker that did not count
-    values) or with another bin count (a changed configuration) would make
-    the window's quantiles those of part of its data. Without ``bins`` the
-    partials that carry histograms must agree with each other.
-    """
-    held = {p.histogram.bins for p in partials if p.histogram is not None}
-    if bins is not None:
-        if any(p.histogram is None for p in partials):
-            return "histogram_missing"
-        held.add(bins)
-    return "histogram_bins_differ" if len(held) > 1 else None
 
 
 @dataclass
@@ -128,23 +91,6 @@ class CombinedWindow:
     #: Sample-and-aggregate queries: every kept event's (group, block, value), groups as in ``groups``,
     #: partitions in order; None for others.
     blocks: BlockValues | None = None
-
-
-def blocks_conflict(partials: list[PartialAggregate], blocks: bool) -> str | None:
-    """Why a sample-and-aggregate query's partials cannot be combined (one lacks block values), or None."""
-    return "blocks_missing" if blocks and any(partial.blocks is None for partial in partials) else None
-
-
-def features_conflict(partials: list[PartialAggregate], width: int | None) -> str | None:
-    """Why these partials' feature sums cannot be added up into ``width`` columns, or None."""
-    if width is None:
-        return None
-    for partial in partials:
-        if partial.features is None:
-            return "features_missing"
-        if partial.features.shape != (len(partial.groups), width):
-            return "features_width_differs"
-    return None
 
 
 class WindowCombiner:
