@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from stream_dp.cli.local_reports import local_reports
 from stream_dp.config import ConfigError, Settings, load_config
-from stream_dp.windows.specs import WindowSpec
 from stream_dp.windows.timestamps import to_epoch_ms
 
 
@@ -54,6 +54,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="send, instead of each event, only its unit id, its time and FIELD randomized with the "
                              "--query's local_dp randomizer, at most one report per unit per window, so that no "
                              "true value leaves this process; required for a query with local_dp")
+    parser.add_argument("--local-dp-secret-file", type=Path, metavar="FILE",
+                        help="--local-dp: the producer's secret key (16+ bytes; create it once with "
+                             "`head -c 32 /dev/urandom > FILE`, keep it, never send it), from which each report is "
+                             "drawn, so a re-run sends the same reports; or set STREAM_DP_LOCAL_DP_SECRET")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
 
@@ -132,137 +136,6 @@ def _event_ms(ts: object, timestamp_format: str) -> int | None:
     return None if problems else int(ms[0])
 
 
-class LocalReports:
-    """What ``--local-dp`` sends instead of each event: a new event of three fields, built in this process.
-
-    The event sent holds the privacy unit id and the event time as given, and under ``field`` the randomized
-    report (``stream_dp.dp.local``) of the true value; nothing else of the input is copied, so a copy of the
-    true value in another field (``ua``, ``ctx.browser``, ...) never leaves. At most one report is sent per
-    unit per window, the first: the worker keeps one report per unit per window and charges epsilon once, and
-    several independent reports of one true value on the topic would let a reader average the noise away.
-    """
-
-    def __init__(  # type: ignore[no-untyped-def]
-        self, field: str, domain: list, randomizer, *, unit_field: str, timestamp_field: str, window: WindowSpec,
-        bits=None, clock_ms=None,
-    ) -> None:
-        from stream_dp.dp.exact_sampling import UrandomBits
-
-        self.field, self.domain, self.randomizer = field, domain, randomizer
-        self.unit_field, self.timestamp_field = unit_field, timestamp_field
-        self.window = window
-        self.index = {value: i for i, value in enumerate(domain)}
-        self.bits = bits if bits is not None else UrandomBits()  # kernel CSPRNG words
-        self.clock_ms = clock_ms if clock_ms is not None else (lambda: int(time.time() * 1000))
-        self.dropped = 0  # no value in the domain
-        self.unusable = 0  # no JSON object, unit id or event time
-        self.repeated = 0  # the unit had reported in that window already
-        self.late = 0  # the window had been forgotten
-        self._units_by_window: dict[int, set[str]] = {}
-        self._newest_ms: int | None = None
-        # Windows ending at or before this are forgotten, and events in them not sent (see _forget_old_windows).
-        self._closed_through_ms: int | None = None
-
-    def apply(self, events):  # type: ignore[no-untyped-def]
-        # The sources give each event's time parsed from the query's timestamp field (None: unparsable); the
-        # key is made again from the unit id sent.
-        for _key, value, event_ms in events:
-            try:
-                event = orjson.loads(value)
-                unit, ts = event[self.unit_field], event[self.timestamp_field]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                self.unusable += 1
-                continue
-            # Only ids the worker accepts (a string or an integer): a nested object could hold the true value.
-            if event_ms is None or isinstance(unit, bool) or not isinstance(unit, (str, int)):
-                self.unusable += 1
-                continue
-            try:
-                true_index = self.index[event[self.field]]
-            except (KeyError, TypeError):
-                self.dropped += 1  # a value outside the domain (or none) is never sent, true or not
-                continue
-            start = int(self.window.start_of(event_ms))  # the worker's own window assignment
-            if self._closed_through_ms is not None and start + self.window.size_ms <= self._closed_through_ms:
-                self.late += 1  # its window's reports were forgotten: a second one might go out
-                continue
-            # str(): the record key the unit is sent under, so 7 and "7" share one report
-            reported = self._units_by_window.setdefault(start, set())
-            if str(unit) in reported:
-                self.repeated += 1
-                continue
-            reported.add(str(unit))
-            (report,) = self.randomizer.randomize(np.array([true_index]), self.bits).tolist()
-            if self.randomizer.mechanism == "oue":  # the values whose bits came out 1
-                report = [value for value, bit in zip(self.domain, report) if bit]
-            else:
-                report = self.domain[report]
-            sent = {self.unit_field: unit, self.timestamp_field: ts, self.field: report}
-            self._forget_old_windows(event_ms)
-            yield str(unit).encode(), orjson.dumps(sent), event_ms
-        self._summary()
-
-    def _forget_old_windows(self, sent_ms: int) -> None:
-        """Bound memory to the windows still open at the worker, plus one.
-
-        The worker closes a window once its record clock -- the newest record time of each partition, never
-        ahead of the wall clock -- is ``allowed_lateness`` past the window's end, and rejects its later events
-        as late. Here the newest event sent, capped by the wall clock, stands for that clock, and a window is
-        forgotten one window size later still (slack for partitions behind the newest). Events of a forgotten
-        window are not sent at all rather than sent again, so no unit ever has two reports in one window on the
-        topic, whatever the worker's clock; what that drops, the worker would almost always reject as late.
-        """
-        self._newest_ms = sent_ms if self._newest_ms is None else max(self._newest_ms, sent_ms)
-        clock = min(self._newest_ms, self.clock_ms())
-        through = clock - self.window.allowed_lateness_ms - self.window.size_ms
-        if self._closed_through_ms is not None and through <= self._closed_through_ms:
-            return  # never moves back (the wall clock may), so a forgotten window stays forgotten
-        self._closed_through_ms = through
-        size = self.window.size_ms
-        for start in [s for s in self._units_by_window if s + size <= through]:
-            del self._units_by_window[start]
-
-    def _summary(self) -> None:
-        if self.unusable:
-            print(f"{self.unusable} events without a string or integer {self.unit_field!r} or a parsable "
-                  f"{self.timestamp_field!r} were not sent", file=sys.stderr)
-        if self.dropped:
-            print(f"{self.dropped} events with no {self.field!r} in the local_dp domain were not sent", file=sys.stderr)
-        if self.repeated:
-            print(f"{self.repeated} events were not sent: their unit had already reported in their window "
-                  "(one report per unit per window)", file=sys.stderr)
-        if self.late:
-            print(f"{self.late} events were not sent: their window had closed (more than allowed_lateness + one "
-                  "window behind the newest event sent)", file=sys.stderr)
-
-
-def _local_randomizer(args: argparse.Namespace) -> LocalReports | None:
-    """The --local-dp reports, or None; refuses a local_dp query without --local-dp, which would send true values."""
-    if not args.config:
-        if args.local_dp:
-            raise ValueError("--local-dp needs --config and --query naming a query with local_dp on that field")
-        return None
-    config = load_config(args.config)
-    query = config.query(args.query) if args.query else config.queries[0]
-    if not args.local_dp:
-        if query.local_dp is not None:
-            raise ValueError(f"query {query.name!r} has local_dp on {query.local_dp.field!r}: its producers must "
-                             f"randomize that field, and without --local-dp every event's true value would be sent; "
-                             f"add --local-dp {query.local_dp.field}")
-        return None
-    if not args.query:
-        raise ValueError("--local-dp needs --query naming a query with local_dp on that field")
-    from stream_dp.dp.local import LocalRandomizer
-
-    if query.local_dp is None or query.local_dp.field != args.local_dp:
-        raise ValueError(f"query {args.query!r} has no local_dp on field {args.local_dp!r}; add "
-                         f"local_dp: {{field: {args.local_dp}, mechanism: krr, epsilon: 1.0}} to it")
-    domain = [key[0] for key in query.public_group_keys() or ()]
-    randomizer = LocalRandomizer.build(query.local_dp.mechanism, query.local_dp.epsilon, len(domain))
-    return LocalReports(args.local_dp, domain, randomizer, unit_field=query.privacy_unit.field,
-                        timestamp_field=query.timestamp_field, window=WindowSpec.of(query.window))
-
-
 def _partitioner(name: str):
     """A kafka-python partitioner callable; kafka-python's default is already murmur2."""
     if name == "murmur2":
@@ -279,7 +152,7 @@ def _partitioner(name: str):
 def run(args: argparse.Namespace) -> int:
     try:
         fields = _fields(args)
-        local = _local_randomizer(args)
+        local = local_reports(args)
     except (ConfigError, KeyError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -1,23 +1,47 @@
 """``stream-dp produce --local-dp``: what leaves the producer is the unit id, the event time and one randomized
-report per unit per window -- never a true value, in any field. No broker: ``_send`` is replaced where the
-command runs end to end (tests/worker/test_local_dp.py checks the same against the real broker and worker)."""
+report per unit per window -- never a true value, in any field -- and a re-run with the same secret sends the
+same reports, so replays cannot be averaged. No broker: ``_send`` is replaced where the command runs end to end
+(tests/worker/test_local_dp.py checks the same against the real broker and worker).
+
+Statistical tests fail below P_MIN = 1e-4 (as tests/dp/test_local.py): a correct randomizer fails one about
+once in 10,000 runs; the law with epsilon 20% off gives p-values below 1e-20 on the same reports.
+"""
 
 from __future__ import annotations
 
+import itertools
+import math
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import orjson
 import pytest
 import yaml
+from scipy import stats
 
 from stream_dp.cli import produce
+from stream_dp.cli.local_reports import local_reports
 from stream_dp.cli.main import main
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "queries.example.yaml"
 DOMAIN = ["chrome", "safari", "firefox", "edge", "other"]  # browsers_local's groups.public
+EPSILON = 2.0  # browsers_local's local_dp epsilon
 HOUR = 3_600_000  # browsers_local's window; allowed_lateness 1m
 T0 = 1_700_000_000_000 // HOUR * HOUR  # a window start
+P_MIN = 1e-4
+SECRET_ENV = "STREAM_DP_LOCAL_DP_SECRET"
+
+
+@pytest.fixture(autouse=True)
+def _no_secret_in_the_environment(monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+
+
+def _secret(tmp_path: Path, content: bytes | None = None, name: str = "local-dp.key") -> Path:
+    path = tmp_path / name
+    path.write_bytes(os.urandom(32) if content is None else content)
+    return path
 
 
 def _config(tmp_path: Path, *, mechanism: str = "krr", local_first: bool = False) -> Path:
@@ -36,8 +60,9 @@ def _reports(tmp_path: Path, events: list, config: Path = EXAMPLE) -> list[tuple
     """(key, sent event, record time) of what ``produce --file --local-dp browser`` would send."""
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"".join((e if isinstance(e, bytes) else orjson.dumps(e)) + b"\n" for e in events))
-    args = SimpleNamespace(config=config, query="browsers_local", local_dp="browser")
-    local = produce._local_randomizer(args)
+    args = SimpleNamespace(config=config, query="browsers_local", local_dp="browser",
+                           local_dp_secret_file=_secret(tmp_path))
+    local = local_reports(args)
     assert local is not None
     return [(key, orjson.loads(value), ms) for key, value, ms in local.apply(produce.file_events(path, produce._fields(args)))]
 
@@ -100,8 +125,9 @@ def test_windows_far_behind_are_forgotten_and_their_stragglers_not_sent(tmp_path
                {"device_id": "d2", "ts": T0 + (hours - 1) * HOUR, "browser": "chrome"}]  # the newest hour: open
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
-    args = SimpleNamespace(config=EXAMPLE, query="browsers_local", local_dp="browser")
-    local = produce._local_randomizer(args)
+    args = SimpleNamespace(config=EXAMPLE, query="browsers_local", local_dp="browser",
+                           local_dp_secret_file=_secret(tmp_path))
+    local = local_reports(args)
     sent = []
     for _, value, _ in local.apply(produce.file_events(path, produce._fields(args))):
         sent.append(orjson.loads(value))
@@ -136,6 +162,124 @@ def test_produce_local_dp_sends_one_bare_report_per_unit_and_window(tmp_path, mo
     events.write_bytes(b"".join(
         orjson.dumps({"device_id": f"d{i % 3}", "ts": T0 + i, "browser": "edge", "ua": "edge"}) + b"\n" for i in range(30)))
     assert main(["produce", "--topic", "t", "--file", str(events), "--config", str(EXAMPLE), "--query", "browsers_local",
-                 "--local-dp", "browser", "--quiet"]) == 0
+                 "--local-dp", "browser", "--local-dp-secret-file", str(_secret(tmp_path)), "--quiet"]) == 0
     assert [(key, set(event), ms) for key, event, ms in captured["events"]] == [
         (f"d{i}".encode(), {"device_id", "ts", "browser"}, T0 + i) for i in range(3)]
+
+
+def _produce(monkeypatch, events: Path, *options: str, config: Path = EXAMPLE) -> tuple[int, list[tuple]]:
+    """Exit code and the (key, value bytes, record time) ``produce --file --local-dp browser`` handed to Kafka."""
+    sent: list[tuple] = []
+
+    def fake_send(topic, records, total, rate, **kwargs):
+        sent.extend(records)
+        return 0
+
+    monkeypatch.setattr(produce, "_send", fake_send)
+    code = main(["produce", "--topic", "t", "--file", str(events), "--config", str(config), "--query",
+                 "browsers_local", "--local-dp", "browser", "--quiet", *options])
+    return code, sent
+
+
+def _events(tmp_path: Path, units: int, windows: int = 1, truth=lambda u: DOMAIN[u % len(DOMAIN)]) -> Path:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(
+        orjson.dumps({"device_id": f"d{u}", "ts": T0 + w * HOUR + u, "browser": truth(u)}) + b"\n"
+        for w in range(windows) for u in range(units)))
+    return path
+
+
+@pytest.mark.parametrize("mechanism", ["krr", "oue"])
+def test_a_rerun_with_the_same_secret_sends_byte_identical_reports(tmp_path, monkeypatch, mechanism):
+    # A retry after a crash or a replay of the input: were its reports drawn afresh, a reader of the topic could
+    # average each unit's independent reports of one true value (a majority vote over a few dozen runs finds
+    # every value). The same secret makes them the same reports, whatever the number of runs.
+    config, secret, events = _config(tmp_path, mechanism=mechanism), _secret(tmp_path), _events(tmp_path, 300, 2)
+    code, first = _produce(monkeypatch, events, "--local-dp-secret-file", str(secret), config=config)
+    assert code == 0 and len(first) == 600
+    code, again = _produce(monkeypatch, events, "--local-dp-secret-file", str(secret), config=config)
+    assert code == 0 and again == first
+    # ... and they are randomized: many reports differ from the true value (krr: a share 1 - p = 35% of them)
+    truth = {f"d{u}": DOMAIN[u % len(DOMAIN)] for u in range(300)}
+    reported = [orjson.loads(value)["browser"] for _, value, _ in first]
+    units = [orjson.loads(value)["device_id"] for _, value, _ in first]
+    assert sum(r != ([truth[u]] if mechanism == "oue" else truth[u]) for r, u in zip(reported, units)) > 100
+    # the same unit and value in another window is a report of its own (drawn from other bits)
+    assert reported[:300] != reported[300:]
+
+
+def test_another_secret_gives_other_reports_and_the_environment_holds_one_like_a_file(tmp_path, monkeypatch):
+    events = _events(tmp_path, 300)
+    key = os.urandom(16).hex().encode()  # 32 characters
+    _, with_file = _produce(monkeypatch, events, "--local-dp-secret-file", str(_secret(tmp_path, key)))
+    _, other = _produce(monkeypatch, events, "--local-dp-secret-file", str(_secret(tmp_path, name="other.key")))
+    differ = sum(a != b for a, b in zip(with_file, other))
+    # independent krr reports of one value agree with probability p^2 + (k - 1) q^2 = 0.44: about 170 of 300 differ
+    assert 100 < differ < 240, differ
+    monkeypatch.setenv(SECRET_ENV, key.decode())
+    _, with_env = _produce(monkeypatch, events)
+    assert with_env == with_file
+
+
+@pytest.mark.parametrize("mechanism", ["krr", "oue"])
+def test_keyed_reports_follow_the_randomizers_exact_law(tmp_path, monkeypatch, mechanism):
+    # Determinism must not bias the mechanism: over many distinct (unit, window) pairs of one true value, the
+    # reports sent follow k-ary randomized response's law, resp. optimized unary encoding's (the true bit with
+    # probability 1/2, each of the k - 1 others with q, independently: tallied as the true bit x how many
+    # others are set, 0, 1, 2 or 3+).
+    units, windows, k = 2_000, 4, len(DOMAIN)
+    events = _events(tmp_path, units, windows, truth=lambda u: "firefox")
+    code, sent = _produce(monkeypatch, events, "--local-dp-secret-file", str(_secret(tmp_path)),
+                          config=_config(tmp_path, mechanism=mechanism))
+    assert code == 0 and len(sent) == units * windows
+    reports = [orjson.loads(value)["browser"] for _, value, _ in sent]
+    if mechanism == "krr":
+        observed = [reports.count(v) for v in DOMAIN]
+
+        def law(epsilon):
+            q = 1 / (math.exp(epsilon) + k - 1)
+            return [math.exp(epsilon) * q if v == "firefox" else q for v in DOMAIN]
+    else:
+        cells = list(itertools.product([False, True], range(4)))
+        tally = [("firefox" in r, min(len(set(r) - {"firefox"}), 3)) for r in reports]
+        observed = [tally.count(cell) for cell in cells]
+
+        def law(epsilon):
+            q = 1 / (math.exp(epsilon) + 1)
+            others = [math.comb(k - 1, j) * q ** j * (1 - q) ** (k - 1 - j) for j in range(3)]
+            others.append(1 - sum(others))
+            return [0.5 * others[j] for _, j in cells]
+    n = len(reports)
+    assert stats.chisquare(observed, [n * x for x in law(EPSILON)]).pvalue > P_MIN, observed
+    assert stats.chisquare(observed, [n * x for x in law(1.2 * EPSILON)]).pvalue < 1e-20, observed
+
+
+def test_no_secret_a_short_one_or_two_are_refused_before_sending(tmp_path, monkeypatch, capsys):
+    events = _events(tmp_path, 3)
+    code, sent = _produce(monkeypatch, events)
+    err = capsys.readouterr().err
+    assert code == 1 and not sent
+    assert "--local-dp needs a secret" in err and "head -c 32 /dev/urandom >" in err
+    assert "--local-dp-secret-file" in err
+    assert SECRET_ENV in err
+
+    code, sent = _produce(monkeypatch, events, "--local-dp-secret-file", str(_secret(tmp_path, b"0123456789abcde")))
+    err = capsys.readouterr().err
+    assert code == 1 and not sent
+    assert "is 15 bytes" in err and "at least 16" in err and "head -c 32 /dev/urandom >" in err
+
+    code, sent = _produce(monkeypatch, events, "--local-dp-secret-file", str(tmp_path / "missing.key"))
+    err = capsys.readouterr().err
+    assert code == 1 and not sent
+    assert "missing.key" in err and "head -c 32 /dev/urandom >" in err
+
+    monkeypatch.setenv(SECRET_ENV, "xq7z!")
+    code, sent = _produce(monkeypatch, events)
+    err = capsys.readouterr().err
+    assert code == 1 and not sent and f"{SECRET_ENV} is 5 bytes" in err and "at least 16" in err
+    assert "xq7z!" not in err  # the value itself is never printed
+
+    monkeypatch.setenv(SECRET_ENV, "0123456789abcdef0123")
+    code, sent = _produce(monkeypatch, events, "--local-dp-secret-file", str(_secret(tmp_path)))
+    err = capsys.readouterr().err
+    assert code == 1 and not sent and "both" in err and SECRET_ENV in err

@@ -1,7 +1,8 @@
-"""Local randomizers against their laws, written here from Wang et al. (2017), and their estimators.
+"""Local randomizers against their laws, written here from Wang et al. (2017), and their estimators; fed by
+the kernel CSPRNG and by the keyed bits a producer draws its memoized reports from.
 
 Statistical tests fail below P_MIN = 1e-4 (a correct randomizer fails one of
-these about once in 2,000 runs); the doctored law (epsilon 20% off) gives
+these about once in 800 runs); the doctored law (epsilon 20% off) gives
 p-values below 1e-20 on the same draws.
 """
 
@@ -14,6 +15,7 @@ import pytest
 from scipy import stats
 
 from stream_dp.dp.exact_sampling import UrandomBits
+from stream_dp.dp.keyed_bits import MIN_SECRET_BYTES, KeyedBits
 from stream_dp.dp.local import LocalRandomizer
 
 P_MIN = 1e-4
@@ -86,3 +88,54 @@ def test_bad_parameters_say_how_to_fix_them():
         LocalRandomizer.build("oue", 1.0, 1)
     with pytest.raises(ValueError, match=r"indices in \[0, 4\)"):
         LocalRandomizer.build("krr", 1.0, 4).randomize(np.array([4]), UrandomBits())
+
+
+SECRET = bytes(range(32))
+
+
+def test_keyed_bits_are_a_function_of_the_secret_and_the_message_alone():
+    words = KeyedBits(SECRET, b"q", b"u1", b"0")(100)
+    assert words.dtype == np.uint64
+    # the same stream however it is asked for: the samplers' requests depend on their earlier draws
+    split = KeyedBits(SECRET, b"q", b"u1", b"0")
+    assert np.array_equal(np.concatenate([split(1), split(0), split(37), split(62)]), words)
+    assert not np.array_equal(KeyedBits(bytes(32), b"q", b"u1", b"0")(100), words)  # another secret
+    assert not np.array_equal(KeyedBits(SECRET, b"q", b"u10")(100), words)  # another message
+    # parts are length-prefixed: moving a byte from one part to the next is another message
+    assert not np.array_equal(KeyedBits(SECRET, b"q", b"u", b"10")(100), KeyedBits(SECRET, b"q", b"u1", b"0")(100))
+    with pytest.raises(ValueError, match=f"needs at least {MIN_SECRET_BYTES}"):
+        KeyedBits(b"too short", b"q")
+
+
+def test_keyed_words_are_uniform():
+    words = np.concatenate([KeyedBits(SECRET, str(i).encode())(64) for i in range(2_000)])
+    observed = np.bincount((words >> np.uint64(60)).astype(np.int64), minlength=16)  # top 4 bits
+    assert stats.chisquare(observed).pvalue > P_MIN
+    bits = np.unpackbits(words.view(np.uint8)).reshape(-1, 64).sum(axis=0)  # every bit position fair
+    assert stats.chisquare(np.stack([bits, words.size - bits]).ravel(), np.full(128, words.size / 2)).pvalue > P_MIN
+
+
+@pytest.mark.parametrize(("mechanism", "epsilon", "k", "n"),
+                         [("krr", 1.0, 5, 20_000), ("krr", 3.0, 20, 6_000), ("oue", 1.0, 4, 20_000)])
+def test_memoized_reports_follow_the_exact_law(mechanism, epsilon, k, n):
+    # One report per (unit, window), each from its own keyed stream, as the producer draws them: the reports of
+    # many distinct pairs with one true value follow the randomizer's law (oue: all 2^k bit patterns).
+    truth = 1
+    randomizer = LocalRandomizer.build(mechanism, epsilon, k)
+    reports = np.concatenate([randomizer.randomize(np.array([truth]), KeyedBits(SECRET, b"q", b"u%d" % (i % 2_000),
+                                                                                  b"%d" % (i // 2_000)))
+                              for i in range(n)])
+    if mechanism == "krr":
+        observed = np.bincount(reports, minlength=k)
+        law = krr_law
+    else:
+        patterns = reports.reshape(n, k).astype(np.int64) @ (1 << np.arange(k))
+        observed = np.bincount(patterns, minlength=1 << k)
+
+        def law(eps, k, truth):
+            on = np.full(k, 1.0 / (math.exp(eps) + 1.0))
+            on[truth] = 0.5
+            cells = (np.arange(1 << k)[:, None] >> np.arange(k)) & 1
+            return np.prod(np.where(cells == 1, on, 1.0 - on), axis=1)
+    assert stats.chisquare(observed, law(epsilon, k, truth) * n).pvalue > P_MIN
+    assert stats.chisquare(observed, law(1.2 * epsilon, k, truth) * n).pvalue < 1e-20

@@ -83,9 +83,11 @@ def test_producer_randomizes_and_the_worker_releases_debiased_frequencies(
         handle.write(orjson.dumps({"device_id": "x", "ts": first_start, "browser": "lynx"}) + b"\n")  # not in domain
 
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, REDIS_URL=redis_url)
+    (secret := tmp_path / "local-dp.key").write_bytes(os.urandom(32))  # the producer's key for its reports
     produced = subprocess.run(
         [sys.executable, "-m", "stream_dp.cli.main", "produce", "--topic", topic, "--file", str(events), "--quiet",
-         "--config", str(config_path), "--query", name, "--local-dp", "browser"],
+         "--config", str(config_path), "--query", name, "--local-dp", "browser",
+         "--local-dp-secret-file", str(secret)],
         env=env, capture_output=True, text=True, timeout=120,
     )
     assert produced.returncode == 0, produced.stderr
