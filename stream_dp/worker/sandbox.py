@@ -7,7 +7,12 @@ is left out -- never set, so not even ``/proc/self/environ`` holds them -- and
 with the worker's import path, so the function loads as it would in the
 worker. It loads the function once and runs each block in a fresh process
 forked from that state, with the block's time limit: whatever a call leaves
-behind (globals, caches, a crash) dies with its block. A block whose function
+behind (globals, caches, a crash, a process it started) dies with its block,
+and the sandbox process never reads a block's values or answer (the block's
+own process reads its request; ``sandbox_child`` says why), so no freed memory
+carries one block's units into a later block's process. The worker writes it
+nothing but requests, one block at a time, the next only once this one's
+answer is back (by then every process of the block is gone). A block whose function
 raises, returns something that is not a finite number, runs past
 ``timeout_s`` or ends its process counts as failed (the plan puts the output
 range's midpoint in its place) -- so one unit's data can only ever change its
@@ -16,7 +21,6 @@ own block's output, never stop the worker or reach the other blocks.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -33,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from stream_dp.dp.sample_aggregate import parse_function_path
-from stream_dp.worker.sandbox_child import STOP
+from stream_dp.worker.sandbox_child import ANSWER, STOP, decode
 
 log = logging.getLogger(__name__)
 
@@ -93,20 +97,20 @@ class FunctionSandbox:
             self._ensure_started()
 
     def _answer(self, timeout_s: float) -> dict[str, Any]:
-        """The child's next JSON line, or ``_Gone``."""
+        """The child's next answer (``sandbox_child.decode``), or ``_Gone``."""
         assert self._process is not None and self._process.stdout is not None
         fd = self._process.stdout.fileno()
         deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buffer:
+        while len(self._buffer) < ANSWER.size:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
                 raise _Gone("timeout")
-            chunk = os.read(fd, 65_536)
+            chunk = os.read(fd, ANSWER.size - len(self._buffer))  # never beyond this answer
             if not chunk:
                 raise _Gone("crashed")
             self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return json.loads(line)
+        record, self._buffer = self._buffer, b""
+        return decode(record)
 
     def _ensure_started(self) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -160,14 +164,18 @@ class FunctionSandbox:
                     self._failures[exc.reason if isinstance(exc, _Gone) else "crashed"] += 1
                     self._restart()
                     continue
-                status = reply.get("s")
+                status = reply["s"]
+                if status == "ok" and not math.isfinite(reply["v"]):  # only a record the function wrote itself
+                    status = "not_finite"
                 if status == "ok":
-                    out[i] = float(reply["v"])
-                elif status in ("not_finite", "timeout", "crashed"):
-                    self._failures[status] += 1
-                else:
+                    out[i] = reply["v"]
+                elif status == "error":
                     self._failures["error"] += 1
-                    self._error_types[str(reply.get("e"))[:100]] += 1
+                    self._error_types[reply["e"][:100]] += 1
+                elif status in ("not_finite", "timeout"):
+                    self._failures[status] += 1
+                else:  # crashed, or a status that is no block's answer: the block broke the protocol
+                    self._failures["crashed"] += 1
         return out
 
     def take_failures(self) -> dict[str, int]:

@@ -3,26 +3,39 @@
 Started by ``stream_dp.worker.sandbox`` with an environment that holds none
 of the worker's settings. It loads the function once, then runs every block
 in a process of its own, forked from the loaded state: nothing a call leaves
-behind (a global, a cache, a crash) reaches the next block, so one unit's
-data can only ever change its own block's output. Protocol on its original
-stdin/stdout (the function's own prints go to stderr): a request is an 8-byte
-little-endian count ``n`` then ``n`` float64 values (``n = 2^64 - 1``: stop);
-each answer is one JSON line, ``{"s": "ok", "v": x}``, ``{"s": "error", "e":
-type name}``, ``{"s": "not_finite"}``, ``{"s": "timeout"}`` or ``{"s":
-"crashed"}``; the first line says ``ready`` or ``load_error``. Imports
-nothing of the worker.
+behind (a global, a cache, a crash, a process it started) reaches the next
+block, so one unit's data can only ever change its own block's output.
+
+This process never reads a block's values, nor an answer: memory that held
+them keeps them after it is freed (allocators reuse memory, they do not clear
+it), and every later block is forked from this process, so a function reading
+raw memory would find earlier blocks' units there. Instead it forks the next
+block's process *before* the request comes; that process reads the request
+itself, says so with one byte, runs the function and writes its answer to its
+own pipe, and once it has ended this process moves the answer on to the worker
+inside the kernel (``os.splice``). All this process learns of a block is that
+it came and whether it ended in time.
+
+Protocol on its original stdin/stdout (the function's own prints go to
+stderr): a request is an 8-byte little-endian count ``n`` then ``n`` float64
+values (``n = 2^64 - 1``: stop); every answer, the first included, is one
+``ANSWER`` record: a status byte (an index into ``STATUSES``), a float64 (the
+value, for ``ok``) and NUL-padded UTF-8 text (an exception's type name, a load
+error). The first answer is ``ready`` or ``load_error``. Imports nothing of the
+worker.
 """
 
 from __future__ import annotations
 
+import fcntl
 import importlib
-import json
 import math
 import os
 import select
 import signal
 import struct
 import sys
+import termios
 import time
 from typing import Any
 
@@ -31,18 +44,36 @@ import numpy as np
 from stream_dp.worker.process_guard import drop_capabilities
 
 STOP = (1 << 64) - 1
+STATUSES = ("ok", "error", "not_finite", "timeout", "crashed", "ready", "load_error")
+ANSWER = struct.Struct("<Bd503s")  # 512 bytes: one write of at most PIPE_BUF, so never mixed with another's
 _COUNT = struct.Struct("<Q")
+_TAKEN = b"\x01"  # a block's process has read its whole request: its time limit starts
 
 
-def _read_exactly(stream: Any, size: int) -> bytes | None:
-    chunks, left = [], size
-    while left:
-        chunk = stream.read(left)
+def encode(status: str, value: float = 0.0, text: str = "") -> bytes:
+    return ANSWER.pack(STATUSES.index(status), value, text.encode(errors="replace"))
+
+
+def decode(record: bytes) -> dict[str, Any]:
+    """``{"s": status, "v": value, "e": text}``; a status byte outside ``STATUSES`` (a block writing to its pipe
+    itself) reads as ``crashed``."""
+    code, value, text = ANSWER.unpack(record)
+    status = STATUSES[code] if code < len(STATUSES) else "crashed"
+    return {"s": status, "v": value, "e": text.rstrip(b"\0").decode(errors="replace")}
+
+
+_TIMEOUT, _CRASHED = encode("timeout"), encode("crashed")
+
+
+def _read_into(fd: int, view: memoryview) -> bool:
+    """Fill ``view`` from ``fd``; False if it ends first."""
+    got = 0
+    while got < len(view):
+        chunk = os.readv(fd, [view[got:]])
         if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+            return False
+        got += chunk
+    return True
 
 
 def _load(path: str) -> Any:
@@ -55,86 +86,140 @@ def _load(path: str) -> Any:
     return target
 
 
-def _run_block(function: Any, values: np.ndarray, timeout_s: float, protocol: tuple[int, int]) -> dict[str, Any]:
-    """The function's answer on one block, computed in a forked copy of this process and waited for here."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the block's own process: it answers on its pipe and ends, whatever the function does
-        code = 70
-        try:
-            os.setpgid(0, 0)  # its own group: a timeout ends whatever it started too
-            os.close(read_end)
-            for fd in protocol:  # the function never touches the sandbox's protocol pipes
+def _read_request(fd: int) -> np.ndarray | None:
+    """The next block's values, read straight into the array the function gets; None: stop, or the worker is gone."""
+    head = bytearray(_COUNT.size)
+    if not _read_into(fd, memoryview(head)):
+        return None
+    (count,) = _COUNT.unpack(head)
+    if count == STOP:
+        return None
+    values = np.empty(count, dtype="<f8")
+    return values if _read_into(fd, memoryview(values.view(np.uint8))) else None
+
+
+def _serve_block(function: Any, requests: int, answers: int, write_end: int) -> None:
+    """The block's own process: read the request, say so, run the function, answer on ``write_end``; never returns."""
+    code = 70
+    try:
+        os.setpgid(0, 0)  # its own group: whatever it starts ends with it
+        values = _read_request(requests)
+        if values is not None:
+            for fd in (requests, answers):  # the function never touches the protocol: no later request, no answer
                 os.close(fd)
+            os.write(write_end, _TAKEN)
             try:
                 out = float(function(values))
-                message: dict[str, Any] = {"s": "ok", "v": out} if math.isfinite(out) else {"s": "not_finite"}
+                answer = encode("ok", out) if math.isfinite(out) else encode("not_finite")
             except Exception as exc:  # the user's function failed on this block
-                message = {"s": "error", "e": type(exc).__name__}
-            os.write(write_end, json.dumps(message).encode())
-            code = 0
-        finally:
-            sys.stderr.flush()
-            os._exit(code)
+                answer = encode("error", text=type(exc).__name__)
+            os.write(write_end, answer)
+        code = 0
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:  # no group (it ended before setting it): the process alone, if still there
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _hung_up_in_time(fd: int, timeout_s: float) -> bool:
+    """Wait until every writer of pipe ``fd`` has closed it (the block's process has ended), up to ``timeout_s``."""
+    poller = select.poll()
+    poller.register(fd, 0)  # no event asked for: the answer's bytes do not wake it, the hang-up does
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        if poller.poll(min(math.ceil(left * 1000), 3_600_000)):  # in ms, a C int: a longer limit waits in turns
+            return True
+    return False
+
+
+def _waiting_bytes(fd: int) -> int:
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, bytes(4)))[0]
+
+
+_RELAY = bytearray(ANSWER.size)  # only where os.splice is missing (not Linux); overwritten with zeros after each use
+_ZEROS = bytes(ANSWER.size)
+
+
+def _forward(source: int, target: int) -> None:
+    """Move one answer from pipe ``source`` to ``target`` without it passing through this process's memory."""
+    if hasattr(os, "splice"):
+        left = ANSWER.size
+        while left:
+            moved = os.splice(source, target, left)
+            if not moved:
+                raise EOFError("the answer ended early")
+            left -= moved
+        return
+    relay = memoryview(_RELAY)  # no splice: through one fixed buffer (never reallocated, cleared right after)
+    try:
+        if not _read_into(source, relay):
+            raise EOFError("the answer ended early")
+        os.write(target, relay)
+    finally:
+        relay[:] = _ZEROS
+
+
+def _run_block(function: Any, timeout_s: float, requests: int, answers: int) -> bool:
+    """Fork the next block's process, wait for its request and its answer, pass the answer on; False: stop."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        _serve_block(function, requests, answers, write_end)
     try:
         os.setpgid(pid, pid)  # also here, so that the group exists whichever process runs first
     except OSError:  # it already ended, or set it itself
         pass
     os.close(write_end)
-    deadline = time.monotonic() + timeout_s
-    data = b""
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([read_end], [], [], left)[0]:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except OSError:
-                    os.kill(pid, signal.SIGKILL)
-                return {"s": "timeout"}
-            chunk = os.read(read_end, 65_536)
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(read_end)
+        # blocks until the worker's next request, however long; no byte: it read a stop, the worker is gone, or it
+        # ended mid-request and where the next request starts is unknown -- the worker sees this process end
+        if os.read(read_end, 1) != _TAKEN:
+            return False
+        ended = _hung_up_in_time(read_end, timeout_s)
+        _kill_group(pid)  # also what it started: nothing of this block is left when the worker sends the next
         os.waitpid(pid, 0)
-    try:
-        return json.loads(data) if data else {"s": "crashed"}
-    except ValueError:  # cut short by the process ending mid-answer
-        return {"s": "crashed"}
+        pid = 0
+        if not ended:
+            os.write(answers, _TIMEOUT)
+        elif _waiting_bytes(read_end) >= ANSWER.size:
+            _forward(read_end, answers)
+        else:  # it ended without answering (a crash, os._exit, a signal) or mid-answer
+            os.write(answers, _CRASHED)
+        return True
+    finally:
+        os.close(read_end)  # and with it, unread, anything more the block's process wrote
+        if pid:
+            _kill_group(pid)
+            os.waitpid(pid, 0)
 
 
 def main(path: str, timeout_s: float) -> None:
     # the protocol keeps the original pipes; the function's stdout and stdin are stderr and /dev/null
-    requests = os.fdopen(os.dup(0), "rb", buffering=0)
-    answers = os.fdopen(os.dup(1), "wb", buffering=0)
+    requests, answers = os.dup(0), os.dup(1)
     os.dup2(2, 1)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
     sys.stdout = sys.stderr
-
-    def answer(message: dict[str, Any]) -> None:
-        answers.write(json.dumps(message).encode() + b"\n")
-
     try:
         drop_capabilities()  # before any of the user's code runs, its module's import included
         function = _load(path)
     except BaseException as exc:  # anything the import does: report it, then stop
-        answer({"s": "load_error", "e": f"{type(exc).__name__}: {exc}"[:500]})
+        os.write(answers, encode("load_error", text=f"{type(exc).__name__}: {exc}"))
         return
-    answer({"s": "ready"})
-    protocol = (requests.fileno(), answers.fileno())
-    while True:
-        head = _read_exactly(requests, _COUNT.size)
-        if head is None:
-            return
-        (count,) = _COUNT.unpack(head)
-        if count == STOP:
-            return
-        body = _read_exactly(requests, 8 * count)
-        if body is None:
-            return
-        answer(_run_block(function, np.frombuffer(body, dtype="<f8").copy(), timeout_s, protocol))
+    os.write(answers, encode("ready"))
+    while _run_block(function, timeout_s, requests, answers):
+        pass
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,79 @@ def test_no_block_sees_what_an_earlier_block_or_window_left_behind():
     finally:
         sandbox.close()
         calls.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/mem")
+def test_no_block_can_find_another_blocks_values_in_memory():
+    """A function that reads raw memory (a C extension, or /proc/self/mem as here) must not find another block's
+    values there: only block 2 carries the marker; blocks 1, 3 and 4 must find no copy in their own process, and no
+    block one in the long-lived sandbox process it was forked from (which a function could read as well)."""
+    from tests.worker._memory_probe import marker_block
+
+    blocks = [np.array([1.0, 2.0, 3.0]), marker_block(3), np.array([4.0, 5.0]), np.array([6.0])]
+    found = {}
+    for name in ("copies_in_own_memory", "copies_in_the_sandbox_process"):
+        sandbox = FunctionSandbox(f"tests.worker._memory_probe:{name}", timeout_s=60.0)
+        try:
+            found[name] = sandbox.run(blocks).tolist()
+            assert sandbox.take_failures() == {}, name
+        finally:
+            sandbox.close()
+    own, sandbox_process = found["copies_in_own_memory"], found["copies_in_the_sandbox_process"]
+    assert own[1] >= 1, found  # the probe does find the marker where it is
+    assert [own[0], own[2], own[3]] == [0, 0, 0], found
+    if sandbox_process[0] >= 0:  # -1: this system does not let a process read its parent's memory
+        assert sandbox_process == [0, 0, 0, 0], found
+
+
+def _still_running(pid: int, within_s: float = 5.0) -> bool:
+    """Whether ``pid`` still runs ``within_s`` from now (a SIGKILLed process runs no more code, but takes a moment
+    to be torn down)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                if handle.read().rsplit(b")", 1)[1].split()[0] == b"Z":  # a zombie has ended, only not been reaped
+                    return False
+        except FileNotFoundError:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/stat and /proc/self/fd")
+def test_what_a_block_starts_or_writes_itself_stays_in_that_block():
+    """A process a call leaves running ends with its block (else it could watch the next one); bytes a function writes
+    to its answer pipe are at most its own block's answer, and the blocks after it answer as usual."""
+    sandbox = FunctionSandbox("tests.worker._reaching_out:starts_a_process")
+    try:
+        (pid,) = sandbox.run(_blocks([1])).tolist()
+        assert not _still_running(int(pid))
+    finally:
+        sandbox.close()
+    sandbox = FunctionSandbox("tests.worker._reaching_out:forges_on_seven")
+    try:
+        assert sandbox.run(_blocks([1], [7], [1, 2], [7, 7, 7], [3])).tolist() == [1.0, 99.0, 2.0, 99.0, 1.0]
+        assert sandbox.take_failures() == {}
+    finally:
+        sandbox.close()
+
+
+def test_an_answer_is_passed_on_through_a_cleared_buffer_where_splice_is_missing(monkeypatch):
+    from stream_dp.worker import sandbox_child
+
+    monkeypatch.delattr(os, "splice", raising=False)
+    block_end, block_write = os.pipe()
+    worker_read, worker_end = os.pipe()
+    try:
+        record = sandbox_child.encode("ok", 2.5)
+        os.write(block_write, record + b"anything after")
+        sandbox_child._forward(block_end, worker_end)
+        assert os.read(worker_read, 4096) == record
+        assert bytes(sandbox_child._RELAY) == bytes(len(record))
+    finally:
+        for fd in (block_end, block_write, worker_read, worker_end):
+            os.close(fd)
 
 
 SANDBOXED_QUERY = """

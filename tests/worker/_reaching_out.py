@@ -1,0 +1,35 @@
+"""Sample-and-aggregate functions that reach past their own call: a process left running, a forged answer.
+
+Each must cost at most its own block: the process dies with its block, and
+whatever a block writes to its answer pipe is its own answer at most, never the
+next block's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+
+import numpy as np
+
+from stream_dp.worker.sandbox_child import encode
+
+
+def starts_a_process(values: np.ndarray) -> float:
+    """Leaves ``sleep 60`` running and answers its pid."""
+    return float(subprocess.Popen(["sleep", "60"]).pid)
+
+
+def forges_on_seven(values: np.ndarray) -> float:
+    """On a 7, writes an answer of its own (99) and more bytes to every pipe it may write to, then answers as usual."""
+    if (values == 7).any():
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            try:
+                writable = fd > 2 and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
+                if writable and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                    os.write(fd, encode("ok", 99.0) + b"more than one answer" * 10)
+            except OSError:  # the fd listing's own, closed since
+                pass
+    return float(len(values))
