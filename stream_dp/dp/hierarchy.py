@@ -7,9 +7,13 @@ the constraint that every parent equals the sum of its children,
 
     minimise  sum_v (x_v - y_v)^2 / var_v   subject to   x_v = sum_{c child of v} x_c,
 
-which, for independent noise, is the best linear unbiased estimate (BLUE,
-Gauss-Markov) of every node, and so has a mean squared error no larger than
-the raw values' at every node. It is computed in two passes over the tree
+which, for independent zero-mean noise, is the best linear unbiased estimate
+(BLUE, Gauss-Markov) of every node, and so has a mean squared error no larger
+than the raw values' at every node. That needs unbiased inputs: pass the noisy
+values as drawn, not clamped at 0. Clamping raises the inputs of small counts
+and with them the estimates, at every level (a country of 200 empty cities at
+noise scales 120, 120 and 60 comes out +225 on average, and outside its ci95
+9% of the time). It is computed in two passes over the tree
 (Hay, Rastogi, Miklau & Suciu, "Boosting the Accuracy of Differentially
 Private Histograms Through Consistency", PVLDB 2010, for uniform fan-out
 and variance; in the general form with any fan-out and per-level variances
@@ -30,12 +34,14 @@ Differentially Private Histograms", PVLDB 2013):
       x_c = z_c + (V_c / S_v) (x_v - s_v).
 
 Nodes without children may sit at any level; they are leaves of the tree.
-Estimates are real numbers and may be negative: rounding or clamping them
-would break the constraint or the unbiasedness, so that is left to the caller.
+Estimates are real numbers and may be negative (an unbiased estimate of a
+count near 0 is below 0 about half the time): rounding or clamping them would
+break the constraint or the unbiasedness, so that is left to the caller.
 
-Privacy: this is post-processing of released values with public inputs (the
-tree of public groups and the noise variances, which depend only on the noise
-scales), so it costs no privacy (Dwork & Roth 2014, Proposition 2.1).
+Privacy: this is post-processing of noisy values (the mechanisms' outputs,
+published as such or not) with public inputs (the tree of public groups and
+the noise variances, which depend only on the noise scales), so it costs no
+privacy (Dwork & Roth 2014, Proposition 2.1).
 """
 
 from __future__ import annotations
@@ -200,7 +206,7 @@ def consistent_estimates(
 ) -> list[NDArray[np.float64]]:
     """Weighted least-squares estimates of every level under the rollup constraint (module docstring).
 
-    :param noisy: per level (coarsest first), the released values.
+    :param noisy: per level (coarsest first), the noisy values as drawn (unbiased: not clamped).
     :param variances: per level, the noise variance (a number, or one per node).
     :param parents: per level ``1..L-1``, the parent index of each node.
     :returns: per level, ``float64`` estimates; every node with children equals

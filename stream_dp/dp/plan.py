@@ -308,10 +308,11 @@ class ReleasePlan:
         # only the kept groups are noised; the others keep placeholders
         kept = None if self.selection is None else np.flatnonzero(keep)
 
-        count = total = mean = mean_ci = None
+        count = total = mean = mean_ci = unclamped = None
         if self.count_noise is not None:
-            # rounding is built in (integer noise); clamping at 0 is post-processing
-            count = np.maximum(self.count_noise.apply(take(counts, kept), noise), 0)
+            # integer noise; clamping at 0 is post-processing (a hierarchy's least squares needs the draw before it)
+            unclamped = self.count_noise.apply(take(counts, kept), noise)
+            count = np.maximum(unclamped, 0)
         if self.sum_noise is not None:
             assert clipped_sums is not None
             total = self.sum_noise.apply(take(clipped_sums, kept), noise)
@@ -333,6 +334,7 @@ class ReleasePlan:
             sum_ci95=None if sa is None else sa.ci95,
             mean_ci95=scatter(mean_ci, kept, keep.size, np.nan),
             loss=self.loss,
+            count_unclamped=scatter(unclamped, kept, keep.size, 0),
         )
 
     def accuracy_at(self, count: int) -> dict[str, float | None]:

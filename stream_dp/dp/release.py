@@ -22,6 +22,11 @@ class NoisyRelease:
     means and mean intervals), not noised, and must not be published: even the
     key of an unselected group is private. Half-widths are for 95% intervals
     ``[value - h, value + h]``.
+
+    ``count`` is clamped at 0; ``count_unclamped`` holds the same draws before
+    the clamp, for post-processing that needs unbiased inputs (the least
+    squares of a hierarchy: clamped inputs would bias every level upwards).
+    It is never published as such.
     """
 
     keep: NDArray[np.bool_]
@@ -34,6 +39,7 @@ class NoisyRelease:
     sum_ci95: float | None
     mean_ci95: NDArray[np.float64] | None
     loss: PrivacyLoss
+    count_unclamped: NDArray[np.int64] | None = None
 
     @property
     def index(self) -> NDArray[np.intp]:

@@ -5,9 +5,17 @@ groups (city level) are rolled up to (country, region) and (country); each
 level's counts and sums get their own noise (``QueryPlan.levels``), and the
 weighted least-squares estimate under "children sum to their parent"
 (``stream_dp.dp.hierarchy``) replaces the noisy values. Consistency is
-post-processing of released values: it costs no privacy. Consistent counts
-are real numbers (a parent's count is the sum of its children's), not
-rounded or clamped.
+post-processing of the levels' noisy values (the mechanisms' outputs): it
+costs no privacy. Consistent counts are real numbers (a parent's count is the
+sum of its children's), not rounded or clamped, and may be negative.
+
+Consistency starts from each level's noisy counts as drawn, before the clamp
+at 0 that a release without hierarchy applies (``NoisyRelease.count_unclamped``):
+least squares is unbiased only from unbiased inputs. With many empty groups
+the clamp raises most inputs, so a parent of empty children would come out far
+above 0 (+225 for a country of 200 empty cities at noise scales 120, 120 and
+60) and outside its ci95 nearly twice as often as stated. Sums are never
+clamped.
 """
 
 from __future__ import annotations
@@ -43,6 +51,12 @@ def _leaves(values: Any, rollup: Rollup, dtype: Any) -> np.ndarray:
     return out
 
 
+def _unclamped_counts(release: Any) -> np.ndarray:
+    if release.count_unclamped is None:
+        raise ValueError("a hierarchy level's release lacks its unclamped counts; nothing is released")
+    return np.asarray(release.count_unclamped, dtype=np.float64)
+
+
 def release_levels(query: Any, window: Any, finest: Any, noise: Any, released_at_ms: int) -> tuple[Any, list[ReleaseEntry]]:
     """The finest level's release made consistent, and one entry for each coarser level."""
     plan = query.plan
@@ -61,14 +75,15 @@ def release_levels(query: Any, window: Any, finest: Any, noise: Any, released_at
     noisy.append(replace(
         finest,
         count=None if finest.count is None else _leaves(finest.count, rollup, np.int64),
+        count_unclamped=None if finest.count is None else _leaves(finest.count_unclamped, rollup, np.int64),
         sum=None if finest.sum is None else _leaves(finest.sum, rollup, np.float64),
     ))
     described = [level_plan.describe() for level_plan in plan.levels]
     consistent_count = consistent_sum = None
     if finest.count is not None:
-        # the released counts are clamped at 0 (post-processing): consistency starts from what was released
+        # from the draws before the clamp at 0 (module docstring)
         consistent_count = consistent_estimates(
-            [np.asarray(n.count, dtype=np.float64) for n in noisy], [n.count_std ** 2 for n in noisy], parents)
+            [_unclamped_counts(n) for n in noisy], [n.count_std ** 2 for n in noisy], parents)
     if finest.sum is not None:
         consistent_sum = consistent_estimates(
             [np.asarray(n.sum, dtype=np.float64) for n in noisy], [n.sum_std ** 2 for n in noisy], parents)
@@ -87,7 +102,7 @@ def release_levels(query: Any, window: Any, finest: Any, noise: Any, released_at
             total = None if total is None else total[leaf]
             mean = None if mean is None else mean[leaf]
             mean_ci = None if mean_ci is None else mean_ci[leaf]
-        out.append(replace(release, count=count, sum=total,
+        out.append(replace(release, count=count, sum=total, count_unclamped=None,
                            mean=mean if mean is not None else release.mean,
                            mean_ci95=mean_ci if mean_ci is not None else release.mean_ci95,
                            keep=finest.keep if level == depth - 1 else release.keep))

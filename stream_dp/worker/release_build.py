@@ -250,8 +250,10 @@ def _quantile_fragments(plan: Any, window: Any, noisy: Any, index: np.ndarray, n
         histogram = dense[index]
     noisy_counts = count_ci = None
     if noisy.count is not None and plan.base is not None:
-        # the count's half-width at the level the quantiles' statement takes it (1 - COUNT_BETA)
-        noisy_counts = np.asarray(noisy.count)[index]
+        # the count's half-width at the level the quantiles' statement takes it (1 - COUNT_BETA). A
+        # hierarchy's consistent count may be below 0: no group holds fewer than 0 values, and the
+        # size bound max(1, count - half-width) is the same either way
+        noisy_counts = np.maximum(np.asarray(noisy.count, dtype=np.float64)[index], 0.0)
         count_ci = plan.base.count_noise.ci_half_width(COUNT_BETA)
     released = quantiles.release(histogram, noise, noisy_counts=noisy_counts, count_ci=count_ci)
     names = [repr(float(q)) if float(q) != int(q) else str(q) for q in released.q]
