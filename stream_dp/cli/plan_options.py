@@ -157,7 +157,9 @@ def option_lines(query, plan, described) -> list[str]:
                      f"{v.loss.epsilon:.4g} at delta {v.loss.delta:.3g} (rho {v.loss.rho:.4g}); {examples}")
     if plan.sample_aggregate is not None:
         sa = plan.sample_aggregate
-        head = (f"sample_aggregate: {sa.function} on each of {sa.blocks} blocks of units (keyed hash), outputs "
+        field = query.aggregations.sample_aggregate.field
+        head = (f"sample_aggregate: {sa.function} of field {field!r} on each of {sa.blocks} blocks of units "
+                f"(keyed hash), outputs "
                 f"clipped to [{sa.lo:g}, {sa.hi:g}] (a failed block counts as {sa.fallback:g}), ")
         if sa.median is not None:
             low, high = sa.median_q_interval()

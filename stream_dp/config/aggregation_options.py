@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from stream_dp.config.durations import parse_duration_ms
 from stream_dp.dp.sample_aggregate import MAX_BLOCKS, check_output_range, parse_function_path
@@ -69,21 +69,13 @@ class SampleAggregateAggregation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     function: str = Field(min_length=3, description="package.module:function, called with a block's values")
-    field: str = Field(min_length=1)
+    # The event field the function is handed; `value`, as in the examples, unless named.
+    field: str = Field("value", min_length=1)
     blocks: int = Field(ge=2, le=MAX_BLOCKS)
     output_range: tuple[float, float]
     timeout_ms: Annotated[int, BeforeValidator(parse_duration_ms)] = Field(1_000, alias="timeout", ge=1, le=60_000)
     aggregate: Literal["mean", "median"] = "mean"
     bins: int = Field(64, ge=1, le=4096, description="aggregate: median only: candidates are the bins + 1 edges")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _names_its_field(cls, data: Any) -> Any:
-        # "is required" alone would not say which values the function is handed
-        if isinstance(data, dict) and "field" not in data:
-            raise ValueError("sample_aggregate needs field: the numeric event field whose values each block's "
-                             "function is called with, e.g. field: value")
-        return data
 
     @field_validator("function")
     @classmethod

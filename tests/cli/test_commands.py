@@ -189,7 +189,7 @@ def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
     assert _number(m.group(3)) / _number(m.group(4)) == pytest.approx(20, rel=0.01)  # entry / mean coordinate = C
 
     # sample-and-aggregate: Laplace scale L0 (hi - lo) / epsilon; the mean's 95% half-width scale ln(20) / blocks
-    m = _one(blocks["sensor_median_temp"], r"sample_aggregate: statistics:median on each of 50 blocks of units "
+    m = _one(blocks["sensor_median_temp"], r"sample_aggregate: statistics:median of field 'temp_c' on each of 50 blocks of units "
                                            r"\(keyed hash\), outputs clipped to \[-20, 50\] \(a failed block counts "
                                            rf"as 15\), laplace noise of scale {NUM} on their sum; the released mean "
                                            rf"over blocks is within ±{NUM} of the blocks' mean at 95%; epsilon 0\.5")

@@ -95,8 +95,6 @@ def _error(data: dict) -> str:
         (lambda d: d["queries"][4].update(mechanism="staircase"), r"hierarchy releases use mechanism: laplace or gaussian"),
         (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(function="statistics"),
          r"package\.module:function"),
-        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].pop("field"),
-         r"sample_aggregate needs field: the numeric event field whose values each block's function"),
         (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(output_range=[5, 5]),
          r"output_range"),
         (lambda d: d["queries"][9].update(mechanism="staircase"), r"sample_aggregate needs mechanism: laplace or gaussian"),
@@ -121,6 +119,14 @@ def test_mistakes_are_explained(example, mutate, expected):
     message = _error(example)
     assert message.startswith("queries.yaml: ")
     assert __import__("re").search(expected, message), message
+
+
+def test_sample_aggregate_as_short_as_function_blocks_and_range_reads_the_value_field(example):
+    query = example["queries"][9]
+    query["aggregations"] = {"sample_aggregate": {"function": "statistics:median", "blocks": 50,
+                                                  "output_range": [-20, 50]}}
+    sa = parse_config(example).query(query["name"]).aggregations.sample_aggregate
+    assert (sa.field, sa.aggregate, sa.timeout_ms) == ("value", "mean", 1000)
 
 
 def test_a_bad_hierarchy_split_is_one_line_not_a_union_branch_per_type(example):
