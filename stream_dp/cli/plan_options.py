@@ -172,8 +172,14 @@ def option_lines(query, plan, described) -> list[str]:
                          f"blocks' mean at 95%; epsilon {sa.loss.epsilon:.4g}")
         options = query.aggregations.sample_aggregate
         public = query.public_group_keys()
-        worst = (f"{worst_case_release_ms(options, len(public)) / 1000:g} s per window ({len(public)} groups)"
-                 if public is not None else f"{worst_case_release_ms(options, 1) / 1000:g} s per released group")
+        cap = options.max_released_groups
+        if public is not None:
+            worst = f"{worst_case_release_ms(options, len(public)) / 1000:g} s per window ({len(public)} groups)"
+        elif cap is not None:
+            worst = (f"{worst_case_release_ms(options, cap) / 1000:g} s per window (at most {cap:,} released "
+                     "groups, max_released_groups: those with the largest noisy counts)")
+        else:  # check-config refuses selected groups without a cap
+            worst = f"{worst_case_release_ms(options, 1) / 1000:g} s per released group"
         lines.append(f"sample_aggregate release time: at worst (every block running out its "
                      f"{options.timeout_ms / 1000:g} s timeout) {worst}; typically 1-3 ms per block")
     if plan.continual is not None:

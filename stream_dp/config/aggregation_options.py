@@ -76,6 +76,10 @@ class SampleAggregateAggregation(BaseModel):
     timeout_ms: Annotated[int, BeforeValidator(parse_duration_ms)] = Field(1_000, alias="timeout", ge=1, le=60_000)
     aggregate: Literal["mean", "median"] = "mean"
     bins: int = Field(64, ge=1, le=4096, description="aggregate: median only: candidates are the bins + 1 edges")
+    # With privately selected groups, a window releases at most this many of the groups selection keeps
+    # (those with the largest noisy counts): it bounds the function's work, which nothing else bounds when
+    # a producer can make up any number of groups. Required then; public groups are bounded by their list.
+    max_released_groups: int | None = Field(None, ge=1, le=1_000_000)
 
     @field_validator("function")
     @classmethod
@@ -93,6 +97,39 @@ class SampleAggregateAggregation(BaseModel):
 def worst_case_release_ms(sa: Any, groups: int) -> int:
     """How long a window's blocks take if every one runs out its timeout (each runs in turn, in the sandbox)."""
     return groups * sa.blocks * sa.timeout_ms
+
+
+def _check_release_time(query: Any, sa: Any, fixes: list[str]) -> None:
+    """The function runs on every released group, so their number must be bounded: by the public list, or
+    with selected groups by ``max_released_groups``; and at worst (every block running out its timeout) a
+    window's release must fit the window, or releases fall further behind with every window."""
+    public = query.public_group_keys()
+    cap = sa.max_released_groups
+    window_ms = query.window.size_ms
+    if public is not None and cap is not None:
+        fixes.append("no max_released_groups with groups.public (every listed group is released; the list bounds "
+                     "the function's work)")
+        return
+    if public is None and cap is None:
+        fits = window_ms // (sa.blocks * sa.timeout_ms)
+        example = (f"e.g. max_released_groups: {fits} fits the {window_ms / 1000:g} s window at {sa.blocks} blocks "
+                   f"x timeout {sa.timeout_ms} ms" if fits else
+                   f"not one group fits the {window_ms / 1000:g} s window at {sa.blocks} blocks x timeout "
+                   f"{sa.timeout_ms} ms: lower timeout or blocks too")
+        fixes.append("max_released_groups with privately selected groups: the most groups a window releases (those "
+                     "with the largest noisy counts), which bounds the function's work: a producer can make up any "
+                     f"number of groups; {example}")
+        return
+    groups = len(public) if public is not None else cap
+    worst_ms = worst_case_release_ms(sa, groups)
+    if worst_ms > window_ms:
+        # Blocks run one after another with a fixed time each (a shared deadline would let one unit's slow
+        # block fail the blocks after it); at worst every block runs out its timeout.
+        what = f"{groups} groups" if public is not None else f"max_released_groups {groups}"
+        lower = "timeout or blocks" if public is not None else "max_released_groups, timeout or blocks"
+        fixes.append(f"a worst-case release time within the window: {what} x {sa.blocks} blocks "
+                     f"x timeout {sa.timeout_ms} ms = {worst_ms / 1000:g} s per window of "
+                     f"{window_ms / 1000:g} s; lower {lower}, or use longer windows")
 
 
 def check_option_query(query: Any) -> None:
@@ -116,15 +153,7 @@ def check_option_query(query: Any) -> None:
             fixes.append("mechanism: laplace with aggregate: median (its exponential mechanism is pure DP)")
         if sa.aggregate == "mean" and "bins" in sa.model_fields_set:
             fixes.append("aggregate: median with bins (the mean has no bins)")
-        public = query.public_group_keys()
-        worst_ms = worst_case_release_ms(sa, len(public)) if public is not None else 0
-        if worst_ms > query.window.size_ms:
-            # Blocks run one after another with a fixed time each (a shared deadline would let one unit's slow
-            # block fail the blocks after it); at worst every block runs out its timeout, and a window's
-            # release must not take longer than the window, or releases fall further behind with every window.
-            fixes.append(f"a worst-case release time within the window: {len(public)} groups x {sa.blocks} blocks "
-                         f"x timeout {sa.timeout_ms} ms = {worst_ms / 1000:g} s per window of "
-                         f"{query.window.size_ms / 1000:g} s; lower timeout or blocks, or use longer windows")
+        _check_release_time(query, sa, fixes)
     if query.continual is not None or query.hierarchy or query.local_dp is not None:
         fixes.append("no continual, hierarchy or local_dp")
     if "count" not in aggregations.names() and query.public_group_keys() is None:

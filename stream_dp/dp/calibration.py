@@ -65,15 +65,25 @@ class CalibratedNoise:
     cost: float
     rounding_cost: float
 
-    def apply(self, values: NDArray[Any], noise: NoiseSource) -> NDArray[Any]:
-        """Noise a vector (``int64`` counts or ``float64`` sums)."""
+    def apply(self, values: NDArray[Any], noise: NoiseSource, *, changed: int | None = None) -> NDArray[Any]:
+        """Noise a vector (``int64`` counts or ``float64`` sums).
+
+        ``changed``: for float vectors, the most coordinates of ``values`` that adding or removing one
+        unit can change. Each coordinate is rounded to the grid and noised on its own, so coordinates
+        on which two neighbouring inputs agree have the same output law and cost nothing: the loss is
+        that of the measurement on the changed coordinates alone, which the certificate for
+        ``max_groups`` coordinates covers when ``changed <= max_groups`` (the map grows with the size),
+        however long ``values`` is. Without ``changed`` the whole vector must fit ``max_groups``.
+        """
         if self.float_grid_k is None:
             return noise.integers(values, kind=self.kind, scale=self.scale)
-        if self.max_groups is not None and values.size > self.max_groups:
+        covered = values.size if changed is None else changed
+        if self.max_groups is not None and covered > self.max_groups:
+            what = (f"the release has {values.size} groups" if changed is None
+                    else f"one unit can change {changed} coordinates of the release")
             raise ValueError(
-                f"the release has {values.size} groups but the sum noise is certified for at most "
-                f"max_groups={self.max_groups}; nothing is released. Rebuild the plan with a larger "
-                "max_groups (it only changes the tiny float-rounding cost)"
+                f"{what} but the sum noise is certified for at most max_groups={self.max_groups}; nothing is "
+                "released. Rebuild the plan with a larger max_groups (it only changes the tiny float-rounding cost)"
             )
         return noise.floats(values, kind=self.kind, scale=self.scale, k=self.float_grid_k)
 

@@ -18,7 +18,10 @@ does -- and the vector of per-group sums by at most ``L0 (hi - lo)`` in l1 and
 ``sqrt(L0) (hi - lo)`` in l2. The function may be randomized: the other
 blocks' outputs keep their distribution, and the bound holds for every
 value of the changed block's. Laplace noise of ``Delta_1 / epsilon`` (or
-Gaussian of ``Delta_2 / sqrt(2 rho)``) on the sums, certified by OpenDP.
+Gaussian of ``Delta_2 / sqrt(2 rho)``) on the sums, certified by OpenDP. Each
+group's sum is rounded to the float grid and noised on its own, so the groups a
+unit does not touch cost nothing: the certificate for ``max_groups`` groups
+covers a window of any number of groups as long as ``L0 <= max_groups``.
 
 The median sees the ``blocks`` outputs of a group as its values, their number
 fixed: a unit replaces one of them, i.e. removes one value and adds one, so
@@ -94,6 +97,8 @@ class SampleAggregatePlan:
     noise: CalibratedNoise | None  # the mean's noise on the sum of outputs; None for the median
     loss: PrivacyLoss
     median: QuantilesPlan | None = None
+    #: Groups one unit can change (L0): what the mean's noise must be certified for. None: every group.
+    changed_groups: int | None = None
 
     @classmethod
     def build(
@@ -110,6 +115,11 @@ class SampleAggregatePlan:
             raise ValueError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
         lo, hi = check_output_range(lo, hi)
         l0 = bounds.max_groups_per_unit
+        if l0 > max_groups:
+            raise ValueError(
+                f"max_groups_per_unit {l0} exceeds max_groups={max_groups}, the groups one unit may change that the "
+                "float rounding is certified for; raise max_groups to at least max_groups_per_unit"
+            )
         if aggregate == "median":
             if kind != "laplace":
                 raise ValueError("aggregate: median draws with the exponential mechanism, which is pure DP: use "
@@ -120,7 +130,7 @@ class SampleAggregatePlan:
         sensitivity = (hi - lo) * (l0 if kind == "laplace" else math.sqrt(l0))
         noise = calibrate_sums(kind, budget, sensitivity, max_groups=max_groups)
         loss = PrivacyLoss.pure(noise.cost) if kind == "laplace" else PrivacyLoss.from_zcdp(noise.cost, delta)
-        return cls(function, blocks, lo, hi, noise, loss)
+        return cls(function, blocks, lo, hi, noise, loss, changed_groups=l0)
 
     @property
     def aggregate(self) -> str:
@@ -152,7 +162,7 @@ class SampleAggregatePlan:
         if self.noise is None:
             raise ValueError("this plan releases a median: use release_rows")
         sums = self._clipped(outputs).sum(axis=1)
-        noisy = self.noise.apply(sums, noise) if len(sums) else sums
+        noisy = self.noise.apply(sums, noise, changed=self.changed_groups) if len(sums) else sums
         return noisy / self.blocks, self.noise.ci_half_width(0.05) / self.blocks
 
     def release_rows(self, outputs: NDArray[np.float64], noise: NoiseSource) -> list[dict[str, Any]]:

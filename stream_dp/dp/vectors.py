@@ -19,7 +19,11 @@ removing it moves the concatenation of every group's feature sum by at most
 ``sqrt(L0)`` times the feature bound in l2. Independent Gaussian noise of
 ``sigma = Delta_2 / sqrt(2 rho)`` on every coordinate is ``rho``-zCDP (Bun &
 Steinke 2016, Proposition 1.6); the noise is OpenDP's, on a float grid, certified
-by :func:`stream_dp.dp.calibration.calibrate_sums`.
+by :func:`stream_dp.dp.calibration.calibrate_sums`. The grid's rounding is
+certified for ``max_groups`` groups' coordinates; since each coordinate is
+rounded and noised on its own, only the ``L0 * width`` coordinates one unit can
+change cost anything, so a window of any number of groups is covered as long as
+``L0 <= max_groups`` (``CalibratedNoise.apply``).
 
 Covariance: the noisy upper triangle, mirrored, is Dwork, Talwar, Thakurta &
 Zhang's "Analyze Gauss" (STOC 2014, Algorithm 1). It is then projected onto the
@@ -135,6 +139,8 @@ class VectorPlan:
     noise: CalibratedNoise
     loss: PrivacyLoss
     sensitivity: float
+    #: Coordinates of the feature sums one unit can change: L0 groups' features. None: every coordinate.
+    changed_coordinates: int | None = None
 
     @classmethod
     def build(
@@ -148,16 +154,24 @@ class VectorPlan:
         spec = FeatureSpec(kind, len(fields), float(clip_norm))  # type: ignore[arg-type]
         if not (math.isfinite(rho) and rho > 0):
             raise ValueError(f"the {kind}'s rho must be positive and finite, got {rho}")
+        if bounds.max_groups_per_unit > max_groups:
+            raise ValueError(
+                f"max_groups_per_unit {bounds.max_groups_per_unit} exceeds max_groups={max_groups}, the groups one "
+                "unit may change that the float rounding is certified for; raise max_groups to at least "
+                "max_groups_per_unit"
+            )
         sensitivity = math.sqrt(bounds.max_groups_per_unit) * spec.norm_bound
         noise = calibrate_sums("gaussian", rho, sensitivity, max_groups=max_groups * spec.width)
-        return cls(spec, fields, noise, PrivacyLoss.from_zcdp(noise.cost, delta), sensitivity)
+        return cls(spec, fields, noise, PrivacyLoss.from_zcdp(noise.cost, delta), sensitivity,
+                   bounds.max_groups_per_unit * spec.width)
 
     @property
     def sigma(self) -> float:
         return self.noise.scale
 
     def noisy(self, sums: NDArray[np.float64], noise: NoiseSource) -> NDArray[np.float64]:
-        """The feature sums ``(groups, width)`` with Gaussian noise on every coordinate."""
+        """The feature sums ``(groups, width)`` with Gaussian noise on every coordinate, for any number of
+        groups (one unit changes at most ``changed_coordinates`` of them: module docstring)."""
         sums = np.asarray(sums, dtype=np.float64)
         if sums.ndim != 2 or sums.shape[1] != self.features.width:
             raise ValueError(
@@ -166,7 +180,7 @@ class VectorPlan:
             )
         if not sums.size:
             return sums.copy()
-        return self.noise.apply(sums.reshape(-1), noise).reshape(sums.shape)
+        return self.noise.apply(sums.reshape(-1), noise, changed=self.changed_coordinates).reshape(sums.shape)
 
     def rows(self, noisy: NDArray[np.float64]) -> list[dict[str, Any]]:
         """One JSON-able block per group: the post-processed statistics of its noisy feature sum."""

@@ -44,8 +44,8 @@ from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.output import publish_release
 from stream_dp.worker.partials_in import PartialsIntake, too_old_to_release
 from stream_dp.worker.records import PartialAggregate
-from stream_dp.worker.release_build import build_release
-from stream_dp.worker.release_entry import decode_entry, encode_entry
+from stream_dp.worker.release_draw import draw_payload
+from stream_dp.worker.release_entry import decode_entry
 from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
@@ -275,20 +275,10 @@ class ReleaseStage:
         if item.payload is None:
             assert window is not None
             previous = await self._tree_state(query, item.window_start_ms) if query.plan.continual is not None else None
-            started = time.perf_counter()
-            # In a thread: a million groups take seconds of noise, and the event loop
-            # must keep both consumers' heartbeats going meanwhile.
-            entry = await asyncio.to_thread(build_release, query, window, self.noise, self.clock_ms(), previous)
-            if query.sandbox is not None:
-                for reason, blocks in query.sandbox.take_failures().items():
-                    self.metrics.sample_aggregate_failures.labels(query.name, reason).inc(blocks)
-                    log.warning("window %s of %s: %d block(s) failed (%s) and count as the output range's midpoint",
-                                item.window_start_ms, query.name, blocks, reason)  # at most once a window
-            self.metrics.noise_seconds.labels(query.name).observe(time.perf_counter() - started)
-            timing.labels(query.name, "noise").observe(time.perf_counter() - started)
-            started = time.perf_counter()
-            item.payload = await asyncio.to_thread(encode_entry, entry) if entry.rows > 50_000 else encode_entry(entry)
-            timing.labels(query.name, "encode").observe(time.perf_counter() - started)
+            payload = await draw_payload(query, window, self.noise, self.metrics, self.clock_ms(), previous)
+            if payload is None:
+                return  # withheld (``release_draw``): dropped, so its partials are committed past
+            item.payload = payload
         started = time.perf_counter()
         stored = await asyncio.to_thread(self.ledger.claim, query.name, item.window_start_ms, item.payload)
         timing.labels(query.name, "ledger").observe(time.perf_counter() - started)

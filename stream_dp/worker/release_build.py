@@ -8,11 +8,13 @@ is stored with the entry (never published), so the next window -- on this
 worker or after a restart on another -- continues from the very noise
 released here.
 
-Pure functions of the window, the plan and the noise source; no I/O.
+Pure functions of the window, the plan and the noise source; no I/O but a log line.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +22,11 @@ import numpy as np
 import orjson
 
 from stream_dp.dp.quantiles import COUNT_BETA
+from stream_dp.windows.histogram import SparseHistogram
 from stream_dp.worker.records import iso_utc, release_id
 from stream_dp.worker.release_entry import ReleaseEntry, build_entry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,8 @@ def build_release(query: Any, window: Any, noise: Any, released_at_ms: int, prev
         # rows only to carry quantiles or vectors; a top_k-only query publishes its list alone
         rows = plan.quantiles is not None or plan.vector is not None or plan.sample_aggregate is not None
         noisy = _Placeholder(keep=np.full(len(window.groups), rows, dtype=bool))
+    if plan.sample_aggregate is not None and base is not None and base.selection is not None:
+        noisy = _cap_released_groups(query, window, noisy)
     extras: list[tuple[bytes, bytes]] = []
     if plan.hierarchy:
         from stream_dp.worker.hierarchy_release import release_levels
@@ -199,35 +206,75 @@ def _local_release(query: Any, window: Any, released_at_ms: int) -> ReleaseEntry
     return ReleaseEntry(**{**entry.__dict__, "row_extra": fragments})
 
 
+def _positions(n_groups: int, index: np.ndarray) -> np.ndarray:
+    """Each of the window's groups' row among the released ones (``index``), -1 for a group left out."""
+    position = np.full(n_groups, -1, dtype=np.int64)
+    position[index] = np.arange(len(index))
+    return position
+
+
+def _cap_released_groups(query: Any, window: Any, noisy: Any) -> Any:
+    """At most ``max_released_groups`` of the groups selection kept: those with the largest noisy counts.
+
+    The user function runs on every released group, and a producer can make up any number of groups that
+    pass selection, so the cap is what bounds the release's work (check-config holds it, times blocks and
+    timeout, within the window). The choice reads only the released noisy counts and the released groups'
+    keys (ties broken by key): post-processing of the release, which costs no privacy.
+    """
+    cap = query.config.aggregations.sample_aggregate.max_released_groups
+    kept = np.flatnonzero(np.asarray(noisy.keep, dtype=bool))
+    if cap is None or len(kept) <= cap:
+        return noisy
+    counts = np.zeros(len(window.groups), dtype=np.int64) if noisy.count is None else np.asarray(noisy.count)
+    ranked = sorted(kept.tolist(), key=lambda i: (-int(counts[i]), orjson.dumps(list(window.groups[i]))))
+    keep = np.zeros(len(window.groups), dtype=bool)
+    keep[ranked[:cap]] = True
+    log.warning("window %s of %s: %d groups passed selection; the %d with the largest noisy counts are released "
+                "(sample_aggregate.max_released_groups), the other %d left out", window.window_start_ms, query.name,
+                len(kept), cap, len(kept) - cap)
+    return dataclasses.replace(noisy, keep=keep)
+
+
 def _vector_fragments(vector: Any, window: Any, index: np.ndarray, noise: Any) -> list[bytes]:
     """``,"mean_vector":{...}`` or ``,"covariance":{...}`` for each released group.
 
-    Every group of the window is noised (one draw per coordinate, whatever is published), then
-    only the released groups' blocks are kept: which groups are released is the count's decision.
+    Only the released groups are noised: which groups are released is the count's decision, taken
+    before. Their number may exceed the plan's ``max_groups``: one unit changes at most
+    ``max_groups_per_unit`` of them, which is what the noise is certified for (``VectorPlan``).
     """
     features = window.features
     if features is None:  # an empty window: every group's sums are zero
-        features = np.zeros((len(window.groups), vector.features.width))
-    noisy = vector.noisy(np.asarray(features, dtype=np.float64), noise)
+        sums = np.zeros((len(index), vector.features.width))
+    else:
+        sums = np.asarray(features, dtype=np.float64)[index]
+    noisy = vector.noisy(sums, noise)
     name = vector.features.kind.encode()
-    return [b',"' + name + b'":' + orjson.dumps(block) for block in vector.rows(noisy[index])]
+    return [b',"' + name + b'":' + orjson.dumps(block) for block in vector.rows(noisy)]
 
 
 def _sample_aggregate_fragments(query: Any, window: Any, index: np.ndarray, noise: Any) -> list[bytes]:
     """``,"sample_aggregate":{...}`` for each released group: the noisy mean (or median) of the blocks' clipped outputs.
 
-    The user function runs in the query's sandbox on every non-empty block of every group, whatever
-    is published; an empty or failed block counts as the output range's midpoint (``SampleAggregatePlan``).
+    The user function runs in the query's sandbox on the non-empty blocks of the released groups only.
+    Which groups are released is decided before it runs (selection reads the noisy distinct-unit counts,
+    never the function's outputs); a block of a group left out would take the release stage's time for
+    nothing, and the time it took would hint at a group that selection exists to hide. An empty or failed
+    block counts as the output range's midpoint (``SampleAggregatePlan``).
     """
     from stream_dp.dp.sample_aggregate import split_blocks
 
     plan = query.plan.sample_aggregate
-    n = len(window.groups)
+    n = len(index)
+    if not n:
+        return []
     blocks = window.blocks
     if blocks is None or not len(blocks):  # an empty (or withheld) window: every block is empty
         cells = [[np.zeros(0)] * plan.blocks for _ in range(n)]
     else:
-        cells = split_blocks(blocks.group, blocks.block, blocks.value, n, plan.blocks)
+        row = _positions(len(window.groups), index)[np.asarray(blocks.group, dtype=np.int64)]
+        inside = row >= 0
+        cells = split_blocks(row[inside], np.asarray(blocks.block)[inside], np.asarray(blocks.value)[inside], n,
+                             plan.blocks)
     # empty blocks are not handed to the function: like failed ones they count as the range's midpoint
     flat = [values for group_blocks in cells for values in group_blocks]
     outputs = np.full(len(flat), np.nan)
@@ -235,19 +282,26 @@ def _sample_aggregate_fragments(query: Any, window: Any, index: np.ndarray, nois
     if filled:
         outputs[filled] = query.sandbox.run([flat[i] for i in filled])
     rows = plan.release_rows(outputs.reshape(n, plan.blocks), noise)
-    return [b',"sample_aggregate":' + orjson.dumps(rows[i]) for i in index.tolist()]
+    return [b',"sample_aggregate":' + orjson.dumps(row) for row in rows]
 
 
 def _quantile_fragments(plan: Any, window: Any, noisy: Any, index: np.ndarray, noise: Any) -> list[bytes]:
-    """``,"quantiles":{...}`` for each released group."""
+    """``,"quantiles":{...}`` for each released group.
+
+    Only the released groups' histograms are taken, sparse, and ``QuantilesPlan.release`` scores them a
+    chunk of rows at a time: the candidates selection drops may be many (a producer can make up groups),
+    and a dense matrix of all of them (groups x bins x 8 bytes) would exhaust the worker's memory.
+    """
     quantiles = plan.quantiles
     histogram = window.histogram
     n = len(window.groups)
     if histogram is None:  # no histogram at all: every group empty
-        histogram = np.zeros((n, quantiles.bins), dtype=np.int64)
-    if len(index) != n:  # only the groups partition selection kept
-        dense = histogram.dense(0, n) if hasattr(histogram, "dense") else np.asarray(histogram)
-        histogram = dense[index]
+        histogram = SparseHistogram.empty(len(index), quantiles.bins)
+    elif len(index) != n:  # only the groups partition selection kept
+        if hasattr(histogram, "take_groups"):
+            histogram = histogram.take_groups(_positions(n, index), len(index))
+        else:
+            histogram = np.asarray(histogram)[index]
     noisy_counts = count_ci = None
     if noisy.count is not None and plan.base is not None:
         # the count's half-width at the level the quantiles' statement takes it (1 - COUNT_BETA). A

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,52 @@ def test_hierarchy_true_gives_every_level_the_same_share(example):
     assert query.name == "visits_by_place" and query.hierarchy_split == pytest.approx([1 / 3] * 3)
     places["hierarchy"] = False
     assert parse_config(example, "queries.yaml").queries[4].hierarchy_split is None
+
+
+def _sample_aggregate_over(example: dict, groups: dict, **options) -> dict:
+    """The example's sample_aggregate query (2 public sites, 50 blocks, timeout 1 s, 1 h windows) over
+    ``groups``, with a count beside it (selected groups come from a count release) and ``options``."""
+    query = example["queries"][9]
+    assert query["name"] == "sensor_median_temp"
+    query["groups"] = groups
+    query["aggregations"] = {"count": {}, "sample_aggregate": {**query["aggregations"]["sample_aggregate"], **options}}
+    return query
+
+
+SELECTED = {"select": {"delta": 1e-6}}
+
+
+@pytest.mark.parametrize(("groups", "options", "expected"), [
+    # nothing else bounds how many groups pass selection: a producer can make up any number
+    (SELECTED, {}, r"sample_aggregate needs max_released_groups with privately selected groups: the most groups a "
+                   r"window releases \(those with the largest noisy counts\), which bounds the function's work: .*; "
+                   r"e\.g\. max_released_groups: 72 fits the 3600 s window at 50 blocks x timeout 1000 ms"),
+    # at worst every block of every released group runs out its timeout, one after another
+    (SELECTED, {"max_released_groups": 73},
+     r"sample_aggregate needs a worst-case release time within the window: max_released_groups 73 x 50 blocks x "
+     r"timeout 1000 ms = 3650 s per window of 3600 s; lower max_released_groups, timeout or blocks, or use longer"),
+    ({"public": ["north", "south"]}, {"max_released_groups": 2},
+     r"sample_aggregate needs no max_released_groups with groups\.public \(every listed group is released"),
+])
+def test_a_sample_aggregate_over_selected_groups_needs_a_cap_its_worst_case_fits(example, groups, options, expected):
+    _sample_aggregate_over(example, groups, **options)
+    message = _error(example)
+    assert re.search(r"queries\[9\] \(sensor_median_temp\): " + expected, message), message
+
+
+def test_check_config_and_plan_state_the_worst_case_of_a_capped_selection(example, tmp_path, capsys):
+    from stream_dp.cli.main import main
+
+    query = _sample_aggregate_over(example, SELECTED, max_released_groups=73)
+    path = tmp_path / "queries.yaml"
+    path.write_text(yaml.safe_dump(example))
+    assert main(["check-config", str(path)]) == 1
+    assert "max_released_groups 73 x 50 blocks x timeout 1000 ms = 3650 s" in capsys.readouterr().err
+    query["aggregations"]["sample_aggregate"]["max_released_groups"] = 72
+    path.write_text(yaml.safe_dump(example))
+    assert main(["check-config", str(path)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["plan", str(path)]) == 0
+    assert ("sample_aggregate release time: at worst (every block running out its 1 s timeout) 3600 s per window "
+            "(at most 72 released groups, max_released_groups: those with the largest noisy counts)"
+            in capsys.readouterr().out)

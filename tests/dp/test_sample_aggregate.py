@@ -160,6 +160,21 @@ def test_bad_plans_say_how_to_fix_them(kwargs, message):
         _plan(**kwargs)
 
 
+@pytest.mark.parametrize("kind", ["laplace", "gaussian"])
+def test_a_window_of_more_groups_than_max_groups_is_noised(kind):
+    """A unit changes one block output in each of at most ``max_groups_per_unit`` groups, and each group's
+    sum is rounded and noised on its own: the certificate for ``max_groups`` groups covers a window of
+    ``max_groups + 1``, which used to be refused (and failed again on every retry)."""
+    build = dict(function="statistics:median", blocks=4, lo=0.0, hi=10.0, kind=kind, budget=0.5,
+                 delta=1e-6 if kind == "gaussian" else 0.0, max_groups=3)
+    plan = SampleAggregatePlan.build(**build, bounds=ContributionBounds(2, 5))
+    assert plan.changed_groups == 2 <= plan.noise.max_groups == 3
+    means, _ = plan.release(np.full((4, 4), 5.0), OpenDPNoise())
+    assert means.shape == (4,) and np.isfinite(means).all()
+    with pytest.raises(ValueError, match="raise max_groups to at least max_groups_per_unit"):
+        SampleAggregatePlan.build(**build, bounds=ContributionBounds(4, 5))
+
+
 def _median_plan(epsilon: float, bins: int, blocks: int, groups: int = 1) -> SampleAggregatePlan:
     return SampleAggregatePlan.build(function="statistics:median", blocks=blocks, lo=0.0, hi=10.0, kind="laplace",
                                      budget=epsilon, delta=0.0, bounds=ContributionBounds(groups, 5),

@@ -149,6 +149,24 @@ def test_bad_plans_say_how_to_fix_them():
         _plan("mean_vector").noisy(np.zeros((2, 3)), OpenDPNoise())
 
 
+@pytest.mark.parametrize("kind", ["mean_vector", "covariance"])
+def test_a_window_of_more_groups_than_max_groups_is_noised(kind):
+    """``max_groups`` is what the float rounding is certified for, and only the coordinates one unit can
+    change cost anything (each is rounded and noised on its own): a window of ``max_groups + 1`` groups is
+    noised, where it used to be refused -- and the refused window failed again on every retry."""
+    bounds = ContributionBounds(2, 1)
+    plan = VectorPlan.build(kind=kind, fields=("a", "b"), clip_norm=1.0, rho=0.5, delta=1e-6, bounds=bounds,
+                            max_groups=3)
+    width = plan.features.width
+    assert plan.changed_coordinates == 2 * width <= plan.noise.max_groups == 3 * width
+    noisy = plan.noisy(np.zeros((4, width)), OpenDPNoise())
+    assert noisy.shape == (4, width) and np.isfinite(noisy).all()
+    # what one unit can change must fit the certificate
+    with pytest.raises(ValueError, match="raise max_groups to at least max_groups_per_unit"):
+        VectorPlan.build(kind=kind, fields=("a", "b"), clip_norm=1.0, rho=0.5, delta=1e-6,
+                         bounds=ContributionBounds(4, 1), max_groups=3)
+
+
 def test_feature_layout_is_the_upper_triangle_of_the_augmented_outer_product():
     spec = FeatureSpec("covariance", 2, 10.0)
     (row,) = spec.of_means(np.array([[2.0, 3.0]]))
