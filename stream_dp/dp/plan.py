@@ -194,7 +194,7 @@ class ReleasePlan:
         :param selection_delta: ``None`` for public group keys; else the delta of
             partition selection, added to the release's delta.
         :param budget_split: optional weights per component (module docstring).
-        :param max_groups: most groups in one release (certifies float rounding).
+        :param max_groups: most sums one unit can change (certifies float rounding; at least max_groups_per_unit).
         :param float_grid_k: grid exponent for float noise; ``None`` chooses it.
         """
         if mechanism not in MECHANISMS:
@@ -256,6 +256,9 @@ class ReleasePlan:
                 max_groups=max_groups,
                 k=float_grid_k,
             )
+            if bounds.max_groups_per_unit > max_groups:
+                raise ValueError(f"max_groups={max_groups} certifies fewer sums than the {bounds.max_groups_per_unit} "
+                                 "one unit may change (max_groups_per_unit); raise max_groups")
         noise_cost = sum(n.cost for n in (count_noise, sum_noise) if n is not None)
         loss = PrivacyLoss.pure(noise_cost) if kind == "laplace" else PrivacyLoss.from_zcdp(noise_cost, delta)
         if selection is not None:
@@ -315,7 +318,9 @@ class ReleasePlan:
             count = np.maximum(unclamped, 0)
         if self.sum_noise is not None:
             assert clipped_sums is not None
-            total = self.sum_noise.apply(take(clipped_sums, kept), noise)
+            # one unit changes at most max_groups_per_unit sums: the float noise's certificate covers that
+            # many coordinates, however many groups the window has
+            total = self.sum_noise.apply(take(clipped_sums, kept), noise, changed=self.bounds.max_groups_per_unit)
         if "mean" in self.aggregations:
             assert count is not None and total is not None and self.clip is not None
             assert self._count_accuracy is not None and self._sum_accuracy is not None

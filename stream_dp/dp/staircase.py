@@ -310,8 +310,11 @@ class CalibratedStaircase:
     def ci_half_width(self, alpha: float = 0.05) -> float:
         return self.law.ci_half_width(alpha)
 
-    def apply(self, values: NDArray[Any], noise: Any) -> NDArray[Any]:
-        """Noise a vector (``int64`` counts or ``float64`` sums) with words from ``noise.words``."""
+    def apply(self, values: NDArray[Any], noise: Any, *, changed: int | None = None) -> NDArray[Any]:
+        """Noise a vector (``int64`` counts or ``float64`` sums) with words from ``noise.words``.
+
+        ``changed`` is accepted as ``CalibratedNoise.apply`` takes it; the staircase's law is exact on its
+        grid, so its cost does not depend on how many values are noised."""
         from stream_dp.dp.vectorised_noise import add_grid_noise, add_integer_noise
 
         values = np.asarray(values)

@@ -246,10 +246,17 @@ def test_selection_needs_distinct_units() -> None:
     assert recorder.calls == []
 
 
-def test_more_groups_than_certified_is_refused(noise: OpenDPNoise) -> None:
+def test_a_window_of_more_groups_than_one_unit_changes_is_certified_however_many(noise: OpenDPNoise) -> None:
+    # The float noise's certificate is for the coordinates one unit changes (max_groups_per_unit), not
+    # the window's length: a window of more groups than max_groups is released, not refused.
     counts, sums, _ = window(groups=20)
-    with pytest.raises(ValueError, match="max_groups=10"):
-        plan(max_groups=10).release(counts, sums, None, noise)
+    released = plan(max_groups=10).release(counts, sums, None, noise)
+    assert released.sum.shape == (20,) and np.isfinite(released.sum).all()
+
+
+def test_a_unit_changing_more_sums_than_certified_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_groups"):
+        plan(bounds=ContributionBounds(20, 2), max_groups=10)
 
 
 def test_threaded_noise_gives_the_same_shapes(threaded_noise: OpenDPNoise) -> None:
