@@ -32,6 +32,7 @@ from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows.histogram import SparseHistogram
 from stream_dp.windows.partial import BlockValues
 from stream_dp.worker import release as release_module
+from stream_dp.worker import release_draw
 from stream_dp.worker.app import build_runtimes
 from stream_dp.worker.combiner import CombinedWindow
 from stream_dp.worker.ledger import MemoryReleaseLedger
@@ -182,16 +183,28 @@ def test_the_release_stage_publishes_a_window_of_more_groups_than_max_groups(mon
     assert {r["group"]["page"] for r in published} == {"p0", "p1", "p2"}
 
 
-def test_a_window_whose_release_cannot_be_built_is_withheld_not_retried_on_every_restart(monkeypatch, caplog):
-    """A release that cannot be built fails the same way on every retry, and after a restart the window's
-    partials are replayed and it fails again: the worker used to exit, every time. Here the sums of more
-    kept groups than their plan's max_groups (``ReleasePlan``, which noises every kept group's sum in one
-    vector): the window is withheld -- counted, logged, nothing stored or published -- and the stage goes on."""
+def test_sums_of_more_kept_groups_than_max_groups_are_released():
+    # ReleasePlan noises every kept group's sum in one vector; its certificate covers the sums one unit changes
     runtime = _with_max_groups(_runtime({"count": {}, "sum": {"field": "value", "clip": [0, 1]}}), MAX_GROUPS)
     units = [KEPT_UNITS] * (MAX_GROUPS + 1)  # every group passes selection
     window = _window(units, sum=np.full(len(units), 10.0))
-    with pytest.raises(ValueError, match="max_groups"):  # the failure itself
-        build_release(runtime, window, OpenDPNoise(), 130_000)
+    records = [orjson.loads(v) for _, v in build_release(runtime, window, OpenDPNoise(), 130_000).render()]
+    assert len(records) == MAX_GROUPS + 1 and all(np.isfinite(r["sum"]) for r in records)
+
+
+def test_a_window_whose_release_cannot_be_built_is_withheld_not_retried_on_every_restart(monkeypatch, caplog):
+    """A release that cannot be built fails the same way on every retry, and after a restart the window's
+    partials are replayed and it fails again: the worker used to exit, every time (a window of more groups
+    than a plan's max_groups did). Here building raises: the window is withheld -- counted, logged, nothing
+    stored or published -- and the stage goes on."""
+    runtime = _runtime({"count": {}, "sum": {"field": "value", "clip": [0, 1]}})
+    units = [KEPT_UNITS] * (MAX_GROUPS + 1)
+    window = _window(units, sum=np.full(len(units), 10.0))
+
+    def cannot_be_built(*_args: Any, **_kwargs: Any) -> None:
+        raise ValueError("the release cannot be built from these partials")
+
+    monkeypatch.setattr(release_draw, "build_release", cannot_be_built)
     stage, ledger, registry, published = _stage(runtime, monkeypatch)
     stage._unpublished.append(_Unpublished(runtime, START, END, window=window, sources=[(0, 7)]))
     with caplog.at_level(logging.ERROR, logger="stream_dp.worker.release_draw"):
