@@ -9,10 +9,19 @@ window: records then say so in ``continual.tree_restarted_ms``, and the
 loss stays the period's (a unit still counts in at most
 ``max_windows_per_unit`` windows of the period, and the restarted tree has no
 more levels).
+
+The stored state names the settings it was made under
+(:func:`stream_dp.worker.periods.settings_fingerprint`). Under other settings
+-- another epsilon, W, window grid, list or order of public groups, ... -- the
+period is a new one, as it is for charging: the tree restarts at this window
+and ``tree_restarted_ms`` says so. Continuing it would add the new windows to
+p-sums of other groups under the same labels, or to noise calibrated for
+another W and epsilon; a group list of another length would not even fit.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +29,11 @@ import numpy as np
 import orjson
 
 from stream_dp.dp.continual import TreeState
+from stream_dp.worker.periods import settings_fingerprint
 from stream_dp.worker.records import iso_utc
 from stream_dp.worker.release_entry import ReleaseEntry, build_entry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,14 +58,36 @@ def period_of(query: Any, window_start_ms: int) -> tuple[int, int]:
     return start, (window_start_ms - start) // query.config.window.size_ms + 1
 
 
+def _resumed(query: Any, window: Any, previous: Any, settings: str, period_start: int) -> tuple[Any, Any] | None:
+    """(tree state, restarted_ms) to continue from ``previous``, or None when the tree must restart here."""
+    if previous is None:
+        return None
+    fields, arrays = previous
+    plan = query.plan.continual
+    if fields.get("settings") == settings:
+        state = TreeState.from_columns(fields["tree"], arrays)
+        # Equal settings make equal groups and components; a state that fits no longer is restarted, not fed
+        # to the plan (which refuses it, and would refuse it again after every restart of the worker).
+        components = {c for c, noise in (("count", plan.count_noise), ("sum", plan.sum_noise)) if noise is not None}
+        if state.n_groups == len(window.groups) and state.components() == components:
+            return state, fields.get("restarted_ms")
+    log.warning(
+        "continual settings of query %s changed within the period starting at %d (stored %s, now %s): a new "
+        "running total starts at window %d, and units are charged the period again at their next window",
+        query.name, period_start, fields.get("settings"), settings, window.window_start_ms,
+    )
+    return None
+
+
 def build_continual(query: Any, window: Any, noise: Any, released_at_ms: int, previous: Any) -> ReleaseEntry:
     plan = query.plan.continual
+    settings = settings_fingerprint(query)
     period_start, index = period_of(query, window.window_start_ms)
-    if previous is None:
+    resumed = _resumed(query, window, previous, settings, period_start)
+    if resumed is None:
         state, restarted_ms = None, (window.window_start_ms if index > 1 else None)
     else:
-        fields, arrays = previous
-        state, restarted_ms = TreeState.from_columns(fields["tree"], arrays), fields.get("restarted_ms")
+        state, restarted_ms = resumed
     step = 1 if state is None else state.t + 1
     counts = np.asarray(window.count, dtype=np.int64)
     sums = None if window.sum is None else np.asarray(window.sum, dtype=np.float64)
@@ -72,4 +106,5 @@ def build_continual(query: Any, window: Any, noise: Any, released_at_ms: int, pr
     }
     entry = build_entry(query, window, running, released_at_ms, extra_prefix=b',"continual":' + orjson.dumps(block))
     tree_fields, arrays = state.to_columns()
-    return ReleaseEntry(**{**entry.__dict__, "state": ({"tree": tree_fields, "restarted_ms": restarted_ms}, arrays)})
+    stored = {"tree": tree_fields, "restarted_ms": restarted_ms, "settings": settings}
+    return ReleaseEntry(**{**entry.__dict__, "state": (stored, arrays)})

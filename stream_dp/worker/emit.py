@@ -24,7 +24,7 @@ from stream_dp.worker.charging import WindowCharge, charge_id, charge_in_order, 
 from stream_dp.worker.consumed import alert_json
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.partials_out import PartialsOut, partial_message
-from stream_dp.worker.periods import PeriodRegister, PeriodWindow
+from stream_dp.worker.periods import PeriodRegister, PeriodWindow, settings_fingerprint
 from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
@@ -157,10 +157,13 @@ def window_charge(query: QueryRuntime, partial: Any) -> WindowCharge:
     """What charging ``partial`` (a ``WindowPartial`` of ``query``) needs; a continual query's window counts in
     its period."""
     period = None
+    cid = charge_id(query.name, partial.window_start_ms, partial.partition)
     continual = query.continual
     if continual is not None:
-        start = partial.window_start_ms
+        start, settings = partial.window_start_ms, settings_fingerprint(query)
         period = PeriodWindow(query.name, partial.partition, continual.period_start(start), continual.period_end(start),
-                              continual.window_index(start), continual.max_windows_per_unit)
-    return WindowCharge(charge_id(query.name, partial.window_start_ms, partial.partition), query.namespace,
-                        query.cost, query.delta, partial.window_end_ms, partial.units, period)
+                              continual.window_index(start), continual.max_windows_per_unit, settings)
+        # The same window charged under other settings is another charge: the store must not answer it with
+        # the old charge's outcome (nor refuse it as a conflicting replay), nor the journal with the old lists.
+        cid = f"{cid}/{settings}"
+    return WindowCharge(cid, query.namespace, query.cost, query.delta, partial.window_end_ms, partial.units, period)

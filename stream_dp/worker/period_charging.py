@@ -1,6 +1,9 @@
 """Charging a window of a continual query: the period's loss once per unit, and at most W windows per period.
 
-For a window ``w`` (charge id ``c``) of a period, on partition ``p``:
+For a window ``w`` (charge id ``c``) of a period, on partition ``p`` -- a
+period of the query's current settings: ``c`` and the register's key both
+name their fingerprint (:func:`stream_dp.worker.periods.settings_fingerprint`),
+so nothing charged or registered under other settings counts here:
 
 1. journal the window's unit list under ``c`` (as every window's, see
    :mod:`stream_dp.worker.charging`);

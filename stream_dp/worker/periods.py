@@ -3,8 +3,8 @@
 A continual query charges a unit the loss of a whole period once, at the
 first window of the period it contributes to, and the tree mechanism is
 calibrated for a unit in at most ``max_windows`` windows of a period. The
-register keeps, per (query, period, input partition), each unit's windows of
-the period, so a window's units sort into:
+register keeps, per (query, period, input partition, settings), each unit's
+windows of the period, so a window's units sort into:
 
 * ``FIRST``: no window registered -- to be charged the period's loss now;
 * ``MORE``: fewer than ``max_windows`` registered, not this one -- already
@@ -34,13 +34,22 @@ unit would let it into one window more than paid for, so the Redis register
 waits for replicas like the charges do (``wait``), and its Redis must keep
 what it acknowledged (see :mod:`stream_dp.budget`).
 
+Why the key names the settings: a unit's payment covers the period's tree
+under the settings it was charged for (its epsilon, W, window grid, groups,
+...). Under other settings the old registrations say nothing -- a unit paid
+for W = 1 at epsilon 1 is not paid for W = 4 at epsilon 4, and window 3 of a
+grid of 2-minute windows is not window 3 of one of 1-minute windows -- so the
+key holds ``settings_fingerprint`` of the query, and a change makes a new
+period in which every unit is ``FIRST`` again: charged again at its next
+window even if it paid under the old settings (too much, never too little).
+
 Lifetime: a period's key expires ``StoreOptions.record_ttl_ms`` after the
 period ends (its max delay and lead, plus a second) -- the time until which a
 charge of its last window can still be accepted. Past it, every unit looks
 ``FIRST`` again, and the budget store refuses such late charges as out of
 range: nothing is admitted on a forgotten register.
 
-Memory: one hash field per unit per (query, period, partition): the unit id
+Memory: one hash field per unit per (query, period, partition, settings): the unit id
 and 4 bytes per registered window (at most ``max_windows``), in Redis about
 ``45 + len(unit id) + 4 * windows`` bytes (hash table entry and two strings;
 measured 58 bytes a unit for 13-byte ids in one window, 82 in four), kept for
@@ -49,15 +58,17 @@ the period and the store's max delay after it.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
+import orjson
 import redis
 
 from stream_dp.budget import StoreOptions
@@ -67,6 +78,47 @@ from stream_dp.worker.ledger import LedgerUnavailable
 
 WINDOW_BYTES = 4
 DEFAULT_UNITS_PER_CALL = 10_000
+
+
+# What a continual period's charge and tree depend on, besides the charge itself (cost, delta, namespace)
+# and the period's grid: the fields of the query's configuration. Others -- topics, timeouts, the
+# timestamp's format -- change neither what a unit pays nor what the tree adds up.
+_CONFIG_FIELDS: dict[str, Any] = {
+    "epsilon": True, "delta": True, "mechanism": True, "privacy_unit": True, "bounds": True,
+    "window": {"size_ms", "offset_ms"}, "continual": True, "group_by": True, "groups": True, "aggregations": True,
+}
+_FINGERPRINT = "_continual_settings_fingerprint"  # where a runtime keeps its fingerprint once computed
+
+
+def continual_settings(query: Any) -> dict[str, Any]:
+    """Every setting a continual query's period charge and tree depend on, as plain JSON values.
+
+    ``query`` is a ``QueryRuntime``; a stand-in that carries only what a charge reads (no ``config``)
+    is described by its charge alone.
+    """
+    continual = query.continual
+    settings: dict[str, Any] = {
+        "namespace": query.namespace, "cost": query.cost, "delta": query.delta,
+        "period_ms": continual.period_ms, "offset_ms": continual.offset_ms,
+        "window_size_ms": continual.window_size_ms, "max_windows_per_unit": continual.max_windows_per_unit,
+    }
+    config = getattr(query, "config", None)
+    if config is not None:
+        # Lists keep their order (the public groups' order labels the tree's totals); no sets in here.
+        settings["config"] = config.model_dump(mode="json", include=_CONFIG_FIELDS)
+    return settings
+
+
+def settings_fingerprint(query: Any) -> str:
+    """A digest of ``continual_settings(query)``: equal for equal settings, in every process and run.
+
+    Computed once per runtime: the public groups may number a million.
+    """
+    cached = vars(query).get(_FINGERPRINT)
+    if cached is None:
+        canonical = orjson.dumps(continual_settings(query), option=orjson.OPT_SORT_KEYS)
+        cached = vars(query)[_FINGERPRINT] = hashlib.blake2b(canonical, digest_size=8).hexdigest()
+    return cached
 
 
 class Participation(IntEnum):
@@ -91,8 +143,11 @@ class PeriodWindow:
     period_end_ms: int
     index: int  # the window's place in its period, from 1
     max_windows: int  # per unit and period
+    settings: str  # ``settings_fingerprint`` of the query: the period's charge holds for these settings only
 
     def __post_init__(self) -> None:
+        if not self.settings.isalnum():  # it goes into a Redis key, inside its hash tag
+            raise ValueError(f"settings must be a non-empty fingerprint of letters and digits, got {self.settings!r}")
         if not 1 <= self.index <= (1 << 8 * WINDOW_BYTES) - 1:
             raise ValueError(f"window index {self.index} is out of range; windows of a period count from 1")
         if self.max_windows < 1:
@@ -173,7 +228,7 @@ def _decode_codes(reply: bytes, count: int) -> np.ndarray:
 
 
 class RedisPeriodRegister:
-    """The register on one Redis or a Redis Cluster: one hash per (query, period, partition), its own slot.
+    """The register on one Redis or a Redis Cluster: one hash per (query, period, partition, settings), its own slot.
 
     ``options``: the budget store's (``StoreOptions``), whose delays set how long a
     period is kept. ``wait``: replicas that must hold a registration before it counts
@@ -196,7 +251,7 @@ class RedisPeriodRegister:
         self._script = client.register_script(_REGISTER)
 
     def key(self, window: PeriodWindow) -> str:
-        return f"{self._prefix}:{{{window.query}/{window.period_start_ms}/{window.partition}}}"
+        return f"{self._prefix}:{{{window.query}/{window.period_start_ms}/{window.partition}/{window.settings}}}"
 
     def classify(self, window: PeriodWindow, units: Sequence[str]) -> np.ndarray:
         key, listed = self.key(window), [encode_unit(u) for u in units]
@@ -233,8 +288,8 @@ class MemoryPeriodRegister:
     def __init__(self, options: StoreOptions | None = None, *, clock_ms: Callable[[], int] | None = None) -> None:
         self._keep_ms = (options or StoreOptions()).record_ttl_ms
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
-        self._periods: dict[tuple[str, int, int], dict[str, bytes]] = {}
-        self._expiry: list[tuple[int, tuple[str, int, int]]] = []
+        self._periods: dict[tuple[str, int, int, str], dict[str, bytes]] = {}
+        self._expiry: list[tuple[int, tuple[str, int, int, str]]] = []
         self._lock = threading.Lock()
 
     def _period(self, window: PeriodWindow, create: bool) -> dict[str, bytes]:
@@ -243,7 +298,7 @@ class MemoryPeriodRegister:
         while self._expiry and self._expiry[0][0] <= now:
             _, gone = heapq.heappop(self._expiry)
             self._periods.pop(gone, None)
-        key = (window.query, window.period_start_ms, window.partition)
+        key = (window.query, window.period_start_ms, window.partition, window.settings)
         expires = window.period_end_ms + self._keep_ms
         if key not in self._periods and create and expires > now:
             self._periods[key] = {}

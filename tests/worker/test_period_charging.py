@@ -31,14 +31,15 @@ backends = backends_fixture(["memory", "redis", "redis-cluster"])
 two_backends = backends_fixture(["memory", "redis"])
 
 
-def continual_query(name: str = "q", w: int = W) -> SimpleNamespace:
+def continual_query(name: str = "q", w: int = W, *, cost: float = COST, window_ms: int = WINDOW_MS) -> SimpleNamespace:
     """What ``window_charge`` reads of a QueryRuntime."""
-    return SimpleNamespace(name=name, namespace="users", cost=COST, delta=0.0,
-                           continual=ContinualCharging(PERIOD_MS, 0, WINDOW_MS, w))
+    return SimpleNamespace(name=name, namespace="users", cost=cost, delta=0.0,
+                           continual=ContinualCharging(PERIOD_MS, 0, window_ms, w))
 
 
 def window(query: SimpleNamespace, start_ms: int, units: list[str], partition: int = 0) -> WindowCharge:
-    partial = SimpleNamespace(window_start_ms=start_ms, window_end_ms=start_ms + WINDOW_MS, partition=partition,
+    size = query.continual.window_size_ms
+    partial = SimpleNamespace(window_start_ms=start_ms, window_end_ms=start_ms + size, partition=partition,
                               units=units)
     return window_charge(query, partial)
 
@@ -93,6 +94,65 @@ def classes(values: np.ndarray) -> list[Participation]:
     return [Participation(int(v)) for v in values]
 
 
+# -- settings changed within a period ---------------------------------------------------------
+# A period's charge paid for the settings it was made under: other settings (here W, the cost and the
+# window size; tests/worker/test_continual_settings.py covers every setting) make a new period.
+
+
+def test_a_unit_charged_under_other_settings_is_charged_again_at_its_next_window(backends):
+    b, now = backends.make(), backends.clock.now_ms
+    start = period_start(now, 3)
+    before, after = continual_query(w=1, cost=1.0), continual_query(w=4, cost=4.0)
+    (first,) = charge_in_order(b.journal, b.budget, [window(before, start, ["u"])], b.periods)
+    assert admitted(first) == frozenset({"u"}) and spent(b, "u", now) == 1.0
+    # Restarted with epsilon 4 and W = 4 in the same period: paid for W = 1 at epsilon 1, "u" pays again, and
+    # its 4 windows count from here.
+    results = charge_in_order(b.journal, b.budget, [window(after, start + i * WINDOW_MS, ["u"]) for i in range(1, 6)],
+                              b.periods)
+    assert [admitted(r) for r in results] == [frozenset({"u"})] * 4 + [frozenset()]
+    assert [r.over_cap for r in results] == [0] * 4 + [1]
+    assert spent(b, "u", now) == 1.0 + 4.0
+
+
+def test_a_window_charged_under_other_settings_is_a_new_charge_not_a_replay(backends):
+    b, now = backends.make(), backends.clock.now_ms
+    start = period_start(now, 3)
+    before, after = continual_query(w=1, cost=1.0), continual_query(w=4, cost=4.0)
+    charge_in_order(b.journal, b.budget, [window(before, start, ["u"])], b.periods)
+    # The same window again (its input replayed after the restart): the store must neither refuse the new
+    # charge as a conflicting replay of the old one nor answer it with the old one's outcome.
+    (again,) = charge_in_order(b.journal, b.budget, [window(after, start, ["u"])], b.periods)
+    assert window(after, start, []).charge_id != window(before, start, []).charge_id
+    assert admitted(again) == frozenset({"u"})
+    assert spent(b, "u", now) == 1.0 + 4.0
+
+
+def test_another_window_size_is_another_grid_not_a_replay(backends):
+    b, now = backends.make(), backends.clock.now_ms
+    start = period_start(now, 3)
+    minutes, two_minutes = continual_query(w=1), continual_query(w=1, window_ms=2 * WINDOW_MS)
+    charge_in_order(b.journal, b.budget, [window(minutes, start + 2 * WINDOW_MS, ["u"])], b.periods)  # window 3
+    later = window(two_minutes, start + 4 * WINDOW_MS, ["u"])
+    assert later.continual.index == 3  # the same number, another stretch of time
+    assert classes(b.periods.classify(later.continual, ["u"])) == [Participation.FIRST]
+    (charged, full) = charge_in_order(b.journal, b.budget, [later, window(two_minutes, start + 6 * WINDOW_MS, ["u"])],
+                                      b.periods)
+    assert admitted(charged) == frozenset({"u"}) and admitted(full) == frozenset() and full.over_cap == 1
+    assert spent(b, "u", now) == 2 * COST
+
+
+def test_the_same_settings_after_a_restart_charge_nothing_again(backends):
+    b, now = backends.make(), backends.clock.now_ms
+    start = period_start(now, 3)
+    charge_in_order(b.journal, b.budget, [window(continual_query(), start, ["u", "v"])], b.periods)
+    restarted = continual_query()  # built afresh from the same settings
+    results = charge_in_order(b.journal, b.budget, [window(restarted, start, ["u", "v"]),  # a replay
+                                                    window(restarted, start + WINDOW_MS, ["u"]),
+                                                    window(restarted, start + 2 * WINDOW_MS, ["u"])], b.periods)
+    assert [admitted(r) for r in results] == [frozenset({"u", "v"}), frozenset({"u"}), frozenset()]
+    assert (spent(b, "u", now), spent(b, "v", now)) == (COST, COST)
+
+
 # -- crashes ---------------------------------------------------------------------------------
 
 STEPS = ("journal", "classify", "first-journal", "charge", "register")
@@ -144,7 +204,8 @@ class FlakyRegister:
         self.charge_ids: dict[tuple, str] = {}
 
     def _call(self, step, window, units, run):
-        cid = f"{window.query}/{window.period_start_ms + (window.index - 1) * WINDOW_MS}/{window.partition}"
+        start = window.period_start_ms + (window.index - 1) * WINDOW_MS
+        cid = f"{window.query}/{start}/{window.partition}/{window.settings}"
         self.faults.at(step, "before", cid, LedgerUnavailable(f"{step} down (test)"))
         out = run(window, units)
         self.faults.at(step, "after", cid, LedgerUnavailable(f"{step} reply lost (test)"))

@@ -33,7 +33,7 @@ W = 2
 backends = backends_fixture(["redis", "redis-cluster"])
 
 
-def continual_runtime(w: int = W):
+def visits_runtime(**options):
     config = parse_config({
         "namespaces": {"users": {"budgets": [{"horizon": "1d", "epsilon": 10.0}]}},
         "queries": [{
@@ -41,10 +41,15 @@ def continual_runtime(w: int = W):
             "privacy_unit": {"namespace": "users", "field": "user_id"}, "timestamp_field": "ts",
             "window": {"size": "1m"}, "group_by": ["page"], "groups": {"public": ["a", "b"]},
             "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 3}, "aggregations": {"count": {}},
-            "epsilon": 1.0,
+            "epsilon": 1.0, **options,
         }],
     })
     (runtime,) = build_runtimes(config, secret=b"k" * 32, clock_ms=lambda: 0)
+    return runtime
+
+
+def continual_runtime(w: int = W):
+    runtime = visits_runtime()
     # The configuration's continual block is turned into these by the worker's builder; here by hand.
     return dataclasses.replace(runtime, cost=COST, continual=ContinualCharging(PERIOD_MS, 0, WINDOW_MS, w))
 
@@ -167,3 +172,26 @@ def test_a_backlog_is_charged_in_bounded_rounds_and_a_window_closing_meanwhile_g
     starts = [m.window_start_ms for m in published.partials]
     assert sorted(starts) == sorted(p.window_start_ms for p in [*backlog, earlier])  # each once
     assert starts[:MAX_WINDOWS_PER_ROUND] == [p.window_start_ms for p in backlog[:MAX_WINDOWS_PER_ROUND]]
+
+
+def test_a_query_restarted_with_other_settings_charges_its_units_again(backends):
+    """Charged at epsilon 1 for W = 1, then restarted with epsilon 4 and W = 4 within the period: the unit pays
+    the new period's loss at its next window and counts in 4 windows from there."""
+    b, now = backends.make(), backends.clock.now_ms
+    first = now // PERIOD_MS * PERIOD_MS - 2 * PERIOD_MS
+    before = visits_runtime(continual={"period": "10m", "max_windows_per_unit": 1})
+    after = visits_runtime(epsilon=4.0, continual={"period": "10m", "max_windows_per_unit": 4})
+    published = Published()
+
+    async def scenario():
+        for runtime, windows in ((before, range(1)), (after, range(1, 7))):
+            emit = emitter(b, runtime, published, CollectorRegistry(), b.periods)
+            emit.held = [HeldPartial(runtime, partial(first + i * WINDOW_MS, [("heavy", "a", 3)]), now)
+                         for i in windows]
+            while emit.held:
+                await emit.emit()
+
+    asyncio.run(scenario())
+    assert [page_counts(m) for m in published.partials] == [{"a": 3}] * 5 + [{}] * 2
+    (day,) = b.budget.spend("users", "heavy", now)
+    assert day.spent == pytest.approx(before.cost + after.cost) and after.cost == pytest.approx(4.0)

@@ -30,8 +30,9 @@ WINDOW_MS = 60_000
 backends = backends_fixture(["memory", "redis", "redis-cluster"])
 
 
-def window(start_ms: int, index: int, *, cap: int = 2, partition: int = 0, query: str = "q") -> PeriodWindow:
-    return PeriodWindow(query, partition, start_ms, start_ms + HOUR_MS, index, cap)
+def window(start_ms: int, index: int, *, cap: int = 2, partition: int = 0, query: str = "q",
+           settings: str = "5e771265") -> PeriodWindow:
+    return PeriodWindow(query, partition, start_ms, start_ms + HOUR_MS, index, cap, settings)
 
 
 def classes(values) -> list[Participation]:
@@ -72,8 +73,11 @@ def test_queries_periods_and_partitions_are_apart(register, backends):
     register.register(window(start, 1, cap=1), ["a"])
     assert classes(register.classify(window(start, 2, cap=1), ["a"])) == [FULL]
     for other in (window(start, 2, cap=1, partition=1), window(start, 2, cap=1, query="q2"),
-                  window(start + HOUR_MS, 2, cap=1)):
+                  window(start + HOUR_MS, 2, cap=1), window(start, 2, cap=1, settings="0the7")):
         assert classes(register.classify(other, ["a"])) == [FIRST]
+    # A period charged under other settings is another period: its registrations are its own.
+    assert classes(register.register(window(start, 1, cap=1, settings="0the7"), ["a"])) == [FIRST]
+    assert classes(register.classify(window(start, 2, cap=1), ["a"])) == [FULL]
 
 
 def test_a_unit_that_filled_up_meanwhile_is_not_registered(register, backends):
@@ -166,7 +170,11 @@ def test_windows_must_be_in_range():
     with pytest.raises(ValueError, match="count from 1"):
         window(0, 0)
     with pytest.raises(ValueError, match="empty"):
-        PeriodWindow("q", 0, 10, 10, 1, 1)
+        PeriodWindow("q", 0, 10, 10, 1, 1, "5e771265")
+    with pytest.raises(ValueError, match="settings"):
+        window(0, 1, settings="")
+    with pytest.raises(ValueError, match="settings"):
+        window(0, 1, settings="a}b")
 
 
 def test_redis_down_raises_ledger_unavailable():
