@@ -133,7 +133,8 @@ class WorkerMetrics:
         self.epsilon_spent = Counter(
             "stream_dp_epsilon_released_total",
             "Sum over released windows of the per-unit privacy loss (epsilon) each window spent; a continual "
-            "query's per-period epsilon counts once, at each period's first window.",
+            "query's per-period epsilon counts once, at each period's first window (not again when a change of "
+            "its settings within the period charges its units again).",
             ["query", "namespace"],
             registry=registry,
         )
