@@ -94,8 +94,9 @@ class WorkerMetrics:
         )
         self.windows_withheld = Counter(
             "stream_dp_windows_withheld_total",
-            "Windows released without data (noise only) because their partials were placed under different "
-            "partition counts, so a unit could sit on two partitions.",
+            "Windows released without data (noise only) because their partials cannot be added up soundly: "
+            "charged under other query settings (settings_differ, settings_missing), placed under different "
+            "partition counts so a unit could sit on two partitions, or missing a part the query needs.",
             ["query", "reason"],
             registry=registry,
         )

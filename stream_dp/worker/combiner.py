@@ -22,6 +22,12 @@ are released too (all counts zero before noise) once every partition's
 progress has passed them: otherwise the mere presence of a release would say,
 without noise, that somebody was active in that window.
 
+A window is added up only from partials charged under the settings it is
+noised for: each partial names its ingest worker's settings fingerprint, and
+a window with a partial of other settings, or of none, is released as if
+empty (``partial_checks.settings_conflict``; logged here with the
+fingerprints).
+
 A quantiles query's partials carry per-group value histograms; the combined
 window adds them up cell by cell into ``CombinedWindow.histogram``, a sparse
 ``(len(groups), bins)`` matrix aligned with its groups (a public group without
@@ -31,15 +37,23 @@ data is an all-zero row, i.e. no cell).
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from stream_dp.windows.histogram import SparseHistogram, add_histograms
 from stream_dp.windows.partial import BlockValues
-from stream_dp.worker.partial_checks import blocks_conflict, features_conflict, histogram_conflict, placement_conflict
+from stream_dp.worker.partial_checks import (
+    blocks_conflict,
+    features_conflict,
+    histogram_conflict,
+    placement_conflict,
+    settings_conflict,
+)
 from stream_dp.worker.records import GroupKey, PartialAggregate, Progress
 
+log = logging.getLogger(__name__)
 MAX_EMPTY_WINDOWS_PER_STEP = 1_000  # bounds the work after a long silence
 
 
@@ -110,10 +124,13 @@ class WindowCombiner:
         quantile_bins: int | None = None,
         feature_width: int | None = None,
         blocks: bool = False,
+        settings: str | None = None,
     ) -> None:
         """``quantile_bins``: the bin count of a quantiles query's histograms; then every combined
         window has a histogram, empty and withheld windows an all-zero one. ``feature_width``: the
-        width of a vector query's feature sums; then every combined window has them (zeros when empty)."""
+        width of a vector query's feature sums; then every combined window has them (zeros when empty).
+        ``settings``: the fingerprint of the settings the window is noised for, which its partials must
+        carry; a ``QueryRuntime`` sets its own (None checks nothing: for a combiner used alone)."""
         if window_size_ms <= 0:
             raise ValueError(f"window_size_ms must be positive, got {window_size_ms}")
         if release_timeout_ms <= 0:
@@ -131,6 +148,7 @@ class WindowCombiner:
             raise ValueError(f"feature_width must be a positive int or None, got {feature_width!r}")
         self.feature_width = feature_width
         self.blocks = blocks  # a sample-and-aggregate query: partials carry block values
+        self.settings = settings
         self.query = query
         self.window_size_ms = window_size_ms
         self.window_offset_ms = window_offset_ms
@@ -295,8 +313,17 @@ class WindowCombiner:
         home = self.home(window_start_ms)
         window_end_ms = window_start_ms + self.window_size_ms if pending is None else pending.window_end_ms
         partials = [] if pending is None else [pending.partials[p] for p in sorted(pending.partials)]
-        withheld = (placement_conflict(partials) or histogram_conflict(partials, self.quantile_bins)
+        # Other settings first: they explain whatever else the partials disagree on (bins, widths, ...).
+        withheld = (settings_conflict(partials, self.settings) or placement_conflict(partials)
+                    or histogram_conflict(partials, self.quantile_bins)
                     or features_conflict(partials, self.feature_width) or blocks_conflict(partials, self.blocks))
+        if withheld in ("settings_differ", "settings_missing"):
+            log.warning(
+                "window %d of %s: its partials were charged under settings %s (by input partition; None: not "
+                "stated), this worker releases under %s; it is released as if empty (noise only) and its units "
+                "stay charged -- expected while workers restart onto a changed query",
+                window_start_ms, self.query, {p.partition: p.settings for p in partials}, self.settings,
+            )
         groups, count, sums, distinct, histogram, features, blocks = self._merge([] if withheld else partials)
         reported = {p.partition for p in partials}
         missing = [

@@ -10,6 +10,29 @@ from __future__ import annotations
 from stream_dp.worker.records import PartialAggregate
 
 
+def settings_conflict(partials: list[PartialAggregate], settings: str | None) -> str | None:
+    """Why these partials were not charged under ``settings``, the releasing worker's own, or None.
+
+    A unit was charged the loss of the settings its ingest worker ran, and the
+    release is noised for the releasing worker's. After a query changed (a
+    rolling restart, say) the two can differ: units charged epsilon 1 would be
+    released with the noise of epsilon 4, window 3 of one window grid would be
+    added up as window 3 of another. A partial without a fingerprint (written
+    by an earlier version) may have been charged under anything, so it counts
+    as charged under other settings too (``settings_missing``, told apart
+    from ``settings_differ``: it is what a rolling upgrade from such a
+    version shows, not a changed query). ``settings`` None (a combiner used
+    alone, in tools and tests) checks nothing.
+    """
+    if settings is None:
+        return None
+    if any(p.settings is not None and p.settings != settings for p in partials):
+        return "settings_differ"
+    if any(p.settings is None for p in partials):
+        return "settings_missing"
+    return None
+
+
 def placement_conflict(partials: list[PartialAggregate]) -> str | None:
     """Why these partials of one window cannot be added up soundly, or None.
 

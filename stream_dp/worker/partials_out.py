@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaProducer
 
 from stream_dp.worker.combiner import window_home
 from stream_dp.worker.records import PartialAggregate, partial_key, partial_records
+from stream_dp.worker.runtime import settings_fingerprint
 
 _ENCODE_IN_THREAD_GROUPS = 20_000  # larger partials are encoded off the event loop
 
@@ -27,7 +28,8 @@ def partial_message(query: Any, partial: Any, totals: Any, *, input_partitions: 
                     closed_at_ms: int) -> PartialAggregate:
     """The budget-filtered partial of ``query`` (a ``QueryRuntime``) as published: ``totals`` are the
     group totals of ``partial`` (a ``WindowPartial``) without its excluded units, with their histogram
-    when the query has quantiles (``partial.aggregate(excluded, histogram=query.histogram)``)."""
+    when the query has quantiles (``partial.aggregate(excluded, histogram=query.histogram)``). It names the
+    settings its units were just charged under: the release stage combines it only under the same."""
     return PartialAggregate(
         query=query.name,
         window_start_ms=partial.window_start_ms,
@@ -46,6 +48,7 @@ def partial_message(query: Any, partial: Any, totals: Any, *, input_partitions: 
         histogram=totals.histogram,
         features=totals.features,
         blocks=totals.blocks,
+        settings=settings_fingerprint(query),
     )
 
 

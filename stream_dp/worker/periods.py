@@ -58,67 +58,26 @@ the period and the store's max delay after it.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
-import orjson
 import redis
 
 from stream_dp.budget import StoreOptions
 from stream_dp.budget.batch import encode_unit
 from stream_dp.budget.redis_nodes import Call, NodeRunner, ReplicaWait
 from stream_dp.worker.ledger import LedgerUnavailable
+# A period's key names the settings it was charged under; callers of the register import it from here too.
+from stream_dp.worker.runtime import settings_fingerprint  # noqa: F401
 
 WINDOW_BYTES = 4
 DEFAULT_UNITS_PER_CALL = 10_000
-
-
-# What a continual period's charge and tree depend on, besides the charge itself (cost, delta, namespace)
-# and the period's grid: the fields of the query's configuration. Others -- topics, timeouts, the
-# timestamp's format -- change neither what a unit pays nor what the tree adds up.
-_CONFIG_FIELDS: dict[str, Any] = {
-    "epsilon": True, "delta": True, "mechanism": True, "privacy_unit": True, "bounds": True,
-    "window": {"size_ms", "offset_ms"}, "continual": True, "group_by": True, "groups": True, "aggregations": True,
-}
-_FINGERPRINT = "_continual_settings_fingerprint"  # where a runtime keeps its fingerprint once computed
-
-
-def continual_settings(query: Any) -> dict[str, Any]:
-    """Every setting a continual query's period charge and tree depend on, as plain JSON values.
-
-    ``query`` is a ``QueryRuntime``; a stand-in that carries only what a charge reads (no ``config``)
-    is described by its charge alone.
-    """
-    continual = query.continual
-    settings: dict[str, Any] = {
-        "namespace": query.namespace, "cost": query.cost, "delta": query.delta,
-        "period_ms": continual.period_ms, "offset_ms": continual.offset_ms,
-        "window_size_ms": continual.window_size_ms, "max_windows_per_unit": continual.max_windows_per_unit,
-    }
-    config = getattr(query, "config", None)
-    if config is not None:
-        # Lists keep their order (the public groups' order labels the tree's totals); no sets in here.
-        settings["config"] = config.model_dump(mode="json", include=_CONFIG_FIELDS)
-    return settings
-
-
-def settings_fingerprint(query: Any) -> str:
-    """A digest of ``continual_settings(query)``: equal for equal settings, in every process and run.
-
-    Computed once per runtime: the public groups may number a million.
-    """
-    cached = vars(query).get(_FINGERPRINT)
-    if cached is None:
-        canonical = orjson.dumps(continual_settings(query), option=orjson.OPT_SORT_KEYS)
-        cached = vars(query)[_FINGERPRINT] = hashlib.blake2b(canonical, digest_size=8).hexdigest()
-    return cached
 
 
 class Participation(IntEnum):

@@ -12,7 +12,14 @@
   columns ``hist.group`` (int64, index into the groups), ``hist.bin`` (uint16)
   and ``hist.count`` (int64), sorted by group then bin, with the bin count in
   the header; partials without them (all earlier ones) read with no
-  histogram. Progress markers stay JSON
+  histogram. The header's ``settings`` names the fingerprint of the
+  settings the partial's units were charged under
+  (``runtime.settings_fingerprint``); partials of earlier versions have
+  none and read with ``settings`` None, which the release stage does not
+  combine (``partial_checks.settings_conflict``). Workers of earlier
+  versions ignore the field, so they read these partials -- and combine
+  them unchecked: roll out a version that writes it before changing a
+  query's settings. Progress markers stay JSON
   (wire version 1, a few dozen bytes). Partials of version 1 (one JSON
   record each) are still read.
 * output topics: one ``release`` record per released group per window, plus
@@ -97,6 +104,9 @@ class PartialAggregate:
     features: np.ndarray | None = None
     #: Every kept event's (group, block, value) (sample_aggregate queries only).
     blocks: BlockValues | None = None
+    #: ``settings_fingerprint`` of the ingest worker's query: the settings its units were charged under
+    #: (None: written by a version that did not say).
+    settings: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +143,8 @@ def encode_partial_payload(partial: PartialAggregate) -> bytes:
     if partial.sum is not None:
         sections["sum"] = np.asarray(partial.sum, dtype=np.float64)
     extra: dict[str, Any] = {}
+    if partial.settings is not None:
+        extra["settings"] = partial.settings
     if partial.histogram is not None:
         if partial.histogram.n_groups != len(partial.groups):
             raise ValueError(
@@ -239,11 +251,19 @@ def decode_partial_payload(payload: bytes) -> PartialAggregate:
             histogram=_decode_histogram(data.get("histogram"), sections, rows),
             features=_decode_features(data.get("features"), sections, rows),
             blocks=_decode_blocks(data.get("blocks"), sections, rows),
+            settings=_decode_settings(data.get("settings")),
         )
     except WireFormatError:
         raise
     except (KeyError, TypeError, ValueError) as exc:
         raise WireFormatError(f"corrupt partial frame: {exc!r}") from None
+
+
+def _decode_settings(settings: Any) -> str | None:
+    """A partial's settings fingerprint, or None when its writer gave none."""
+    if settings is not None and (not isinstance(settings, str) or not settings):
+        raise WireFormatError(f"a partial's settings fingerprint is {settings!r}, not a string")
+    return settings
 
 
 def _decode_histogram(described: Any, sections: dict[str, Any], rows: int) -> SparseHistogram | None:
@@ -344,6 +364,7 @@ def _decode_json(value: bytes) -> PartialAggregate | Progress:
             # absent in partials of workers that did not check placement
             placement_partitions=int(data.get("placement_partitions", 0)),
             placement_changed=bool(data.get("placement_changed", False)),
+            # and no settings fingerprint: the release stage does not combine such a partial
         )
     except WireFormatError:
         raise

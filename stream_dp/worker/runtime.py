@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
+
+import orjson
 
 from stream_dp.config import QueryConfig
 from stream_dp.windows.histogram import HistogramSpec
@@ -79,6 +82,55 @@ class ContinualCharging:
         return (window_start_ms - self.period_start(window_start_ms)) // self.window_size_ms + 1
 
 
+# What a window's charge and noise depend on, besides the charge itself (cost, delta, namespace) and a
+# continual query's period grid: these fields of the query's configuration. Others -- topics, timeouts,
+# the timestamp's format, the partitioner -- change neither what a unit pays nor the noise it is released with.
+_CONFIG_FIELDS: dict[str, Any] = {
+    "epsilon": True, "delta": True, "mechanism": True, "privacy_unit": True, "bounds": True,
+    "window": {"size_ms", "offset_ms"}, "continual": True, "group_by": True, "groups": True, "aggregations": True,
+}
+_FINGERPRINT = "_settings_fingerprint"  # where a runtime keeps its fingerprint once computed
+
+
+def charged_settings(query: Any) -> dict[str, Any]:
+    """Every setting a query's charge and noise depend on, as plain JSON values.
+
+    ``query`` is a ``QueryRuntime``; a stand-in that carries only what a charge reads (no ``config``)
+    is described by its charge alone.
+    """
+    settings: dict[str, Any] = {"namespace": query.namespace, "cost": query.cost, "delta": query.delta}
+    continual = getattr(query, "continual", None)
+    if continual is not None:
+        settings.update(period_ms=continual.period_ms, offset_ms=continual.offset_ms,
+                        window_size_ms=continual.window_size_ms, max_windows_per_unit=continual.max_windows_per_unit)
+    config = getattr(query, "config", None)
+    if config is not None:
+        # Hierarchies and local DP are described only when a query has them: a continual query (which cannot
+        # have them) is then described exactly as the keys of its stored periods and trees were made.
+        include = {**_CONFIG_FIELDS, **({"local_dp": True} if config.local_dp is not None else {})}
+        # Lists keep their order (the public groups' order labels the releases); no sets in here.
+        settings["config"] = config.model_dump(mode="json", include=include)
+        if config.hierarchy_split is not None:
+            # Each level's share of the budget, which is what the noise depends on (``true`` and equal weights
+            # are the same split).
+            settings["hierarchy_split"] = config.hierarchy_split
+    return settings
+
+
+def settings_fingerprint(query: Any) -> str:
+    """A digest of ``charged_settings(query)``: equal for equal settings, in every process and run.
+
+    Partials carry it (the release withholds a window charged under other settings than its own), and
+    continual queries key their periods, charges and trees by it. Computed once per runtime: the public
+    groups may number a million.
+    """
+    cached = vars(query).get(_FINGERPRINT)
+    if cached is None:
+        canonical = orjson.dumps(charged_settings(query), option=orjson.OPT_SORT_KEYS)
+        cached = vars(query)[_FINGERPRINT] = hashlib.blake2b(canonical, digest_size=8).hexdigest()
+    return cached
+
+
 @dataclass
 class QueryRuntime:
     """A query's engine (ingest side), combiner and release plan (release side)."""
@@ -95,6 +147,11 @@ class QueryRuntime:
     privacy: dict[str, Any]  # the `privacy` block of every release record of this query
     continual: ContinualCharging | None = None  # set for continual queries: charged per period, not per window
     sandbox: Any = None  # sample_aggregate queries: the user function's process (``worker.sandbox``)
+
+    def __post_init__(self) -> None:
+        # The release stage adds up only partials charged under the settings it noises for: its own.
+        if self.combiner is not None:
+            self.combiner.settings = settings_fingerprint(self)
 
     @property
     def name(self) -> str:

@@ -25,6 +25,7 @@ from stream_dp.worker.records import (
     MIN_CHUNK_PAYLOAD,
     PartialAggregate,
     Progress,
+    decode_internal,
     encode_progress,
     partial_records,
     read_internal,
@@ -89,7 +90,8 @@ def test_a_large_partial_takes_several_records_each_within_the_limit_and_comes_b
 
 
 def test_partials_round_trip_in_one_record_and_from_a_reader():
-    for partial in (_partial(), _partial(0), _partial(sum=None), _partial(2, placement_changed=True)):
+    for partial in (_partial(), _partial(0), _partial(sum=None), _partial(2, placement_changed=True),
+                    _partial(settings="cfbddac1b92b4832")):
         (record,) = partial_records(partial, 1_000_000)
         assert _same(PartialsReader().read(0, 0, record), partial)
     progress = Progress("q", 1, 3, 180_000)
@@ -99,6 +101,19 @@ def test_partials_round_trip_in_one_record_and_from_a_reader():
 def test_groups_without_fields_and_with_integer_keys_survive():
     partial = _partial(2, groups=[(), ()])
     assert PartialsReader().read(0, 0, partial_records(partial, 10_000)[0]).groups == [(), ()]
+
+
+def test_the_settings_fingerprint_comes_back_from_every_chunking():
+    """In the partial's frame: every chunking of it (and the one-chunk fast path) returns it as written."""
+    for rows, limit in ((50_000, 64 * 1024), (50_000, 16 * 1024), (3, 1_000_000)):
+        partial = _partial(rows, settings="cfbddac1b92b4832")
+        records = partial_records(partial, limit)
+        assert (len(records) > 1) == (rows > 3)
+        intake = _intake(CollectorRegistry())
+        taken = [intake.take(0, i, value, NOW_MS - 40_000, NOW_MS) for i, value in enumerate(records)][-1]
+        assert taken.message.settings == "cfbddac1b92b4832" and _same(taken.message, partial)
+        if len(records) == 1:
+            assert decode_internal(records[0]).settings == "cfbddac1b92b4832"
 
 
 def test_too_small_a_record_limit_is_refused_with_the_size_needed():
@@ -121,6 +136,7 @@ def test_partials_of_wire_version_1_are_still_read():
     assert isinstance(message, PartialAggregate)
     assert message.groups == [("/a",), ("/b",)] and message.count.tolist() == [3, 1]
     assert (message.placement_partitions, message.placement_changed) == (0, False)
+    assert message.settings is None  # charged under settings it does not state: never combined
 
 
 def test_records_of_an_unknown_wire_version_are_counted_and_skipped_with_a_clear_error(caplog):

@@ -94,3 +94,23 @@ def test_a_histogram_that_does_not_match_its_groups_is_refused_both_ways():
     sections["hist.group"] = sections["hist.group"] + 5
     with pytest.raises(WireFormatError, match="corrupt partial frame"):
         decode_partial_payload(encode_frame(fields, sections))
+
+
+def test_a_partial_carries_the_fingerprint_of_the_settings_it_was_charged_under():
+    assert decode_internal(encode_partial(_partial(settings="5150007720abc2fc"))).settings == "5150007720abc2fc"
+    # written without one (as every partial before fingerprints): the header has no field, and it reads as None
+    bare = encode_partial_payload(_partial())
+    assert "settings" not in decode_frame(bare).fields and decode_partial_payload(bare).settings is None
+    legacy = orjson.dumps({
+        "v": 1, "type": "partial", "query": "q", "window_start_ms": 0, "window_end_ms": 60_000, "partition": 0,
+        "input_partitions": 1, "groups": [["/a"]], "count": [2], "sum": None, "distinct_units": [1],
+        "units_charged": 1, "units_excluded": 0, "closed_at_ms": 60_001,
+    })
+    assert decode_internal(legacy).settings is None
+
+
+@pytest.mark.parametrize("settings", [7, "", ["a"]])
+def test_a_settings_fingerprint_that_is_not_a_string_is_corrupt(settings):
+    frame = decode_frame(encode_partial_payload(_partial(settings="5150007720abc2fc")))
+    with pytest.raises(WireFormatError, match="settings fingerprint"):
+        decode_partial_payload(encode_frame({**frame.fields, "settings": settings}, frame.sections))
