@@ -27,9 +27,6 @@ from aiokafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry
 
 from stream_dp.config import parse_config
-from stream_dp.dp import OpenDPNoise
-from stream_dp.metrics.worker import WorkerMetrics
-from stream_dp.worker import release as release_module
 from stream_dp.worker.app import build_runtimes
 from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.ledger import MemoryReleaseLedger
@@ -39,6 +36,7 @@ from stream_dp.worker.periods import settings_fingerprint
 from stream_dp.worker.records import PartialAggregate, Progress, encode_progress, partial_records
 from stream_dp.worker.release import ReleaseStage
 from tests.windows._support import NOW_MS, batch_of, event, make_engine
+from tests.worker._offline_stage import offline_stage
 
 SECRET = b"test-secret-0123456789abcdef"
 MIN = 60_000
@@ -226,18 +224,7 @@ class _Consumer:
 
 def _stage(releasing: Any, ledger: MemoryReleaseLedger, monkeypatch: pytest.MonkeyPatch
            ) -> tuple[ReleaseStage, CollectorRegistry, list[dict]]:
-    published: list[dict] = []
-
-    async def publish(producer, topic, release, **_options):
-        published.extend(orjson.loads(value) for _, value in release.render())
-        return release.rows, 0.0
-
-    monkeypatch.setattr(release_module, "publish_release", publish)
-    registry = CollectorRegistry()
-    stage = ReleaseStage([releasing], consumer=_Consumer(), producer=None, ledger=ledger, noise=OpenDPNoise(),
-                         metrics=WorkerMetrics(registry), partials_topic="partials", release_age_limit_ms=10**12,
-                         clock_ms=lambda: NOW_MS)
-    return stage, registry, published
+    return offline_stage(releasing, monkeypatch, ledger=ledger, consumer=_Consumer(), now_ms=NOW_MS)
 
 
 def _topic(records: list[bytes]) -> dict[TopicPartition, list[_Record]]:

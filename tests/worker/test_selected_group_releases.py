@@ -28,16 +28,15 @@ from stream_dp.dp import ContributionBounds, OpenDPNoise
 from stream_dp.dp.plan import ReleasePlan
 from stream_dp.dp.sample_aggregate import SampleAggregatePlan
 from stream_dp.dp.vectors import VectorPlan
-from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows.histogram import SparseHistogram
 from stream_dp.windows.partial import BlockValues
-from stream_dp.worker import release as release_module
 from stream_dp.worker import release_draw
 from stream_dp.worker.app import build_runtimes
 from stream_dp.worker.combiner import CombinedWindow
 from stream_dp.worker.ledger import MemoryReleaseLedger
 from stream_dp.worker.release import ReleaseStage, _Unpublished
 from stream_dp.worker.release_build import build_release
+from tests.worker._offline_stage import offline_stage
 
 SECRET = b"test-secret-0123456789abcdef"
 START, END = 60_000, 120_000
@@ -217,19 +216,8 @@ def test_a_window_whose_release_cannot_be_built_is_withheld_not_retried_on_every
 
 def _stage(runtime: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[ReleaseStage, MemoryReleaseLedger,
                                                                    CollectorRegistry, list[dict]]:
-    """A release stage over an in-memory ledger; what it publishes is kept instead of sent to Kafka."""
-    published: list[dict] = []
-
-    async def publish(producer, topic, release, **_options):
-        published.extend(orjson.loads(value) for _, value in release.render())
-        return release.rows, 0.0
-
-    monkeypatch.setattr(release_module, "publish_release", publish)
-    registry = CollectorRegistry()
     ledger = MemoryReleaseLedger()
-    stage = ReleaseStage([runtime], consumer=None, producer=None, ledger=ledger, noise=OpenDPNoise(),
-                         metrics=WorkerMetrics(registry), partials_topic="partials", release_age_limit_ms=10**12,
-                         clock_ms=lambda: 130_000)
+    stage, registry, published = offline_stage(runtime, monkeypatch, ledger=ledger, consumer=None, now_ms=130_000)
     return stage, ledger, registry, published
 
 
