@@ -276,8 +276,11 @@ class ReleaseStage:
             assert window is not None
             previous = await self._tree_state(query, item.window_start_ms) if query.plan.continual is not None else None
             payload = await draw_payload(query, window, self.noise, self.metrics, self.clock_ms(), previous)
-            if payload is None:
-                return  # withheld (``release_draw``): dropped, so its partials are committed past
+            if payload is None:  # withheld (``release_draw``), unless an earlier run stored its release
+                earlier = await asyncio.to_thread(self.ledger.get, query.name, item.window_start_ms)
+                if earlier is None:
+                    return  # dropped, so its partials are committed past
+                payload = earlier.payload
             item.payload = payload
         started = time.perf_counter()
         stored = await asyncio.to_thread(self.ledger.claim, query.name, item.window_start_ms, item.payload)

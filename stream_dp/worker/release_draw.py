@@ -7,8 +7,11 @@ restart, so such a window is withheld instead: nothing is stored in the ledger
 and nothing is published (the privacy of a window never released is not at
 stake), ``stream_dp_internal_errors_total{kind="release_failed"}`` counts it
 (an alert rule fires on it) and the error is logged with its traceback; its
-partials are then committed like a released window's. The ledger's own outage
-(``LedgerUnavailable``) is not such an error: the window is held and retried.
+partials are then committed like a released window's, unless the ledger already
+holds the window's release (an earlier run drew it and stopped before
+publishing): that one is published. Only errors the data or the plan make
+(``ValueError``, ``ArithmeticError``, ...) withhold a window; others (an OS
+error, memory) may pass, so they end the stage and the window is tried again.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import time
 from typing import Any
 
 from stream_dp.metrics.worker import WorkerMetrics
-from stream_dp.worker.ledger import LedgerUnavailable
 from stream_dp.worker.release_build import build_release
 from stream_dp.worker.release_entry import encode_entry
 
@@ -37,9 +39,9 @@ async def draw_payload(query: Any, window: Any, noise: Any, metrics: WorkerMetri
         # In a thread: a million groups take seconds of noise, and the event loop
         # must keep both consumers' heartbeats going meanwhile.
         entry = await asyncio.to_thread(build_release, query, window, noise, released_at_ms, previous_state)
-    except LedgerUnavailable:
-        raise
-    except Exception:
+    except (ValueError, TypeError, ArithmeticError, IndexError, KeyError, AssertionError):
+        # What the window's data or the query's plan make fail, every time. An OS error, a lack of memory or
+        # a sandbox that cannot start may pass: those end the stage as before, and the window is retried.
         metrics.internal_errors.labels("release_failed").inc()
         log.exception("window %s of %s is withheld: its release could not be built, and would fail again on every "
                       "retry and restart; nothing of it is stored or published. Fix the cause above (a bug or a "

@@ -7,12 +7,14 @@ is left out -- never set, so not even ``/proc/self/environ`` holds them -- and
 with the worker's import path, so the function loads as it would in the
 worker. It loads the function once and runs each block in a fresh process
 forked from that state, with the block's time limit: whatever a call leaves
-behind (globals, caches, a crash, a process it started) dies with its block,
+behind (globals, caches, a crash, a process it started in its process group) dies with its block,
 and the sandbox process never reads a block's values or answer (the block's
 own process reads its request; ``sandbox_child`` says why), so no freed memory
 carries one block's units into a later block's process. The worker writes it
 nothing but requests, one block at a time, the next only once this one's
-answer is back (by then every process of the block is gone). A block whose function
+answer is back (by then every process of the block's group is gone; one that left it, with setsid, is
+not: the sandbox keeps the operator's function off the worker's state, it is no jail for hostile code).
+The sandbox process is not dumpable, so a block cannot reach its pipes through ``/proc``. A block whose function
 raises, returns something that is not a finite number, runs past
 ``timeout_s`` or ends its process counts as failed (the plan puts the output
 range's midpoint in its place) -- so one unit's data can only ever change its

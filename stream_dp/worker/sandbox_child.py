@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from stream_dp.worker.process_guard import drop_capabilities
+from stream_dp.worker.process_guard import drop_capabilities, make_undumpable
 
 STOP = (1 << 64) - 1
 STATUSES = ("ok", "error", "not_finite", "timeout", "crashed", "ready", "load_error")
@@ -212,7 +212,10 @@ def main(path: str, timeout_s: float) -> None:
     os.close(devnull)
     sys.stdout = sys.stderr
     try:
-        drop_capabilities()  # before any of the user's code runs, its module's import included
+        # Before any of the user's code runs, its module's import included. Not dumpable: a block's process
+        # (same user, no capabilities) cannot open this process's /proc/PID/fd, the pipes of every later request.
+        make_undumpable()
+        drop_capabilities()
         function = _load(path)
     except BaseException as exc:  # anything the import does: report it, then stop
         os.write(answers, encode("load_error", text=f"{type(exc).__name__}: {exc}"))

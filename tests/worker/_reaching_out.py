@@ -33,3 +33,17 @@ def forges_on_seven(values: np.ndarray) -> float:
             except OSError:  # the fd listing's own, closed since
                 pass
     return float(len(values))
+
+
+def opens_the_sandbox_pipes(values: np.ndarray) -> float:
+    """How many of the long-lived sandbox process's descriptors (its request and answer pipes among them) this
+    block's process can open through /proc: with one, it could read later blocks' requests and answer for them."""
+    parent, opened = os.getppid(), 0
+    for fd in range(16):
+        try:
+            handle = os.open(f"/proc/{parent}/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        os.close(handle)
+        opened += 1
+    return float(opened)

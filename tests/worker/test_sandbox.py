@@ -167,6 +167,17 @@ def test_what_a_block_starts_or_writes_itself_stays_in_that_block():
         sandbox.close()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="opens /proc/PID/fd")
+def test_a_block_cannot_open_the_sandbox_processs_pipes():
+    # The sandbox process is not dumpable and a block's process has no capabilities: /proc/PPID/fd is closed
+    # to it. Open, a block read the next block's request there and answered for it, shifting every answer after.
+    sandbox = FunctionSandbox("tests.worker._reaching_out:opens_the_sandbox_pipes")
+    try:
+        assert sandbox.run(_blocks([1], [2, 3], [4])).tolist() == [0.0, 0.0, 0.0]
+    finally:
+        sandbox.close()
+
+
 def test_an_answer_is_passed_on_through_a_cleared_buffer_where_splice_is_missing(monkeypatch):
     from stream_dp.worker import sandbox_child
 

@@ -36,6 +36,7 @@ from stream_dp.worker.combiner import CombinedWindow
 from stream_dp.worker.ledger import MemoryReleaseLedger
 from stream_dp.worker.release import ReleaseStage, _Unpublished
 from stream_dp.worker.release_build import build_release
+from stream_dp.worker.release_entry import decode_entry, encode_entry
 from tests.worker._offline_stage import offline_stage
 
 SECRET = b"test-secret-0123456789abcdef"
@@ -322,3 +323,39 @@ def test_at_most_max_released_groups_are_released_those_with_the_largest_noisy_c
     assert _groups_called(log) == [1] * 4 + [3] * 4
     assert any("4 groups passed selection; the 2 with the largest noisy counts are released" in r.getMessage()
                and "other 2 left out" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_window_an_earlier_run_stored_is_published_even_if_it_cannot_be_built_again(monkeypatch):
+    # An earlier run drew and stored the release, then stopped before publishing: the stored values are the
+    # window's release, whatever building it again would do.
+    runtime = _runtime({"count": {}, "sum": {"field": "value", "clip": [0, 1]}})
+    window = _window([KEPT_UNITS] * 3, sum=np.full(3, 10.0))
+    drawn = encode_entry(build_release(runtime, window, OpenDPNoise(), 130_000))
+
+    def cannot_be_built(*_args: Any, **_kwargs: Any) -> None:
+        raise ValueError("the release cannot be built from these partials")
+
+    monkeypatch.setattr(release_draw, "build_release", cannot_be_built)
+    stage, ledger, registry, published = _stage(runtime, monkeypatch)
+    ledger.claim("probe", START, drawn)
+    stage._unpublished.append(_Unpublished(runtime, START, END, window=window, sources=[(0, 7)]))
+    asyncio.run(stage._publish_pending())
+    expected = [orjson.loads(v) for _, v in decode_entry(drawn).render()]
+    assert published == expected and len(published) == 3
+
+
+def test_an_error_that_may_pass_is_not_taken_for_a_window_that_cannot_be_built(monkeypatch):
+    # Out of file descriptors, say, while starting a sandbox: withholding would drop a window a retry releases.
+    runtime = _runtime({"count": {}, "sum": {"field": "value", "clip": [0, 1]}})
+    window = _window([KEPT_UNITS] * 3, sum=np.full(3, 10.0))
+
+    def out_of_descriptors(*_args: Any, **_kwargs: Any) -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(release_draw, "build_release", out_of_descriptors)
+    stage, ledger, registry, published = _stage(runtime, monkeypatch)
+    stage._unpublished.append(_Unpublished(runtime, START, END, window=window, sources=[(0, 7)]))
+    with pytest.raises(OSError, match="Too many open files"):
+        asyncio.run(stage._publish_pending())
+    assert registry.get_sample_value("stream_dp_internal_errors_total", {"kind": "release_failed"}) is None
+    assert ledger.get("probe", START) is None and published == []
