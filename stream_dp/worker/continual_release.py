@@ -11,7 +11,7 @@ loss stays the period's (a unit still counts in at most
 more levels).
 
 The stored state names the settings it was made under
-(:func:`stream_dp.worker.periods.settings_fingerprint`). Under other settings
+(:func:`stream_dp.worker.runtime.settings_fingerprint`). Under other settings
 -- another epsilon, W, window grid, list or order of public groups, ... -- the
 period is a new one, as it is for charging: the tree restarts at this window
 and ``tree_restarted_ms`` says so. Continuing it would add the new windows to
@@ -29,7 +29,7 @@ import numpy as np
 import orjson
 
 from stream_dp.dp.continual import TreeState
-from stream_dp.worker.periods import settings_fingerprint
+from stream_dp.worker.runtime import settings_fingerprint
 from stream_dp.worker.records import iso_utc
 from stream_dp.worker.release_entry import ReleaseEntry, build_entry
 

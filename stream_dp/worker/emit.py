@@ -24,8 +24,8 @@ from stream_dp.worker.charging import WindowCharge, charge_id, charge_in_order, 
 from stream_dp.worker.consumed import alert_json
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.partials_out import PartialsOut, partial_message
-from stream_dp.worker.periods import PeriodRegister, PeriodWindow, settings_fingerprint
-from stream_dp.worker.runtime import QueryRuntime
+from stream_dp.worker.periods import PeriodRegister, PeriodWindow
+from stream_dp.worker.runtime import QueryRuntime, settings_fingerprint
 
 log = logging.getLogger(__name__)
 

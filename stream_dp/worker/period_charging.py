@@ -2,7 +2,7 @@
 
 For a window ``w`` (charge id ``c``) of a period, on partition ``p`` -- a
 period of the query's current settings: ``c`` and the register's key both
-name their fingerprint (:func:`stream_dp.worker.periods.settings_fingerprint`),
+name their fingerprint (:func:`stream_dp.worker.runtime.settings_fingerprint`),
 so nothing charged or registered under other settings counts here:
 
 1. journal the window's unit list under ``c`` (as every window's, see

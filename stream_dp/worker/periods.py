@@ -73,8 +73,6 @@ from stream_dp.budget import StoreOptions
 from stream_dp.budget.batch import encode_unit
 from stream_dp.budget.redis_nodes import Call, NodeRunner, ReplicaWait
 from stream_dp.worker.ledger import LedgerUnavailable
-# A period's key names the settings it was charged under; callers of the register import it from here too.
-from stream_dp.worker.runtime import settings_fingerprint  # noqa: F401
 
 WINDOW_BYTES = 4
 DEFAULT_UNITS_PER_CALL = 10_000

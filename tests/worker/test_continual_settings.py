@@ -1,7 +1,7 @@
 """A continual query whose settings change within a period: its fingerprint, and the tree a window continues.
 
 A period's charge and tree hold for the settings they were made under
-(``stream_dp.worker.periods.settings_fingerprint``). Under other settings the
+(``stream_dp.worker.runtime.settings_fingerprint``). Under other settings the
 period is a new one: the tree restarts at the next window and records say so
 (``continual.tree_restarted_ms``); a changed list of public groups never
 stops the release. Under the same settings -- a restart, a replay -- nothing
@@ -28,7 +28,7 @@ from stream_dp.config import parse_config
 from stream_dp.dp.vectorised_noise import VectorisedExactNoise
 from stream_dp.worker.app import build_runtimes
 from stream_dp.worker.combiner import CombinedWindow
-from stream_dp.worker.periods import settings_fingerprint
+from stream_dp.worker.runtime import settings_fingerprint
 from stream_dp.worker.release_build import build_release
 from stream_dp.worker.release_entry import decode_entry, encode_entry
 

@@ -32,7 +32,7 @@ from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.ledger import MemoryReleaseLedger
 from stream_dp.worker.partials_in import PartialsReader
 from stream_dp.worker.partials_out import partial_message
-from stream_dp.worker.periods import settings_fingerprint
+from stream_dp.worker.runtime import settings_fingerprint
 from stream_dp.worker.records import PartialAggregate, Progress, encode_progress, partial_records
 from stream_dp.worker.release import ReleaseStage
 from tests.windows._support import NOW_MS, batch_of, event, make_engine
