@@ -32,7 +32,10 @@ is why the budget is split over coordinates rather than given to the l1
 sensitivity.
 
 Sums are rounded to the grid first: two values ``Delta`` apart round to
-indices at most ``ceil(Delta / g) + 1`` apart, which ``n`` covers.
+indices at most ``ceil(Delta / g) + 1`` apart, which ``n`` covers. That needs
+neighbouring group sums exactly ``Delta`` apart at most, not a float sum's
+rounding more: the window engine adds each unit's sum on a finer power-of-two
+grid, where float64 additions are exact (:mod:`stream_dp.windows.exact_sums`).
 
 Sampling (all exact, from uniform random words): ``|Z| = G n + J`` with ``G``
 geometric, ``P(G = i) ~ b^i``, drawn by

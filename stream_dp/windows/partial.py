@@ -23,6 +23,7 @@ import numpy as np
 from stream_dp.dp.sample_aggregate import block_of
 from stream_dp.dp.vectors import FeatureSpec
 from stream_dp.windows.bounding import ContributionRows, unit_starts
+from stream_dp.windows.exact_sums import quantise_pair_sums
 from stream_dp.windows.histogram import HistogramSpec, SparseHistogram
 from stream_dp.windows.interning import GroupTable
 from stream_dp.windows.names import UnitNames, to_str
@@ -260,6 +261,7 @@ def build_partial(
     partition_count: int = 0,
     partition_count_changed: bool = False,
     keep_values: bool = True,
+    pair_sum_bound: float = 0.0,
 ) -> WindowPartial:
     """The partial of one partition's pruned rows of one window.
 
@@ -268,6 +270,9 @@ def build_partial(
     on the rows, never on how they arrived. Groups are listed by their
     canonical encoding. ``offsets`` is (first offset, last offset, accepted events).
     ``keep_values=False`` (a query without a value field) leaves ``row_value`` out.
+    ``pair_sum_bound``: the largest magnitude of one pair's sum (``max_events_per_group``
+    times the clip's largest magnitude); pair sums are put on its grid
+    (:mod:`stream_dp.windows.exact_sums`) so that group sums add up exactly.
     """
     n = len(rows)
     new_unit = unit_starts(rows.unit)
@@ -295,7 +300,8 @@ def build_partial(
         pair_count=np.diff(np.append(starts, n)).astype(np.int64),
         # each pair's values are added in event-hash order, so every replay rounds the same way
         # (a vector query has no scalar sum: its vectors stay in row_value)
-        pair_sum=np.add.reduceat(rows.value, starts) if n and rows.value.ndim == 1 else np.zeros(len(starts)),
+        pair_sum=(quantise_pair_sums(np.add.reduceat(rows.value, starts), pair_sum_bound)
+                  if n and rows.value.ndim == 1 else np.zeros(len(starts))),
         partition_count=partition_count,
         partition_count_changed=partition_count_changed,
         # rows are pair by pair already: the value column is kept as it is (no copy, no work)

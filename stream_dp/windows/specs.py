@@ -210,3 +210,8 @@ class BoundingSpec:
             "secret must be at least 16 bytes; generate one with secrets.token_bytes(32) "
             "and load it from the worker's secret store",
         )
+
+    @property
+    def pair_sum_bound(self) -> float:
+        """The largest magnitude of one unit's clipped sum in one group."""
+        return self.max_events_per_group * max(abs(self.clip_lo), abs(self.clip_hi))

@@ -1,0 +1,113 @@
+"""Group sums are exact: neighbouring streams' sums differ by exactly the one unit's (bounded) sum.
+
+The reference is exact rational arithmetic (``fractions.Fraction``) over the
+partial's own pair sums, never a float sum.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from stream_dp.dp.bounds import ClipRange, ContributionBounds
+from stream_dp.dp.plan import ReleasePlan
+from stream_dp.dp.vectorised_noise import round_to_grid
+from stream_dp.windows import WindowPartial
+from stream_dp.windows.exact_sums import pair_sum_grid_k, quantise_pair_sums
+
+from ._support import NOW_MS, batch_of, event, make_engine
+
+W0 = NOW_MS - 5 * 60_000
+
+
+def _exact(values) -> Fraction:
+    return sum((Fraction(float(v)) for v in values), Fraction(0))
+
+
+@pytest.mark.parametrize("bound", [20.0, 1.0, 3e-7, 7.5e14, 2.0**40])
+def test_pair_sums_are_put_on_a_power_of_two_grid_within_their_bound(bound):
+    k = pair_sum_grid_k(bound)
+    grid = math.ldexp(1.0, k)
+    assert bound / 2**31 < grid <= bound / 2**30  # about 2^30 steps per bound, as the module says
+    rng = np.random.default_rng(1)
+    inside = rng.uniform(-bound, bound, 10_000)
+    beyond = np.array([bound, -bound, np.nextafter(bound, np.inf), -np.nextafter(bound, np.inf), 2 * bound])
+    out = quantise_pair_sums(np.r_[inside, beyond], bound)
+    steps = np.ldexp(out, -k)
+    assert np.array_equal(steps, np.round(steps))  # multiples of the grid
+    assert np.all(np.abs(out) <= bound)  # a unit's contribution never grows
+    assert np.all(np.abs(out[: len(inside)] - inside) <= grid / 2)  # rounded to the nearest grid point
+    assert pair_sum_grid_k(0.0) is None and quantise_pair_sums(np.array([3.0]), 0.0).tolist() == [0.0]
+    with pytest.raises(ValueError, match="max_events_per_group"):
+        pair_sum_grid_k(math.inf)
+
+
+def _window_sum(values: list[float], *, with_target: bool) -> tuple[float, list[float]]:
+    """The one group's sum of a window of units 0..n-1 with one event each (and the target's two)."""
+    engine, clock = make_engine(max_groups=1, max_events=2, clip=(-10.0, 10.0))
+    events = [event(i, W0 + 1, "/a", v) for i, v in enumerate(values)]
+    if with_target:
+        events += [event("target", W0 + 2, "/a", 10.0), event("target", W0 + 3, "/a", 10.0)]
+    engine.process(batch_of(events))
+    clock.now_ms += 10 * 60_000
+    (partial,) = engine.tick()
+    (total,) = partial.aggregate().sum
+    return float(total), partial.pair_sum.tolist()
+
+
+def test_neighbouring_group_sums_differ_by_exactly_the_units_bounded_sum():
+    # values with all 53 bits in use: added up in float64 they round at almost every step
+    rng = np.random.default_rng(7)
+    values = (rng.uniform(-10, 10, 20_000) + rng.uniform(0, 1e-9, 20_000)).tolist()
+    without, pairs_d = _window_sum(values, with_target=False)
+    with_target, pairs_d2 = _window_sum(values, with_target=True)
+    assert Fraction(without) == _exact(pairs_d) and Fraction(with_target) == _exact(pairs_d2)
+    # the target's two events of 10 make one pair sum of 20, the bound: the neighbours differ by exactly that
+    assert Fraction(with_target) - Fraction(without) == 20
+
+
+def _adversarial_background(target: float, grid: float) -> list[float]:
+    """Pair sums (each within [-20, 20]) whose float total drifts by several ``grid`` steps
+    depending on whether ``target`` was added first: the sum sits near 2^20, where a value the
+    total without the target adds exactly is a rounding tie for the total with it."""
+    climb = [20.0] * int((2.0**20 - 30) // 20)
+    values = climb + [2.0**20 - 10 - math.fsum(climb)]
+    with_t, without = target + math.fsum(values), math.fsum(values)
+    up = True
+    while (with_t - without) - target < 3 * grid:
+        base = (5 * 2**32 + 1) * 2.0**-32 + 2.0**-33
+        for v in (base, base + 2.0**-32):
+            v = v if up else -v
+            if (with_t + v) - (without + v) >= with_t - without:
+                break
+        values.append(v)
+        with_t, without, up = with_t + v, without + v, not up
+    return values
+
+
+def _one_group_partial(pair_sums: list[float]) -> WindowPartial:
+    n = len(pair_sums)
+    return WindowPartial(0, 60_000, 0, 0, n - 1, n, [f"u{i}" for i in range(n)], [("/a",)],
+                         np.arange(n, dtype=np.int32), np.zeros(n, np.int32), np.full(n, 2, np.int64),
+                         np.asarray(pair_sums, dtype=np.float64))
+
+
+def test_staircase_sum_indices_of_neighbours_stay_within_one_stair_on_an_adversarial_background():
+    plan = ReleasePlan.build(mechanism="staircase", epsilon=1.0, bounds=ContributionBounds(1, 2),
+                             clip=ClipRange(-10.0, 10.0), aggregations={"sum"})
+    law = plan.sum_noise.law
+    background = _adversarial_background(20.0, law.grid)
+    # unrounded, the float totals drift beyond one stair: the hazard this guards against
+    raw = [_one_group_partial(p).aggregate().sum for p in ([20.0, *background], background)]
+    raw_gap = int(np.diff([round_to_grid(s, law.grid_k)[0][0] for s in reversed(raw)])[0])
+    assert raw_gap > law.steps
+    # as the window engine builds partials: each pair sum on its grid first
+    bound = 2 * 10.0
+    totals = [_one_group_partial(quantise_pair_sums(np.array(p), bound).tolist()).aggregate().sum
+              for p in ([20.0, *background], background)]
+    gap = int(round_to_grid(totals[0], law.grid_k)[0][0] - round_to_grid(totals[1], law.grid_k)[0][0])
+    assert 0 < gap <= law.steps
+    assert Fraction(float(totals[0][0])) - Fraction(float(totals[1][0])) == 20
