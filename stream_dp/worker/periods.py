@@ -26,7 +26,8 @@ Redis Cluster). Should a unit show up in another partition all the same (the
 topic's partition count changed), it is ``FIRST`` there and charged the
 period again: its windows then number up to ``2 * max_windows``, paid for
 twice, and the Laplace loss grows linearly with the contribution, so the
-accounting still holds.
+accounting still holds -- in epsilon: a zCDP loss grows with its square, which
+is why continual queries are refused in rho-accounted namespaces.
 
 Losing registrations is safe only all at once: a unit forgotten entirely is
 charged again at its next window. Losing just the last registration of a

@@ -60,6 +60,16 @@ def window_cost(plan: QueryPlan, accounting: str, query: str) -> tuple[float, fl
     loss = plan.loss
     if accounting == "epsilon":
         return loss.epsilon, loss.delta
+    if plan.continual is not None:
+        # A unit seen in a second input partition (the topic's partition count changed), or whose
+        # registrations were lost, is charged the period again and may fill W windows more of the same
+        # tree: twice the move per level, which costs twice the epsilon but four times the rho.
+        raise WorkerConfigError(
+            f"query {query!r} is a continual release, charged once per period for up to W windows of a unit; "
+            "that charge holds in epsilon, where a unit charged twice for twice the windows has paid for them, "
+            "but not in rho, where twice the windows cost four times as much; account its namespace in epsilon "
+            "(budgets: [{horizon: 1d, epsilon: ...}])"
+        )
     if loss.rho is not None:
         # A zCDP loss (Gaussian noise, public groups): its delta only states it as (epsilon, delta).
         # With partition selection the loss has an (epsilon, delta) part and no rho (below).

@@ -34,3 +34,14 @@ def test_rho_namespaces_are_charged_rho_only():
     assert window_cost(build_plan(_query(epsilon=0.5)), "rho", "q") == (pytest.approx(0.125), 0.0)
     with pytest.raises(WorkerConfigError, match="partition selection spends delta"):
         window_cost(build_plan(_query(groups={"select": {"delta": 1e-6}})), "rho", "q")
+
+
+def test_continual_releases_are_refused_in_rho_namespaces():
+    """A unit charged the period twice (seen in a second partition) may fill 2W windows of one tree:
+    each level moves 2 W Delta, so its pure loss per level doubles (2 eps_l, paid for twice: sound in
+    epsilon) while its zCDP bound (2 eps_l)^2 / 2 quadruples (paid for twice: half of it)."""
+    query = _query(window={"size": "1h"}, continual={"period": "1d"})
+    plan = build_plan(query)
+    assert window_cost(plan, "epsilon", "q") == (pytest.approx(1.0), 0.0)
+    with pytest.raises(WorkerConfigError, match=r"continual release.*account its namespace in epsilon"):
+        window_cost(plan, "rho", "q")
