@@ -95,6 +95,13 @@ SCENARIOS += (
     Scenario("top_k2", "topk", "top2_target", ("c",),
              {"bounds": {"max_groups_per_unit": 2, "max_events_per_group": 2}, "epsilon": 1.0,
               "groups": {"public": list(GROUPS)}, "aggregations": {"top_k": {"k": 2}}}),
+    # The same target among groups partition selection releases (a private group domain): every group holds
+    # TOPKSEL_BACKGROUND units per window, over the selection's threshold (13 units at epsilon 1 and delta
+    # 1e-5), so most windows offer all five as candidates; epsilon 3 gives selection, count and top_k 1 each,
+    # and the top_k record claims its own 1. Seen 0.50 when sound.
+    Scenario("top_k_selected", "topksel", "top1", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 3.0,
+              "groups": {"select": {"delta": 1e-5}}, "aggregations": {"count": {}, "top_k": {"k": 1}}}),
     # On a topic where every group holds two background values at 0 in every window: the target's two
     # values clipped to 10 make the middle candidate (5) the best instead of 0 (with no other values in
     # its group, both sides would give every candidate the same score). Three candidates: each sample
@@ -179,11 +186,13 @@ SCENARIOS += (
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "continual": {"period": "2s", "max_windows_per_unit": 1}}),
 )
-TOP_K_SCENARIOS = ("top_k", "top_k2")
-TOPIC_PARTITIONS = {"main": 3, "spread": 3, "clock": 1, "local": 3, "local_oue": 3, "quant": 3, "topk": 3}
+TOP_K_SCENARIOS = ("top_k", "top_k2", "top_k_selected")
+TOPIC_PARTITIONS = {"main": 3, "spread": 3, "clock": 1, "local": 3, "local_oue": 3, "quant": 3, "topk": 3,
+                    "topksel": 3}
 QUANT_BACKGROUND = 2  # units per group and window on the quant topic, each with value 0
 TOPK_BACKGROUND = 2  # units per group and window on the topk topic
-TOPK_TARGET_GROUPS = ("c", "d")  # the target's two events in each, on the topk topic
+TOPK_TARGET_GROUPS = ("c", "d")  # the target's two events in each, on the topk and topksel topics
+TOPKSEL_BACKGROUND = 16  # units per group and window on the topksel topic
 
 
 def release_key(scenario: Scenario, record: dict) -> tuple[int, str] | None:
@@ -249,12 +258,12 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> li
                 for i in range(QUANT_BACKGROUND):
                     unit, ts = f"bg-{w}-{group}-{i}", t + 100 + g * QUANT_BACKGROUND + i
                     out.append((unit.encode(), _event(unit, ts, group, 0.0), ts, None))
-        if topic == "topk":  # balanced groups, and nothing else
+        if topic in ("topk", "topksel"):  # balanced groups, and nothing else
             for g, group in enumerate(GROUPS):
-                for i in range(TOPK_BACKGROUND):
-                    unit, ts = f"bg-{w}-{group}-{i}", t + 100 + g * TOPK_BACKGROUND + i
+                for i in range(TOPK_BACKGROUND if topic == "topk" else TOPKSEL_BACKGROUND):
+                    unit, ts = f"bg-{w}-{group}-{i}", t + 100 + g * TOPKSEL_BACKGROUND + i
                     out.append((unit.encode(), _event(unit, ts, group, 1.0), ts, None))
-        for i in range(BACKGROUND_UNITS if topic != "topk" else 0):
+        for i in range(BACKGROUND_UNITS if topic not in ("topk", "topksel") else 0):
             unit = f"bg-{w}-{i}"
             out.append((unit.encode(), _event(unit, t + 100 + i, "a", 5.0), t + 100 + i, None))
         if topic in ("local", "local_oue"):
@@ -265,7 +274,7 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> li
             for group in GROUPS:
                 for e in range(10):
                     out.append((b"target", _event("target", t + 200 + e, group, 1e6), t + 200 + e, None))
-        elif topic == "topk":
+        elif topic in ("topk", "topksel"):
             for g, group in enumerate(TOPK_TARGET_GROUPS):
                 for e in range(2):
                     out.append((b"target", _event("target", t + 200 + 2 * g + e, group, 1.0), t + 200 + 2 * g + e, None))
@@ -308,7 +317,7 @@ def _config(run: str, topics: dict[str, str], outputs: dict[str, str]) -> dict:
     for s in SCENARIOS:
         limit = float(EXHAUSTED_AFTER) if s.name == "exhausted_budget" else 4000.0
         budget = {"horizon": "1h", "epsilon": limit}
-        if s.settings.get("delta"):
+        if s.settings.get("delta") or "select" in s.settings.get("groups", {}):
             budget["delta"] = 4e-3  # room for every window's delta
         namespaces[f"{run}-{s.name}"] = {"budgets": [budget], "alert_at": [1.0]}
         query = {
@@ -429,7 +438,7 @@ class Deployment:
         producer = kafka.KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=20,
                                        batch_size=256 * 1024)
         try:
-            for name in ("main", "spread", "local", "local_oue", "quant", "topk"):
+            for name in ("main", "spread", "local", "local_oue", "quant", "topk", "topksel"):
                 for key, value, stamp, partition in records(name, self.start_ms, self.windows,
                                                             with_target=self.with_target):
                     producer.send(self.topics[name], key=key, value=value, timestamp_ms=stamp, partition=partition)
@@ -513,8 +522,9 @@ class Deployment:
     def samples(self, scenario: Scenario, group: str) -> list[float]:
         releases = self.releases[scenario.name]
         starts = [self.start_ms + w * 1000 for w in audited_windows(scenario, self.start_ms, self.windows)]
-        if scenario.statistic == "top1":
-            return [float(releases[(s, "top")]["top"][0]["group"]["group"] == group) for s in starts]
+        if scenario.statistic == "top1":  # (a window whose selection released no group has an empty list)
+            return [float(bool(top := releases[(s, "top")]["top"]) and top[0]["group"]["group"] == group)
+                    for s in starts]
         if scenario.statistic == "top2_target":  # the list is the target's two groups (``group`` unused)
             return [float({t["group"]["group"] for t in releases[(s, "top")]["top"]} == set(TOPK_TARGET_GROUPS))
                     for s in starts]

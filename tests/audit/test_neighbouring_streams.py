@@ -106,7 +106,7 @@ def _scenario(name: str) -> Scenario:
 
 
 @pytest.mark.parametrize("name", ["over_bounds", "sum_clipping", "gaussian", "three_partitions_three_workers",
-                                  "future_timestamp", "top_k", "top_k2", "quantiles", "hierarchy", "continual",
+                                  "future_timestamp", "top_k", "top_k2", "top_k_selected", "quantiles", "hierarchy", "continual",
                                   "staircase", "staircase_sum", "local_dp", "local_dp_oue", "mean_vector",
                                   "covariance", "sample_aggregate", "sample_aggregate_median"])
 def test_no_unit_moves_a_release_by_more_than_its_claimed_epsilon(streams, name):
