@@ -23,7 +23,7 @@ import numpy as np
 from stream_dp.dp.sample_aggregate import block_of
 from stream_dp.dp.vectors import FeatureSpec
 from stream_dp.windows.bounding import ContributionRows, unit_starts
-from stream_dp.windows.exact_sums import quantise_pair_sums
+from stream_dp.windows.exact_sums import quantise_pair_sums, truncate_features
 from stream_dp.windows.histogram import HistogramSpec, SparseHistogram
 from stream_dp.windows.interning import GroupTable
 from stream_dp.windows.names import UnitNames, to_str
@@ -206,7 +206,8 @@ class WindowPartial:
         group = self.pair_group.astype(np.int64)
         if keep is not None:
             means, group = means[keep], group[keep]
-        return spec.group_sums(group, spec.of_means(means), len(self.groups))
+        # on a grid, so that the group sums are exact (stream_dp.windows.exact_sums)
+        return spec.group_sums(group, truncate_features(spec.of_means(means), spec.norm_bound), len(self.groups))
 
     def _block_values(self, keep: np.ndarray | None, blocks: int) -> BlockValues:
         """The kept events' values, each with its group and its unit's block."""

@@ -10,13 +10,15 @@ import math
 from fractions import Fraction
 
 import numpy as np
+import orjson
 import pytest
 
 from stream_dp.dp.bounds import ClipRange, ContributionBounds
 from stream_dp.dp.plan import ReleasePlan
 from stream_dp.dp.vectorised_noise import round_to_grid
-from stream_dp.windows import WindowPartial
-from stream_dp.windows.exact_sums import pair_sum_grid_k, quantise_pair_sums
+from stream_dp.dp.vectors import FeatureSpec
+from stream_dp.windows import EventSchema, WindowPartial
+from stream_dp.windows.exact_sums import pair_sum_grid_k, quantise_pair_sums, truncate_features
 
 from ._support import NOW_MS, batch_of, event, make_engine
 
@@ -111,3 +113,31 @@ def test_staircase_sum_indices_of_neighbours_stay_within_one_stair_on_an_adversa
     gap = int(round_to_grid(totals[0], law.grid_k)[0][0] - round_to_grid(totals[1], law.grid_k)[0][0])
     assert 0 < gap <= law.steps
     assert Fraction(float(totals[0][0])) - Fraction(float(totals[1][0])) == 20
+
+
+@pytest.mark.parametrize("kind", ["mean_vector", "covariance"])
+def test_neighbouring_feature_sums_differ_by_exactly_the_units_feature_vector(kind):
+    schema = EventSchema(unit_field="user_id", timestamp_field="ts", group_by=("page",), vector_fields=("x", "y"))
+    spec = FeatureSpec(kind, 2, 5.0)
+    rng = np.random.default_rng(11)
+    xy = rng.normal(0.0, 3.0, (5_000, 2)) + rng.uniform(0, 1e-9, (5_000, 2))
+
+    def features(with_target: bool) -> np.ndarray:
+        engine, clock = make_engine(schema=schema, clip=(0.0, 0.0))
+        events = [orjson.dumps({"user_id": i, "ts": W0 + 1, "page": "/a", "x": x, "y": y})
+                  for i, (x, y) in enumerate(xy.tolist())]
+        if with_target:
+            events.append(orjson.dumps({"user_id": "target", "ts": W0 + 2, "page": "/a", "x": 30.0, "y": 40.0}))
+        engine.process(batch_of(events))
+        clock.now_ms += 10 * 60_000
+        (partial,) = engine.tick()
+        return partial.aggregate(features=spec).features[0]
+
+    without, with_target = features(False), features(True)
+    # the target's vector (30, 40) clipped to norm 5 is (3, 4); its feature, from the README's definition
+    augmented = [3.0, 4.0, 5.0]
+    feature = augmented if kind == "mean_vector" else [augmented[i] * augmented[j] for i in range(3) for j in range(i, 3)]
+    for coordinate, (a, b) in enumerate(zip(with_target.tolist(), without.tolist())):
+        # on the grid already, the feature is added exactly: the sums differ by it and nothing more
+        assert Fraction(a) - Fraction(b) == Fraction(feature[coordinate])
+    assert np.array_equal(truncate_features(np.array([feature]), spec.norm_bound)[0], np.array(feature))

@@ -23,6 +23,14 @@ FIELDS = ("x", "y", "z")
 SCHEMA = EventSchema(unit_field="user_id", timestamp_field="ts", group_by=("page",), vector_fields=FIELDS)
 WINDOW_START = NOW_MS - 120_000
 CLIP_NORM = 5.0
+UNITS = 30  # the events' units (``_events``)
+
+
+def _grid_tolerance(spec: FeatureSpec) -> float:
+    """Each unit's feature coordinates are cut toward zero to a power-of-two grid of about
+    2^-30 of the feature's l2 bound (README): a group's sum is below the reference by at most
+    one grid step per unit."""
+    return UNITS * 2.0 ** (math.floor(math.log2(spec.norm_bound)) - 30)
 
 
 def _events(seed: int = 0, n: int = 400) -> list[tuple[str, str, tuple[float, float, float]]]:
@@ -78,7 +86,7 @@ def test_feature_sums_match_the_reference_however_the_events_arrive(kind):
     expected = _reference(events, kind)
     assert [tuple(g) for g in totals.groups] == sorted(expected)
     for row, group in zip(totals.features, totals.groups):
-        assert np.allclose(row, expected[tuple(group)], rtol=1e-12, atol=1e-9)
+        assert np.allclose(row, expected[tuple(group)], rtol=1e-12, atol=_grid_tolerance(spec))
     # the same records in seven batches: bit-identical sums (replays must round the same way)
     again, _ = _closed_partial(_encode(events), cuts=7)
     assert again.aggregate(features=spec).features.tobytes() == totals.features.tobytes()
@@ -92,7 +100,7 @@ def test_excluded_units_are_left_out_of_the_feature_sums():
     totals = partial.aggregate(partial.unit_mask(gone), features=spec)
     expected = _reference([e for e in events if e[0] not in gone], "mean_vector")
     for row, group in zip(totals.features, totals.groups):
-        assert np.allclose(row, expected[tuple(group)], rtol=1e-12, atol=1e-9)
+        assert np.allclose(row, expected[tuple(group)], rtol=1e-12, atol=_grid_tolerance(spec))
     # the last coordinate counts the units left, times C
     units_left = {(page,): len({u for u, p, _ in events if p == page and u not in gone}) for _, page, _ in events}
     assert {tuple(g): round(r[-1] / CLIP_NORM) for g, r in zip(totals.groups, totals.features)} == units_left
