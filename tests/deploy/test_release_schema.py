@@ -134,6 +134,11 @@ DOCTORED: dict[str, Callable[[], Record]] = {
         _drop(_record(_has("covariance")), "privacy.covariance"), "privacy.mean_vector", _privacy_of("covariance")),
     "central record with a local randomizer": lambda: _with(
         _record(_plain), "privacy.local_dp", _privacy_of("local_dp")),
+    # the privacy statement says nothing beyond its listed keys, and leaves none of them out
+    "privacy with a made-up key": lambda: _with(_record(_plain), "privacy.spent", 0),
+    "continual privacy with a made-up key": lambda: _with(_record(_has("continual")), "privacy.window_epsilon", 1.0),
+    **{f"privacy without {key}": (lambda key=key: _drop(_record(_plain), f"privacy.{key}"))
+       for key in ("charged", "groups", "max_groups_per_unit", "max_events_per_group", "clip")},
 }
 
 
