@@ -31,7 +31,7 @@ from tests.reliability.checks import (
 from tests.reliability.model import FIXED_POINT, compute_truth
 from tests.reliability.state_checks import RedisEvidence, check_budgets, check_completeness, check_ledger
 from tests.reliability.topics import TopicRecord
-from tests.reliability.workload import StreamSpec, encode_event, schedule, write_config
+from tests.reliability.workload import CLIP, MAX_EVENTS, MAX_GROUPS, StreamSpec, encode_event, schedule, write_config
 
 SECRET = b"checks-secret-0123456789abcdef"
 PARTITIONS = 3
@@ -90,8 +90,9 @@ def _release(query: str, start: int, page: str, count: float, total: float) -> T
               "group": {"page": page}, "count": count, "sum": total, "mean": 1.0,
               "ci95": {"count": 3.0, "sum": 30.0, "mean": 10.0}, "std": {"count": 1.4, "sum": 14.1},
               "privacy": {"namespace": "ns", "unit_field": "user_id", "mechanism": "laplace", "epsilon": 1.0,
-                          "delta": 0.0, "rho": None, "count_scale": 1.0, "sum_scale": 10.0,
-                          "trust_model": "central"},
+                          "delta": 0.0, "rho": None, "count_scale": 1.0, "sum_scale": 10.0, "groups": "public",
+                          "max_groups_per_unit": MAX_GROUPS, "max_events_per_group": MAX_EVENTS, "clip": list(CLIP),
+                          "charged": "per_window", "trust_model": "central"},
               "released_at_ms": 1, "released_at": "2026-01-01T00:00:03.000Z"}
     return TopicRecord(0, 0, None, orjson.dumps(record), {})
 
