@@ -206,8 +206,11 @@ class WindowPartial:
         group = self.pair_group.astype(np.int64)
         if keep is not None:
             means, group = means[keep], group[keep]
-        # on a grid, so that the group sums are exact (stream_dp.windows.exact_sums)
-        return spec.group_sums(group, truncate_features(spec.of_means(means), spec.norm_bound), len(self.groups))
+        features = spec.of_means(means)
+        if isinstance(spec, FeatureSpec):  # (unary reports are 0/1 rows: their sums are exact already)
+            # on a grid, so that the group sums are exact (stream_dp.windows.exact_sums)
+            features = truncate_features(features, spec.norm_bound)
+        return spec.group_sums(group, features, len(self.groups))
 
     def _block_values(self, keep: np.ndarray | None, blocks: int) -> BlockValues:
         """The kept events' values, each with its group and its unit's block."""
