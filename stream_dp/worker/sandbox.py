@@ -2,10 +2,11 @@
 
 The sandbox is a new interpreter (``python -m stream_dp.worker.sandbox_child``:
 none of the worker's objects, sockets or memory) started with an environment
-from which every worker setting (``STREAM_DP_*``, ``KAFKA_*``, ``REDIS_*``)
-is left out -- never set, so not even ``/proc/self/environ`` holds them -- and
-with the worker's import path, so the function loads as it would in the
-worker. It loads the function once and runs each block in a fresh process
+of the few variables in ``PASSED_ON`` and nothing else -- the worker's settings
+are read in any case (``redis_url`` as well as ``REDIS_URL``), and a secret may
+sit in any variable, so none is ever set there, not even in
+``/proc/self/environ`` -- and with the worker's import path as
+``PYTHONPATH``, so the function loads as it would in the worker. It loads the function once and runs each block in a fresh process
 forked from that state, with the block's time limit: whatever a call leaves
 behind (globals, caches, a crash, a process it started in its process group) dies with its block,
 and the sandbox process never reads a block's values or answer (the block's
@@ -43,7 +44,14 @@ from stream_dp.worker.sandbox_child import ANSWER, STOP, decode
 
 log = logging.getLogger(__name__)
 
-_SCRUBBED_PREFIXES = ("STREAM_DP_", "KAFKA_", "REDIS_")
+# What a process needs to run and find its files, locale and time zone; none holds a setting or a secret.
+# PYTHONPATH is set from the worker's import path; PYTHONHOME, where the worker's interpreter needed it to
+# find its standard library, the sandbox's needs it too. Exact names: settings are read whatever their case.
+PASSED_ON = frozenset({
+    "PATH", "HOME", "TMPDIR", "TZ", "LANG", "LANGUAGE", "LC_ALL", "LC_ADDRESS", "LC_COLLATE", "LC_CTYPE",
+    "LC_IDENTIFICATION", "LC_MEASUREMENT", "LC_MESSAGES", "LC_MONETARY", "LC_NAME", "LC_NUMERIC", "LC_PAPER",
+    "LC_TELEPHONE", "LC_TIME", "PYTHONHASHSEED", "PYTHONHOME",
+})
 _START_TIMEOUT_S = 60.0
 _ANSWER_GRACE_S = 10.0  # beyond a block's own limit, which the sandbox enforces: then the sandbox itself is stuck
 _COUNT = struct.Struct("<Q")
@@ -72,7 +80,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def _child_environment() -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if not name.startswith(_SCRUBBED_PREFIXES)}
+    env = {name: value for name, value in os.environ.items() if name in PASSED_ON}
     env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
     return env
 

@@ -1,7 +1,7 @@
 """The sandbox process of a sample-and-aggregate function: ``python -m stream_dp.worker.sandbox_child PATH TIMEOUT_S``.
 
-Started by ``stream_dp.worker.sandbox`` with an environment that holds none
-of the worker's settings. It loads the function once, then runs every block
+Started by ``stream_dp.worker.sandbox`` with an environment of the few
+variables it passes on (``sandbox.PASSED_ON``), none a setting or a secret. It loads the function once, then runs every block
 in a process of its own, forked from the loaded state: nothing a call leaves
 behind (a global, a cache, a crash, a process it started) reaches the next
 block, so one unit's data can only ever change its own block's output.

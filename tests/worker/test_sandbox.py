@@ -53,15 +53,35 @@ def test_each_misbehaviour_costs_its_own_block_only(caplog):
     assert "ArithmeticError" in caplog.text  # the exception's type is logged, never its message or the data
 
 
-def test_the_worker_settings_do_not_reach_the_function(monkeypatch):
-    monkeypatch.setenv("STREAM_DP_CONTRIBUTION_SECRET", "do-not-leak-0123456789abcdef")
-    monkeypatch.setenv("REDIS_URL", "redis://user:password@example:6379/0")
-    for name in ("sees_worker_settings", "sees_worker_settings_in_proc"):
+# Where a secret may be: the worker's settings by their names, in any case (the settings are read whatever
+# the case: ``redis_url`` sets the Redis URL as ``REDIS_URL`` does), and any other variable of the process.
+SECRET_VARIABLES = ("STREAM_DP_CONTRIBUTION_SECRET", "REDIS_URL", "stream_dp_contribution_secret", "redis_url",
+                    "Kafka_Sasl_Password", "PAYMENTS_API_TOKEN")
+# What the README says the sandbox's environment holds (the PYTHONPATH it is given, and of the worker's own
+# environment these names only).
+README_PASSED_ON = {"PATH", "HOME", "TMPDIR", "TZ", "LANG", "LANGUAGE", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONHOME"}
+
+
+def _passed_on_per_readme(name: str) -> bool:
+    return name in README_PASSED_ON or (name.startswith("LC_") and name[3:].isupper())
+
+
+def test_no_secret_of_the_worker_environment_reaches_the_function(monkeypatch, capfd):
+    from tests.worker._functions import SECRET_MARK
+
+    for name in SECRET_VARIABLES:
+        monkeypatch.setenv(name, f"redis://user:{SECRET_MARK}@example:6379/0" if "redis" in name.lower() else SECRET_MARK)
+    monkeypatch.setenv("TZ", "Europe/Paris")  # what the function may need is still there
+    for name in ("sees_a_secret", "sees_a_secret_in_proc", "environment_names"):
         sandbox = FunctionSandbox(f"tests.worker._functions:{name}")
         try:
             assert sandbox.run(_blocks([1])).tolist() == [0.0], name
         finally:
             sandbox.close()
+    (line,) = [line for line in capfd.readouterr().err.splitlines() if line.startswith("ENVIRONMENT")]
+    names = line.split()[1:]
+    assert not [name for name in names if not _passed_on_per_readme(name)], names
+    assert {"PATH", "TZ", "PYTHONPATH"} <= set(names), names
 
 
 def test_a_function_that_prints_does_not_break_the_answers():
@@ -225,9 +245,9 @@ def test_a_function_cannot_read_the_secret_out_of_the_worker_process(tmp_path):
     probe finds the secret); a worker run as another user is guarded by being not dumpable (next tests)."""
     from tests.worker._secret_probe import SECRET_MARK
 
-    config, out = tmp_path / "queries.yaml", tmp_path / "probe.txt"
+    config, out = tmp_path / "queries.yaml", tmp_path / "secret_probe.txt"
     config.write_text(SANDBOXED_QUERY)
-    env = {**os.environ, "STREAM_DP_CONTRIBUTION_SECRET": SECRET_MARK.decode(), "SECRET_PROBE_OUT": str(out)}
+    env = {**os.environ, "STREAM_DP_CONTRIBUTION_SECRET": SECRET_MARK.decode(), "TMPDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-m", "stream_dp.cli.main", "check-config", str(config)],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
