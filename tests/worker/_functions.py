@@ -35,6 +35,37 @@ def nan_always(values: np.ndarray) -> float:
     return float("nan")
 
 
+def raises_its_values(values: np.ndarray) -> float:
+    """Raises an exception whose class is named after the block's values (and whose message holds them)."""
+    name = "V_" + "_".join(f"{v:g}".replace(".", "p").replace("-", "m") for v in values)
+    raise type(name, (LookupError,), {})(f"values {values.tolist()}")
+
+
+def raises_a_library_error(values: np.ndarray) -> float:
+    """statistics.StatisticsError, a ValueError subclass defined by the standard library, not a builtin."""
+    import statistics
+
+    return statistics.stdev(values)
+
+
+def returns_the_count_as_text(values: np.ndarray) -> float:
+    return str(len(values))  # type: ignore[return-value]
+
+
+def returns_a_bool(values: np.ndarray) -> float:
+    return bool(len(values))  # type: ignore[return-value]
+
+
+def returns_a_numpy_bool(values: np.ndarray) -> float:
+    return np.bool_(len(values))  # type: ignore[return-value]
+
+
+def returns_numbers_of_every_kind(values: np.ndarray) -> float:
+    """A Python int, a float, a numpy integer and a numpy float, by the block's first value."""
+    kinds = [int, float, np.int64, np.float32]
+    return kinds[int(values[0]) % 4](len(values))
+
+
 # The marker every secret of test_sandbox.py holds, whatever variable it is in.
 SECRET_MARK = "do-not-leak-0123456789abcdef"
 

@@ -7,6 +7,7 @@ cost only its own block.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -51,6 +52,60 @@ def test_each_misbehaviour_costs_its_own_block_only(caplog):
         finally:
             sandbox.close()
     assert "ArithmeticError" in caplog.text  # the exception's type is logged, never its message or the data
+
+
+def test_a_failure_is_logged_as_a_builtin_class_never_a_name_or_value_the_function_makes_up(caplog):
+    """The log line names what failed with a builtin class only: an exception class the function defines (its
+    name is text the function chooses, here made of the block's values) is logged as its nearest builtin base."""
+    for name, blocks, logged in [
+        ("raises_its_values", _blocks([1.5, -2], [3]), {"LookupError (subclass)": 2}),
+        ("raises_a_library_error", _blocks([1]), {"ValueError (subclass)": 1}),
+        ("fails_on_negative", _blocks([-1]), {"ArithmeticError": 1}),
+    ]:
+        sandbox = FunctionSandbox(f"tests.worker._functions:{name}")
+        try:
+            caplog.clear()
+            assert np.isnan(sandbox.run(blocks)).all()
+            assert sandbox.take_failures() == {"error": len(blocks)}, name
+        finally:
+            sandbox.close()
+        (record,) = caplog.records
+        message = record.getMessage()
+        assert message == f"tests.worker._functions:{name} failed on " + ", ".join(
+            f"{n} block(s): {what}" for what, n in logged.items()), message
+    assert not any(mark in caplog.text for mark in ("V_", "1p5", "1.5", "m2", "-2", "StatisticsError"))
+    # nor is the text of an answer the block's process wrote itself in the sandbox's place
+    sandbox = FunctionSandbox("tests.worker._reaching_out:forges_an_error_naming_its_values")
+    try:
+        caplog.clear()
+        assert np.isnan(sandbox.run(_blocks([1.5]))).all()
+        assert sandbox.take_failures() == {"error": 1}
+    finally:
+        sandbox.close()
+    assert caplog.records[0].getMessage().endswith("1 block(s): an answer not written by the sandbox"), caplog.text
+    assert "1.5" not in caplog.text
+
+
+def test_only_a_real_number_is_an_answer(caplog):
+    """The function must return a number (README): text, a bool or a numpy bool is a failed block, logged by its
+    builtin class; ints and floats, Python's or numpy's, are answers."""
+    for name, logged in [("returns_the_count_as_text", r"str"), ("returns_a_bool", r"bool"),
+                         ("returns_a_numpy_bool", r"numpy\.bool_?")]:  # numpy 2 names it numpy.bool
+        sandbox = FunctionSandbox(f"tests.worker._functions:{name}")
+        try:
+            caplog.clear()
+            assert np.isnan(sandbox.run(_blocks([1, 2], [3]))).all(), name
+            assert sandbox.take_failures() == {"error": 2}, name
+        finally:
+            sandbox.close()
+        assert re.search(rf"failed on 2 block\(s\): returned {logged}, not a number$", caplog.records[0].getMessage()), \
+            caplog.text
+    sandbox = FunctionSandbox("tests.worker._functions:returns_numbers_of_every_kind")
+    try:
+        assert sandbox.run(_blocks([0], [1, 1], [2, 2, 2], [3, 3, 3, 3])).tolist() == [1.0, 2.0, 3.0, 4.0]
+        assert sandbox.take_failures() == {}
+    finally:
+        sandbox.close()
 
 
 # Where a secret may be: the worker's settings by their names, in any case (the settings are read whatever
