@@ -207,7 +207,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"  noise scale: count {fmt(p['count_scale'])}, sum {fmt(p['sum_scale'])}"
                   + (f"; selection threshold {fmt(p['selection_threshold'])} units" if p["selection_threshold"] else ""))
         columns = ("count_ci95", "sum_ci95", "mean_ci95")
-        if any(a.get(c) is not None for a in p["accuracy"] for c in columns):  # none: the options state their own
+        # A local query's error depends on the window's number of reports, not on a value's count: its
+        # local_dp line states it per number of reports, and no table by count is printed.
+        if "count" in p["accuracy"][0] and any(a.get(c) is not None for a in p["accuracy"] for c in columns):
             print(f"  {'true count':>10} {'count ±95%':>11} {'sum ±95%':>10} {'mean ±95%':>10}")
             for a in p["accuracy"]:
                 print(f"  {int(a['count']):>10,} " + " ".join(f"{fmt(a.get(c)):>{w}}" for c, w in zip(columns, (11, 10, 10))))

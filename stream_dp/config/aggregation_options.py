@@ -99,6 +99,43 @@ def worst_case_release_ms(sa: Any, groups: int) -> int:
     return groups * sa.blocks * sa.timeout_ms
 
 
+def _released_groups(query: Any, sa: Any) -> int | None:
+    """The most groups a window releases: the public list's length, else ``max_released_groups``."""
+    public = query.public_group_keys()
+    return len(public) if public is not None else sa.max_released_groups
+
+
+def check_release_time_together(queries: list[Any]) -> None:
+    """The sample_aggregate queries of one file, taken together: raises ``ValueError`` saying what to lower.
+
+    One worker runs the whole file, and its release stage releases every query's windows one after
+    another, so a window's blocks hold up every other query's releases while they run: at worst (every
+    block running out its timeout) the windows of all sample_aggregate queries ending together must be
+    released within the shortest of their windows, or releases fall further behind with every window.
+    Each query's own bound (``_check_release_time``) is this one for a file holding it alone."""
+    parts = []
+    for query in queries:
+        sa = query.aggregations.sample_aggregate
+        groups = _released_groups(query, sa) if sa is not None else None
+        if groups is not None:  # None: the query is refused on its own (no max_released_groups)
+            parts.append((query, worst_case_release_ms(sa, groups)))
+    if len(parts) < 2:
+        return
+    total_ms = sum(worst for _, worst in parts)
+    shortest = min(parts, key=lambda part: part[0].window.size_ms)[0]
+    window_ms = shortest.window.size_ms
+    if total_ms <= window_ms:
+        return
+    each = ", ".join(f"{query.name} {worst / 1000:g} s" for query, worst in parts)
+    raise ValueError(
+        f"the sample_aggregate queries take, at worst (every block running out its timeout), {total_ms / 1000:g} s "
+        f"of release time together ({each}; each is its released groups x blocks x timeout), more than the "
+        f"{window_ms / 1000:g} s window of {shortest.name}: one worker releases every query of the file one "
+        "after another, so every query's releases could wait longer than that window, and fall further behind "
+        "with every window; lower their timeout, blocks or max_released_groups, or use longer windows"
+    )
+
+
 def _check_release_time(query: Any, sa: Any, fixes: list[str]) -> None:
     """The function runs on every released group, so their number must be bounded: by the public list, or
     with selected groups by ``max_released_groups``; and at worst (every block running out its timeout) a

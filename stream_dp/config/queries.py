@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from stream_dp.budget.policy import MAX_HORIZONS, MAX_LIMIT_UNITS, MAX_THRESHOLDS, MICRO, to_units_down
+from stream_dp.config.aggregation_options import check_release_time_together
 from stream_dp.config.aggregations import Aggregations
 from stream_dp.config.query_checks import check_query_options
 from stream_dp.config.durations import parse_duration_ms
@@ -312,6 +313,12 @@ class PipelineConfig(_Strict):
     def _namespace_names(cls, value: dict[str, NamespaceConfig]) -> dict[str, NamespaceConfig]:
         for name in value:
             _check_name("namespace", name)
+        return value
+
+    @field_validator("queries")
+    @classmethod
+    def _release_time(cls, value: list[QueryConfig]) -> list[QueryConfig]:
+        check_release_time_together(value)
         return value
 
     @model_validator(mode="after")

@@ -222,9 +222,9 @@ class QueryPlan:
         return self.base.release(counts, sums, distinct_units, noise)
 
     def accuracy_at(self, count: int) -> dict[str, float | None]:
-        if self.local is not None:  # ``count`` reports, the value's frequency at its worst
+        if self.local is not None:  # ``count`` reports in the window (not a value's count), its frequency at its worst
             _, variance = self.local.estimate_bounds(count)
-            return {"count": float(count), "count_std": variance**0.5, "count_ci95": 1.96 * variance**0.5,
+            return {"reports": float(count), "count_std": variance**0.5, "count_ci95": 1.96 * variance**0.5,
                     "sum_std": None, "sum_ci95": None, "mean_ci95": None, "keep_probability": 1.0}
         if self.base is not None:
             return self.base.accuracy_at(count)

@@ -2,10 +2,11 @@
 
 The sandbox is a new interpreter (``python -m stream_dp.worker.sandbox_child``:
 none of the worker's objects, sockets or memory) started with an environment
-from which every worker setting (``STREAM_DP_*``, ``KAFKA_*``, ``REDIS_*``)
-is left out -- never set, so not even ``/proc/self/environ`` holds them -- and
-with the worker's import path, so the function loads as it would in the
-worker. It loads the function once and runs each block in a fresh process
+of the few variables in ``PASSED_ON`` and nothing else -- the worker's settings
+are read in any case (``redis_url`` as well as ``REDIS_URL``), and a secret may
+sit in any variable, so none is ever set there, not even in
+``/proc/self/environ`` -- and with the worker's import path as
+``PYTHONPATH``, so the function loads as it would in the worker. It loads the function once and runs each block in a fresh process
 forked from that state, with the block's time limit: whatever a call leaves
 behind (globals, caches, a crash, a process it started in its process group) dies with its block,
 and the sandbox process never reads a block's values or answer (the block's
@@ -15,7 +16,7 @@ nothing but requests, one block at a time, the next only once this one's
 answer is back (by then every process of the block's group is gone; one that left it, with setsid, is
 not: the sandbox keeps the operator's function off the worker's state, it is no jail for hostile code).
 The sandbox process is not dumpable, so a block cannot reach its pipes through ``/proc``. A block whose function
-raises, returns something that is not a finite number, runs past
+raises, returns something that is not a finite real number, runs past
 ``timeout_s`` or ends its process counts as failed (the plan puts the output
 range's midpoint in its place) -- so one unit's data can only ever change its
 own block's output, never stop the worker or reach the other blocks.
@@ -23,6 +24,7 @@ own block's output, never stop the worker or reach the other blocks.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import math
 import os
@@ -43,7 +45,14 @@ from stream_dp.worker.sandbox_child import ANSWER, STOP, decode
 
 log = logging.getLogger(__name__)
 
-_SCRUBBED_PREFIXES = ("STREAM_DP_", "KAFKA_", "REDIS_")
+# What a process needs to run and find its files, locale and time zone; none holds a setting or a secret.
+# PYTHONPATH is set from the worker's import path; PYTHONHOME, where the worker's interpreter needed it to
+# find its standard library, the sandbox's needs it too. Exact names: settings are read whatever their case.
+PASSED_ON = frozenset({
+    "PATH", "HOME", "TMPDIR", "TZ", "LANG", "LANGUAGE", "LC_ALL", "LC_ADDRESS", "LC_COLLATE", "LC_CTYPE",
+    "LC_IDENTIFICATION", "LC_MEASUREMENT", "LC_MESSAGES", "LC_MONETARY", "LC_NAME", "LC_NUMERIC", "LC_PAPER",
+    "LC_TELEPHONE", "LC_TIME", "PYTHONHASHSEED", "PYTHONHOME",
+})
 _START_TIMEOUT_S = 60.0
 _ANSWER_GRACE_S = 10.0  # beyond a block's own limit, which the sandbox enforces: then the sandbox itself is stuck
 _COUNT = struct.Struct("<Q")
@@ -72,9 +81,27 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def _child_environment() -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if not name.startswith(_SCRUBBED_PREFIXES)}
+    env = {name: value for name, value in os.environ.items() if name in PASSED_ON}
     env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
     return env
+
+
+_RETURNED, _NOT_A_NUMBER, _SUBCLASS = "returned ", ", not a number", " (subclass)"
+_NAMESPACES = {"": builtins, "numpy": np}
+
+
+def _logged_failure(text: str) -> str:
+    """An ``error`` answer's text if it is one ``sandbox_child`` writes (a builtin or numpy class's name, as
+    ``class_name`` gives it, or ``returned NAME, not a number``); anything else is a record the block wrote
+    itself, whose text the function chose, and is not logged."""
+    name = text
+    if name.startswith(_RETURNED) and name.endswith(_NOT_A_NUMBER):
+        name = name[len(_RETURNED):-len(_NOT_A_NUMBER)]
+    module, _, attribute = name.removesuffix(_SUBCLASS).rpartition(".")
+    namespace = _NAMESPACES.get(module)
+    if namespace is not None and attribute.isidentifier() and isinstance(getattr(namespace, attribute, None), type):
+        return text
+    return "an answer not written by the sandbox"
 
 
 class FunctionSandbox:
@@ -173,7 +200,7 @@ class FunctionSandbox:
                     out[i] = reply["v"]
                 elif status == "error":
                     self._failures["error"] += 1
-                    self._error_types[reply["e"][:100]] += 1
+                    self._error_types[_logged_failure(reply["e"])] += 1
                 elif status in ("not_finite", "timeout"):
                     self._failures[status] += 1
                 else:  # crashed, or a status that is no block's answer: the block broke the protocol
@@ -182,10 +209,11 @@ class FunctionSandbox:
 
     def take_failures(self) -> dict[str, int]:
         """Failed blocks by reason (``error``, ``not_finite``, ``timeout``, ``crashed``, ``load_error``) since the last call,
-        for the worker's metrics and log (counts only: no values, no unit ids); exception types are logged."""
+        for the worker's metrics and log (counts only: no values, no unit ids); what an ``error`` raised or returned is
+        logged as a builtin class's name (``sandbox_child.class_name``), never a name the function made up."""
         with self._lock:
             if self._error_types:
-                log.warning("%s raised on %s", self.function,
+                log.warning("%s failed on %s", self.function,
                             ", ".join(f"{n} block(s): {name}" for name, n in self._error_types.most_common(5)))
             self._error_types = Counter()
             failures, self._failures = dict(self._failures), Counter()

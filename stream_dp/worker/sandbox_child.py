@@ -1,7 +1,7 @@
 """The sandbox process of a sample-and-aggregate function: ``python -m stream_dp.worker.sandbox_child PATH TIMEOUT_S``.
 
-Started by ``stream_dp.worker.sandbox`` with an environment that holds none
-of the worker's settings. It loads the function once, then runs every block
+Started by ``stream_dp.worker.sandbox`` with an environment of the few
+variables it passes on (``sandbox.PASSED_ON``), none a setting or a secret. It loads the function once, then runs every block
 in a process of its own, forked from the loaded state: nothing a call leaves
 behind (a global, a cache, a crash, a process it started) reaches the next
 block, so one unit's data can only ever change its own block's output.
@@ -20,15 +20,17 @@ Protocol on its original stdin/stdout (the function's own prints go to
 stderr): a request is an 8-byte little-endian count ``n`` then ``n`` float64
 values (``n = 2^64 - 1``: stop); every answer, the first included, is one
 ``ANSWER`` record: a status byte (an index into ``STATUSES``), a float64 (the
-value, for ``ok``) and NUL-padded UTF-8 text (an exception's type name, a load
-error). The first answer is ``ready`` or ``load_error``. Imports nothing of the
+value, for ``ok``) and NUL-padded UTF-8 text (``what_failed``'s class name, a
+load error). The first answer is ``ready`` or ``load_error``. Imports nothing of the
 worker.
 """
 
 from __future__ import annotations
 
+import builtins
 import fcntl
 import importlib
+import numbers
 import math
 import os
 import select
@@ -76,6 +78,38 @@ def _read_into(fd: int, view: memoryview) -> bool:
     return True
 
 
+def class_name(cls: type) -> str:
+    """``cls``'s name if it is one of Python's builtin classes or numpy's, else its nearest such base's with
+    `` (subclass)``: a class the function defines has a name of its choosing, which may spell out its data.
+    Only the identity with the builtin class makes a name trusted, never the name itself."""
+    try:
+        for base in cls.__mro__:
+            name = base.__name__
+            if getattr(builtins, name, None) is base:
+                found = name
+            elif getattr(np, name, None) is base:
+                found = f"numpy.{name}"
+            else:
+                continue
+            return found if base is cls else f"{found} (subclass)"
+    except Exception:  # a metaclass's own __name__ or __mro__
+        pass
+    return "object (subclass)"
+
+
+def _answer(function: Any, values: np.ndarray) -> bytes:
+    """The block's answer: a real number (a Python or numpy int or float; not a bool, not text), or what failed,
+    as a builtin class name only (``class_name``), never an exception's message or a value."""
+    try:
+        out = function(values)
+        if isinstance(out, (bool, np.bool_)) or not isinstance(out, numbers.Real):
+            return encode("error", text=f"returned {class_name(type(out))}, not a number")
+        value = float(out)
+    except Exception as exc:  # the user's function failed on this block
+        return encode("error", text=class_name(type(exc)))
+    return encode("ok", value) if math.isfinite(value) else encode("not_finite")
+
+
 def _load(path: str) -> Any:
     module_name, _, attribute = path.partition(":")
     target: Any = importlib.import_module(module_name)
@@ -108,12 +142,7 @@ def _serve_block(function: Any, requests: int, answers: int, write_end: int) -> 
             for fd in (requests, answers):  # the function never touches the protocol: no later request, no answer
                 os.close(fd)
             os.write(write_end, _TAKEN)
-            try:
-                out = float(function(values))
-                answer = encode("ok", out) if math.isfinite(out) else encode("not_finite")
-            except Exception as exc:  # the user's function failed on this block
-                answer = encode("error", text=type(exc).__name__)
-            os.write(write_end, answer)
+            os.write(write_end, _answer(function, values))
         code = 0
     finally:
         sys.stderr.flush()

@@ -159,12 +159,13 @@ SCENARIOS += (
               "aggregations": {"covariance": {"fields": ["value"], "clip_norm": 10.0}}}),
     # A median per block of units: the target's 1e6 values push its block's median to the top of the
     # output range (and fill an empty block in groups b to e); outputs clipped to [0, 10]. Timeouts short
-    # enough for 1 s windows (check-config: 5 groups x blocks x timeout within the window); a block takes ms.
+    # enough for 1 s windows: check-config bounds the file's sample_aggregate queries together, 5 groups x
+    # (4 blocks x 30 ms here + 2 blocks x 40 ms for the median below) within the window; a block takes ms.
     # Seen 0.10 to 0.18 when sound, 2.97 with the noise divided by 8.
     Scenario("sample_aggregate", "main", "sa_value", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "aggregations": {"sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": 4,
-                                                    "output_range": [0, 10], "timeout": "50ms"}}}),
+                                                    "output_range": [0, 10], "timeout": "30ms"}}}),
     # The blocks' median instead of their mean: in the target's group both blocks are empty in D (each
     # counts at the midpoint 5, in the middle of three bins: every edge scores the same), and in D' its
     # block's output is 10, in the top bin (edge 6.67 scores best: drawn 35% of the time against 25%). A
@@ -175,7 +176,7 @@ SCENARIOS += (
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "aggregations": {"sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": 2,
                                                     "output_range": [0, 10], "aggregate": "median", "bins": 3,
-                                                    "timeout": "100ms"}}}),
+                                                    "timeout": "40ms"}}}),
     # Periods of two windows; the target counts in its first window of each (max_windows_per_unit 1).
     # It moves both tree nodes of the period: sampled as how many of the period's two running totals are
     # at least its 2 events above D's true total. Both are with probability about 1/4 in D' and

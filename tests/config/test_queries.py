@@ -191,6 +191,53 @@ def test_a_sample_aggregate_over_selected_groups_needs_a_cap_its_worst_case_fits
     assert re.search(r"queries\[9\] \(sensor_median_temp\): " + expected, message), message
 
 
+def _second_sample_aggregate(example: dict, window: str, timeout_ms: int) -> dict:
+    """A copy of the example's sample_aggregate query (2 public sites, 50 blocks) on its own topics, with
+    ``window`` and a block timeout of ``timeout_ms``: at worst 2 x 50 x timeout_ms per window."""
+    query = copy.deepcopy(example["queries"][9])
+    query.update(name="sensor_median_temp_2", input_topic="events.sensors_2", output_topic="dp.sensor_median_temp_2")
+    query["window"] = {"size": window}
+    query["aggregations"]["sample_aggregate"]["timeout"] = f"{timeout_ms}ms"
+    example["queries"].append(query)
+    return query
+
+
+# One worker releases every query of the file in turn, so the worst cases (groups x blocks x timeout) of
+# all its sample_aggregate queries add up, and must fit the shortest of their windows: here the example's
+# query, 2 x 50 x 1 s = 100 s on 1 h windows, and a copy, 2 x 50 x timeout, which alone fits its window.
+@pytest.mark.parametrize(("window", "timeout_ms", "accepted"), [
+    ("1h", 35_000, True),  # 100 s + 3500 s = 3600 s: exactly the window
+    ("1h", 35_001, False),  # 100 s + 3500.1 s: each within the window, not both
+    ("2h", 35_000, True),
+    ("2h", 35_001, False),  # over the shortest window, though within the copy's own 2 h
+])
+def test_the_sample_aggregate_queries_of_a_file_must_fit_the_shortest_window_together(example, window, timeout_ms,
+                                                                                       accepted):
+    _second_sample_aggregate(example, window, timeout_ms)
+    if accepted:
+        parse_config(example, "queries.yaml")
+        return
+    total_s = 100 + 2 * 50 * timeout_ms / 1000
+    message = _error(example)
+    assert message.startswith(
+        f"queries.yaml: queries: the sample_aggregate queries take, at worst (every block running out its timeout), "
+        f"{total_s:g} s of release time together (sensor_median_temp 100 s, sensor_median_temp_2 "
+        f"{total_s - 100:g} s; each is its released groups x blocks x timeout), more than the 3600 s window of "
+        "sensor_median_temp: one worker releases every query of the file one after another"), message
+    assert "lower their timeout, blocks or max_released_groups, or use longer windows" in message
+    assert "\n" not in message  # one problem, one line: each query alone is accepted
+
+
+def test_check_config_adds_up_the_sample_aggregate_queries_of_a_file(example, tmp_path, capsys):
+    from stream_dp.cli.main import main
+
+    _second_sample_aggregate(example, "1h", 35_001)  # 100 s + 3500.1 s
+    path = tmp_path / "queries.yaml"
+    path.write_text(yaml.safe_dump(example))
+    assert main(["check-config", str(path)]) == 1
+    assert "3600.1 s of release time together" in capsys.readouterr().err
+
+
 def test_check_config_and_plan_state_the_worst_case_of_a_capped_selection(example, tmp_path, capsys):
     from stream_dp.cli.main import main
 

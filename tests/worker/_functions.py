@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -34,19 +35,59 @@ def nan_always(values: np.ndarray) -> float:
     return float("nan")
 
 
-def sees_worker_settings(values: np.ndarray) -> float:
-    """1.0 if any worker setting (a secret among them) reached the sandbox's environment."""
-    return float(any(name.startswith(("STREAM_DP_", "KAFKA_", "REDIS_")) for name in os.environ))
+def raises_its_values(values: np.ndarray) -> float:
+    """Raises an exception whose class is named after the block's values (and whose message holds them)."""
+    name = "V_" + "_".join(f"{v:g}".replace(".", "p").replace("-", "m") for v in values)
+    raise type(name, (LookupError,), {})(f"values {values.tolist()}")
+
+
+def raises_a_library_error(values: np.ndarray) -> float:
+    """statistics.StatisticsError, a ValueError subclass defined by the standard library, not a builtin."""
+    import statistics
+
+    return statistics.stdev(values)
+
+
+def returns_the_count_as_text(values: np.ndarray) -> float:
+    return str(len(values))  # type: ignore[return-value]
+
+
+def returns_a_bool(values: np.ndarray) -> float:
+    return bool(len(values))  # type: ignore[return-value]
+
+
+def returns_a_numpy_bool(values: np.ndarray) -> float:
+    return np.bool_(len(values))  # type: ignore[return-value]
+
+
+def returns_numbers_of_every_kind(values: np.ndarray) -> float:
+    """A Python int, a float, a numpy integer and a numpy float, by the block's first value."""
+    kinds = [int, float, np.int64, np.float32]
+    return kinds[int(values[0]) % 4](len(values))
+
+
+# The marker every secret of test_sandbox.py holds, whatever variable it is in.
+SECRET_MARK = "do-not-leak-0123456789abcdef"
+
+
+def sees_a_secret(values: np.ndarray) -> float:
+    """1.0 if any variable of the sandbox's environment holds a secret (names and values, any case)."""
+    return float(any(SECRET_MARK in f"{name}={value}" for name, value in os.environ.items()))
 
 
 NOT_A_FUNCTION = 3
 
 
-def sees_worker_settings_in_proc(values: np.ndarray) -> float:
-    """1.0 if the process's initial environment block (what /proc shows) held a worker setting."""
+def sees_a_secret_in_proc(values: np.ndarray) -> float:
+    """1.0 if the process's initial environment block (what /proc shows) held a secret."""
     with open("/proc/self/environ", "rb") as handle:
-        names = [entry.split(b"=", 1)[0] for entry in handle.read().split(b"\0")]
-    return float(any(name.startswith((b"STREAM_DP_", b"KAFKA_", b"REDIS_")) for name in names))
+        return float(SECRET_MARK.encode() in handle.read())
+
+
+def environment_names(values: np.ndarray) -> float:
+    """The sandbox's environment, its names written to stderr (the test reads them there); 0.0."""
+    print("ENVIRONMENT", " ".join(sorted(os.environ)), file=sys.stderr, flush=True)
+    return 0.0
 
 
 def prints_to_stdout(values: np.ndarray) -> float:

@@ -35,6 +35,19 @@ def forges_on_seven(values: np.ndarray) -> float:
     return float(len(values))
 
 
+def forges_an_error_naming_its_values(values: np.ndarray) -> float:
+    """Writes an error answer of its own whose text spells out its values, as if an exception class were named so."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            writable = fd > 2 and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
+            if writable and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                os.write(fd, encode("error", text=f"returned V_{values.tolist()}, not a number"))
+        except OSError:  # the fd listing's own, closed since
+            pass
+    os._exit(0)
+
+
 def opens_the_sandbox_pipes(values: np.ndarray) -> float:
     """How many of the long-lived sandbox process's descriptors (its request and answer pipes among them) this
     block's process can open through /proc: with one, it could read later blocks' requests and answer for them."""

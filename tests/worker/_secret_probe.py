@@ -2,15 +2,19 @@
 
 It walks up from its own process through each parent, reading each one's
 ``/proc/PID/environ`` and the environment block in ``/proc/PID/mem``, and
-writes what it found to the file named by ``SECRET_PROBE_OUT`` (not a worker
-setting, so the sandbox passes it on): ``found`` and the pid, or ``not found``
-with what each attempt raised. The tests start ``stream-dp`` with the secret
-in its real environment and read that file.
+writes what it found to ``secret_probe.txt`` in its temporary directory (the
+sandbox passes ``TMPDIR`` on, and nothing that is not on its list):
+``found`` and the pid, or ``not found`` with what each attempt raised. The
+tests start ``stream-dp`` with the secret in its real environment and
+``TMPDIR`` set to a directory of their own, and read that file.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -54,6 +58,6 @@ def statistic(values: np.ndarray) -> float:
     return float(len(values))
 
 
-if os.environ.get("SECRET_PROBE_OUT"):
-    with open(os.environ["SECRET_PROBE_OUT"], "w") as _out:
+if Path(sys.argv[0]).name == "sandbox_child.py":  # imported by the sandbox, not by the test reading SECRET_MARK
+    with open(Path(tempfile.gettempdir()) / "secret_probe.txt", "w") as _out:
         _out.write(look_for_the_secret())

@@ -51,11 +51,13 @@ MAX_WINDOWS_PER_UNIT = 2
 CLIP_NORM = 8.0
 SA_BLOCKS = 4
 SA_MEDIAN_BLOCKS = 20
-# check-config refuses a sample_aggregate query whose blocks could, all timing out, take longer than its
-# 5 s window (3 groups x blocks x timeout): the limits below fit, and a block of statistics.median takes
-# a few ms (a fork of the loaded sandbox)
-SA_TIMEOUT = "400ms"
-SA_MEDIAN_TIMEOUT = "80ms"
+# check-config refuses a file whose sample_aggregate queries' blocks could, all timing out, take longer
+# together than their shortest window (one worker releases them in turn): here 3 groups x (4 x 80 ms for
+# the median, 4 x 80 ms for the crashing function, 20 x 50 ms for the blocks' median) = 4.92 s within the
+# 5 s windows. A block of statistics.median takes a few ms (a fork of the loaded sandbox), and the crashing
+# one ends its process well within its limit, so it still counts as crashed, not timed out.
+SA_TIMEOUT = "80ms"
+SA_MEDIAN_TIMEOUT = "50ms"
 SECRET = "test-secret-0123456789abcdef"
 RARE_TAG = "rare"
 

@@ -7,6 +7,7 @@ cost only its own block.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -53,15 +54,89 @@ def test_each_misbehaviour_costs_its_own_block_only(caplog):
     assert "ArithmeticError" in caplog.text  # the exception's type is logged, never its message or the data
 
 
-def test_the_worker_settings_do_not_reach_the_function(monkeypatch):
-    monkeypatch.setenv("STREAM_DP_CONTRIBUTION_SECRET", "do-not-leak-0123456789abcdef")
-    monkeypatch.setenv("REDIS_URL", "redis://user:password@example:6379/0")
-    for name in ("sees_worker_settings", "sees_worker_settings_in_proc"):
+def test_a_failure_is_logged_as_a_builtin_class_never_a_name_or_value_the_function_makes_up(caplog):
+    """The log line names what failed with a builtin class only: an exception class the function defines (its
+    name is text the function chooses, here made of the block's values) is logged as its nearest builtin base."""
+    for name, blocks, logged in [
+        ("raises_its_values", _blocks([1.5, -2], [3]), {"LookupError (subclass)": 2}),
+        ("raises_a_library_error", _blocks([1]), {"ValueError (subclass)": 1}),
+        ("fails_on_negative", _blocks([-1]), {"ArithmeticError": 1}),
+    ]:
+        sandbox = FunctionSandbox(f"tests.worker._functions:{name}")
+        try:
+            caplog.clear()
+            assert np.isnan(sandbox.run(blocks)).all()
+            assert sandbox.take_failures() == {"error": len(blocks)}, name
+        finally:
+            sandbox.close()
+        (record,) = caplog.records
+        message = record.getMessage()
+        assert message == f"tests.worker._functions:{name} failed on " + ", ".join(
+            f"{n} block(s): {what}" for what, n in logged.items()), message
+    assert not any(mark in caplog.text for mark in ("V_", "1p5", "1.5", "m2", "-2", "StatisticsError"))
+    # nor is the text of an answer the block's process wrote itself in the sandbox's place
+    sandbox = FunctionSandbox("tests.worker._reaching_out:forges_an_error_naming_its_values")
+    try:
+        caplog.clear()
+        assert np.isnan(sandbox.run(_blocks([1.5]))).all()
+        assert sandbox.take_failures() == {"error": 1}
+    finally:
+        sandbox.close()
+    assert caplog.records[0].getMessage().endswith("1 block(s): an answer not written by the sandbox"), caplog.text
+    assert "1.5" not in caplog.text
+
+
+def test_only_a_real_number_is_an_answer(caplog):
+    """The function must return a number (README): text, a bool or a numpy bool is a failed block, logged by its
+    builtin class; ints and floats, Python's or numpy's, are answers."""
+    for name, logged in [("returns_the_count_as_text", r"str"), ("returns_a_bool", r"bool"),
+                         ("returns_a_numpy_bool", r"numpy\.bool_?")]:  # numpy 2 names it numpy.bool
+        sandbox = FunctionSandbox(f"tests.worker._functions:{name}")
+        try:
+            caplog.clear()
+            assert np.isnan(sandbox.run(_blocks([1, 2], [3]))).all(), name
+            assert sandbox.take_failures() == {"error": 2}, name
+        finally:
+            sandbox.close()
+        assert re.search(rf"failed on 2 block\(s\): returned {logged}, not a number$", caplog.records[0].getMessage()), \
+            caplog.text
+    sandbox = FunctionSandbox("tests.worker._functions:returns_numbers_of_every_kind")
+    try:
+        assert sandbox.run(_blocks([0], [1, 1], [2, 2, 2], [3, 3, 3, 3])).tolist() == [1.0, 2.0, 3.0, 4.0]
+        assert sandbox.take_failures() == {}
+    finally:
+        sandbox.close()
+
+
+# Where a secret may be: the worker's settings by their names, in any case (the settings are read whatever
+# the case: ``redis_url`` sets the Redis URL as ``REDIS_URL`` does), and any other variable of the process.
+SECRET_VARIABLES = ("STREAM_DP_CONTRIBUTION_SECRET", "REDIS_URL", "stream_dp_contribution_secret", "redis_url",
+                    "Kafka_Sasl_Password", "PAYMENTS_API_TOKEN")
+# What the README says the sandbox's environment holds (the PYTHONPATH it is given, and of the worker's own
+# environment these names only).
+README_PASSED_ON = {"PATH", "HOME", "TMPDIR", "TZ", "LANG", "LANGUAGE", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONHOME"}
+
+
+def _passed_on_per_readme(name: str) -> bool:
+    return name in README_PASSED_ON or (name.startswith("LC_") and name[3:].isupper())
+
+
+def test_no_secret_of_the_worker_environment_reaches_the_function(monkeypatch, capfd):
+    from tests.worker._functions import SECRET_MARK
+
+    for name in SECRET_VARIABLES:
+        monkeypatch.setenv(name, f"redis://user:{SECRET_MARK}@example:6379/0" if "redis" in name.lower() else SECRET_MARK)
+    monkeypatch.setenv("TZ", "Europe/Paris")  # what the function may need is still there
+    for name in ("sees_a_secret", "sees_a_secret_in_proc", "environment_names"):
         sandbox = FunctionSandbox(f"tests.worker._functions:{name}")
         try:
             assert sandbox.run(_blocks([1])).tolist() == [0.0], name
         finally:
             sandbox.close()
+    (line,) = [line for line in capfd.readouterr().err.splitlines() if line.startswith("ENVIRONMENT")]
+    names = line.split()[1:]
+    assert not [name for name in names if not _passed_on_per_readme(name)], names
+    assert {"PATH", "TZ", "PYTHONPATH"} <= set(names), names
 
 
 def test_a_function_that_prints_does_not_break_the_answers():
@@ -225,9 +300,9 @@ def test_a_function_cannot_read_the_secret_out_of_the_worker_process(tmp_path):
     probe finds the secret); a worker run as another user is guarded by being not dumpable (next tests)."""
     from tests.worker._secret_probe import SECRET_MARK
 
-    config, out = tmp_path / "queries.yaml", tmp_path / "probe.txt"
+    config, out = tmp_path / "queries.yaml", tmp_path / "secret_probe.txt"
     config.write_text(SANDBOXED_QUERY)
-    env = {**os.environ, "STREAM_DP_CONTRIBUTION_SECRET": SECRET_MARK.decode(), "SECRET_PROBE_OUT": str(out)}
+    env = {**os.environ, "STREAM_DP_CONTRIBUTION_SECRET": SECRET_MARK.decode(), "TMPDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-m", "stream_dp.cli.main", "check-config", str(config)],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False)
     assert done.returncode == 0, done.stderr

@@ -280,9 +280,9 @@ def test_quantiles_are_drawn_for_the_kept_groups_only_in_bounded_memory():
 
 def _probe_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap: int) -> tuple[Any, Path]:
     """A sample_aggregate query of the probe function, in a real sandbox; the file it logs its calls to."""
-    log = tmp_path / "calls.log"
+    log = tmp_path / "sample_probe.log"
     log.touch()
-    monkeypatch.setenv("SAMPLE_PROBE_LOG", str(log))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the sandbox's temporary directory, where the probe logs
     runtime = _runtime({"count": {}, "sample_aggregate": {
         "function": "tests.worker._call_probe:logged_size", "blocks": 4, "output_range": [0, 10], "timeout": "1s",
         "max_released_groups": cap}})
