@@ -335,4 +335,4 @@ class PipelineConfig(_Strict):
         for query in self.queries:
             if query.name == name:
                 return query
-        raise KeyError(f"no query named {name!r}; queries: {[q.name for q in self.queries]}")
+        raise KeyError(f"no query named {name!r}; queries: {', '.join(q.name for q in self.queries)}")
