@@ -113,6 +113,27 @@ def _error(data: dict) -> str:
         # a typo must not switch on every level's release
         (lambda d: d["queries"][4].update(hierarchy="yes"), r"hierarchy must be true, false or \{split.*got 'yes'"),
         (lambda d: d["queries"][4].update(hierarchy=1), r"hierarchy must be true, false or \{split.*got 1"),
+        # a capitalised key the file holds is named, not taken for the name of a union branch
+        (lambda d: d["queries"][3].update(Continual=d["queries"][3].pop("continual")),
+         r"queries\[3\] \(pageviews_today\)\.Continual: unknown field"),
+        (lambda d: d["queries"][1]["aggregations"].update(top_k={"K": 2}), r"aggregations\.top_k\.K: unknown field"),
+        # a choice says the value it got, the choices, and that names are lower-case
+        (lambda d: d["queries"][0].update(mechanism="Laplace"),
+         r"\.mechanism: got 'Laplace'; names are lower-case: write mechanism: laplace"),
+        (lambda d: d["queries"][0].update(mechanism="stairs"),
+         r"\.mechanism: got 'stairs'; choose one of 'laplace', 'gaussian', 'staircase' or 'geometric'"),
+        (lambda d: d["queries"][6]["local_dp"].update(mechanism="rappor"),
+         r"local_dp\.mechanism: got 'rappor'; choose one of 'krr' or 'oue'"),
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(aggregate="Median"),
+         r"sample_aggregate\.aggregate: got 'Median'; names are lower-case: write aggregate: median"),
+        # a duration's limit with its unit
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(timeout="2m"),
+         r"sample_aggregate\.timeout: .*at most 60000 ms \(1m\), got 120000 ms \(2m\)"),
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(timeout=0),
+         r"sample_aggregate\.timeout: must be at least 1 ms \(1ms\), got 0 ms"),
+        # a string where a list goes says how to write it
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(output_range="[-20,50]"),
+         r"output_range: .*got '\[-20,50\]'; write a YAML list, not a quoted string: output_range: \[-20,50\]"),
     ],
 )
 def test_mistakes_are_explained(example, mutate, expected):
