@@ -252,6 +252,15 @@ class QueryConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> QueryConfig:
+        vector = self.aggregations.vector_kind
+        # A vector's noise is Gaussian only (stream_dp.dp.vectors): pointing such a query at laplace, or at
+        # delta 0, leads to the next refusal; its one fix is gaussian with a delta.
+        if vector is not None and self.mechanism == "gaussian" and self.delta <= 0:
+            raise ValueError(f"mechanism gaussian needs delta > 0; {vector} has no pure-DP form: keep mechanism: "
+                             "gaussian and set delta > 0 (e.g. delta: 1.0e-7)")
+        if vector is not None and self.mechanism != "gaussian" and self.delta > 0:
+            raise ValueError(f"{vector} needs mechanism: gaussian (its noise is scaled to the l2 norm of the clipped "
+                             f"vectors), not {self.mechanism}: write mechanism: gaussian and keep delta: {self.delta:g}")
         if self.mechanism == "gaussian" and self.delta <= 0:
             raise ValueError("mechanism gaussian needs delta > 0 (e.g. delta: 1.0e-7); or use mechanism: laplace")
         if self.mechanism != "gaussian" and self.delta > 0:

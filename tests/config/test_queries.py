@@ -131,7 +131,17 @@ def _error(data: dict) -> str:
          r"sample_aggregate\.timeout: .*at most 60000 ms \(1m\), got 120000 ms \(2m\)"),
         (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(timeout=0),
          r"sample_aggregate\.timeout: must be at least 1 ms \(1ms\), got 0 ms"),
-        # a string where a list goes says how to write it
+        # a vector query has one working mechanism: the hint goes straight to it
+        (lambda d: d["queries"][7].update(mechanism="laplace", delta=1e-6),
+         r"mean_vector needs mechanism: gaussian.*write mechanism: gaussian and keep delta: 1e-06"),
+        (lambda d: d["queries"][7].update(delta=0.0),
+         r"mean_vector has no pure-DP form: keep mechanism: gaussian and set delta > 0 \(e\.g\. delta: 1\.0e-7\)"),
+        (lambda d: d["queries"][8].update(mechanism="laplace", delta=1e-6),
+         r"covariance needs mechanism: gaussian.*write mechanism: gaussian and keep delta: 1e-06"),
+        (lambda d: d["queries"][8].update(delta=0.0), r"covariance has no pure-DP form: keep mechanism: gaussian"),
+        # a string where a function path or a list goes says how to write it
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(function=""),
+         r"sample_aggregate\.function: function '' is not an import path; write it as package\.module:function"),
         (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(output_range="[-20,50]"),
          r"output_range: .*got '\[-20,50\]'; write a YAML list, not a quoted string: output_range: \[-20,50\]"),
     ],
