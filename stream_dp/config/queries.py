@@ -188,6 +188,11 @@ class LocalDPConfig(_Strict):
     epsilon: float = Field(gt=0, le=20, allow_inf_nan=False)
 
 
+# A level with less than this share of the count-and-sum budget releases noise a million times that of the
+# whole budget: nothing but noise, and far smaller shares overflow the noise's calibration.
+MIN_LEVEL_SHARE = 1e-6
+
+
 class HierarchyConfig(_Strict):
     """Release every prefix level of ``group_by``; ``split`` weighs each level's share of the budget (coarsest first)."""
 
@@ -196,8 +201,21 @@ class HierarchyConfig(_Strict):
     @field_validator("split")
     @classmethod
     def _weights(cls, value: list[float] | None) -> list[float] | None:
-        if value is not None and not all(math.isfinite(w) and w > 0 for w in value):
+        if value is None:
+            return value
+        if not all(math.isfinite(w) and w > 0 for w in value):
             raise ValueError(f"hierarchy.split {value} must be positive weights, one per group_by level, e.g. [1, 1, 2]")
+        total = sum(value)
+        if not math.isfinite(total):
+            raise ValueError(f"hierarchy.split {value} sums to infinity; only the weights' ratios matter: use small "
+                             "numbers, e.g. [1, 1, 2]")
+        level, weight = min(enumerate(value), key=lambda item: item[1])
+        if weight / total < MIN_LEVEL_SHARE * (1 - 1e-4):  # not [1e-6, 0.5, 0.5], off by rounding
+            raise ValueError(
+                f"hierarchy.split {value} gives level {level} a share of {weight / total:.3g} of the count and sum "
+                f"budget: its noise would be {total / weight:.3g} times that of the whole budget (or overflow); give "
+                f"every level at least {MIN_LEVEL_SHARE:g} of the total, e.g. [1, 1, 2]"
+            )
         return value
 
 

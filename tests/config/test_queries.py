@@ -144,6 +144,16 @@ def _error(data: dict) -> str:
          r"sample_aggregate\.function: function '' is not an import path; write it as package\.module:function"),
         (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(output_range="[-20,50]"),
          r"output_range: .*got '\[-20,50\]'; write a YAML list, not a quoted string: output_range: \[-20,50\]"),
+        # weights whose sum or shares leave floating point
+        (lambda d: d["queries"][4].update(hierarchy={"split": [1e308, 1e308, 1]}),
+         r"hierarchy\.split \[1e\+308, 1e\+308, 1\.0\] sums to infinity; .*e\.g\. \[1, 1, 2\]"),
+        (lambda d: d["queries"][4].update(hierarchy={"split": [1e-300, 1, 1]}),
+         r"hierarchy\.split \[1e-300, 1\.0, 1\.0\] gives level 0 a share of 5e-301 .*at least 1e-06"),
+        # a clip norm beyond what an event may carry overflows its noise's calibration
+        (lambda d: d["queries"][7]["aggregations"]["mean_vector"].update(clip_norm=1e160),
+         r"mean_vector\.clip_norm: clip_norm 1e\+160 exceeds 1\.414e\+15"),
+        (lambda d: d["queries"][8]["aggregations"]["covariance"].update(clip_norm=1e160),
+         r"covariance\.clip_norm: clip_norm 1e\+160 exceeds 1\.732e\+15"),
     ],
 )
 def test_mistakes_are_explained(example, mutate, expected):
