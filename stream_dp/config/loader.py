@@ -117,9 +117,9 @@ def _message(error: dict[str, Any]) -> str:
         return "unknown field; remove it or check its spelling against deploy/queries.example.yaml"
     if kind == "missing":
         return "is required; add it (see deploy/queries.example.yaml)"
-    if kind in _RANGE_ERRORS and key in _duration_keys():
+    limit = next(iter(error.get("ctx", {}).values()), None)
+    if kind in _RANGE_ERRORS and key in _duration_keys() and isinstance(limit, int):
         # the limit is in milliseconds, the value was written as "2m": state both in both units
-        (limit,) = error.get("ctx", {}).values()
         return (f"must be {_LIMIT_WORDS[kind]} {_ms(limit)}, got {_ms(error.get('input'))}; "
                 "change it to a duration in that range")
     if kind in _RANGE_ERRORS:
