@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from stream_dp.config import load_config
+from stream_dp.config import QueryConfig, load_config
 from stream_dp.dp.keyed_bits import MIN_SECRET_BYTES, KeyedBits
 from stream_dp.windows.specs import WindowSpec
 
@@ -171,14 +171,26 @@ class LocalReports:
                   "window behind the newest event sent)", file=sys.stderr)
 
 
+def chosen_query(args: argparse.Namespace) -> QueryConfig:
+    """The --query of --config (its first query without --query); a ``ValueError`` naming the queries if
+    there is no such query."""
+    config = load_config(args.config)
+    if not args.query:
+        return config.queries[0]
+    try:
+        return config.query(args.query)
+    except KeyError:
+        raise ValueError(f"{args.config}: no query named {args.query!r}; --query takes one of: "
+                         f"{', '.join(q.name for q in config.queries)}") from None
+
+
 def local_reports(args: argparse.Namespace) -> LocalReports | None:
     """The --local-dp reports, or None; refuses a local_dp query without --local-dp, which would send true values."""
     if not args.config:
         if args.local_dp:
             raise ValueError("--local-dp needs --config and --query naming a query with local_dp on that field")
         return None
-    config = load_config(args.config)
-    query = config.query(args.query) if args.query else config.queries[0]
+    query = chosen_query(args)
     if not args.local_dp:
         if query.local_dp is not None:
             raise ValueError(f"query {query.name!r} has local_dp on {query.local_dp.field!r}: its producers must "
@@ -189,7 +201,10 @@ def local_reports(args: argparse.Namespace) -> LocalReports | None:
         raise ValueError("--local-dp needs --query naming a query with local_dp on that field")
     from stream_dp.dp.local import LocalRandomizer
 
-    if query.local_dp is None or query.local_dp.field != args.local_dp:
+    if query.local_dp is not None and query.local_dp.field != args.local_dp:
+        raise ValueError(f"query {args.query!r} has its local_dp on field {query.local_dp.field!r}, not "
+                         f"{args.local_dp!r}; use --local-dp {query.local_dp.field}")
+    if query.local_dp is None:
         raise ValueError(f"query {args.query!r} has no local_dp on field {args.local_dp!r}; add "
                          f"local_dp: {{field: {args.local_dp}, mechanism: krr, epsilon: 1.0}} to it")
     domain = [key[0] for key in query.public_group_keys() or ()]

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from stream_dp.cli.local_reports import local_reports
-from stream_dp.config import ConfigError, Settings, load_config
+from stream_dp.cli.local_reports import chosen_query, local_reports
+from stream_dp.config import ConfigError, Settings
 from stream_dp.windows.timestamps import to_epoch_ms
 
 
@@ -73,8 +73,7 @@ class _Fields:
 def _fields(args: argparse.Namespace) -> _Fields:
     if not args.config:
         return _Fields()
-    config = load_config(args.config)
-    query = config.query(args.query) if args.query else config.queries[0]
+    query = chosen_query(args)
     public = query.public_group_keys()
     return _Fields(
         unit=query.privacy_unit.field,
@@ -153,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         fields = _fields(args)
         local = local_reports(args)
-    except (ConfigError, KeyError, ValueError) as exc:
+    except (ConfigError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 1
     if args.synthetic is not None:

@@ -10,7 +10,10 @@ import warnings
 
 import orjson
 
+from stream_dp.cli.release_format import HEADER, format_row
 from stream_dp.config import Settings
+
+__all__ = ["HEADER", "format_row", "register", "run"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,24 +27,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max", type=int, default=0, help="stop after this many records (default: never)")
     parser.add_argument("--timeout", type=float, default=0.0, help="stop after this many seconds without a record")
     parser.set_defaults(handler=run)
-
-
-def _num(value, width: int, digits: int = 1) -> str:
-    return f"{'-':>{width}}" if value is None else f"{value:>{width},.{digits}f}"
-
-
-HEADER = f"{'window start':<24} {'group':<24} {'count':>9} {'±95%':>8} {'sum':>12} {'±95%':>10} {'mean':>9} {'±95%':>8} {'eps':>6}"
-
-
-def format_row(record: dict) -> str:
-    group = ",".join(str(v) for v in record["group"].values())
-    ci = record["ci95"]
-    count = record["count"]
-    return (
-        f"{record['window']['start']:<24} {group[:24]:<24} {('-' if count is None else count):>9} {_num(ci['count'], 8)} "
-        f"{_num(record['sum'], 12)} {_num(ci['sum'], 10)} {_num(record['mean'], 9, 2)} {_num(ci['mean'], 8, 2)} "
-        f"{record['privacy']['epsilon']:>6g}"
-    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 from stream_dp.config.durations import parse_duration_ms
 from stream_dp.dp.sample_aggregate import MAX_BLOCKS, check_output_range, parse_function_path
 from stream_dp.dp.vectors import MAX_DIMENSIONS
+from stream_dp.windows.specs import MAX_ABS_VALUE
 
 
 class _VectorAggregation(BaseModel):
@@ -41,11 +42,22 @@ class _VectorAggregation(BaseModel):
 
     @field_validator("clip_norm")
     @classmethod
-    def _norm(cls, value: float) -> float:
+    def _norm(cls, value: float, info: ValidationInfo) -> float:
         if not (math.isfinite(value) and value > 0):
             raise ValueError(
                 f"clip_norm {value} must be a positive finite number: the l2 norm a unit's vector is scaled down to "
                 "(its events' mean vector in a group and window), e.g. the norm of a typical vector"
+            )
+        # No event carries a value beyond MAX_ABS_VALUE, so no vector is longer than this: a larger norm
+        # clips nothing and only inflates the noise, whose calibration (C squared, C to the fourth for a
+        # covariance) overflows floating point long before it matters.
+        fields = info.data.get("fields")
+        longest = math.sqrt(len(fields)) * MAX_ABS_VALUE if fields else None
+        if longest is not None and value > longest:
+            raise ValueError(
+                f"clip_norm {value:g} exceeds {longest:.4g}, the norm of a vector of {len(fields)} fields at "
+                f"±{MAX_ABS_VALUE:g}, the largest value an event may carry; a larger norm clips nothing and only "
+                "adds noise: use the norm of a typical vector"
             )
         return value
 
@@ -68,7 +80,8 @@ class SampleAggregateAggregation(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    function: str = Field(min_length=3, description="package.module:function, called with a block's values")
+    # No min_length: the path check below says how to write one, which a length bound would not.
+    function: str = Field(description="package.module:function, called with a block's values")
     # The event field the function is handed; `value`, as in the examples, unless named.
     field: str = Field("value", min_length=1)
     blocks: int = Field(ge=2, le=MAX_BLOCKS)

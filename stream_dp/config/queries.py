@@ -189,6 +189,11 @@ class LocalDPConfig(_Strict):
     epsilon: float = Field(gt=0, le=20, allow_inf_nan=False)
 
 
+# A level with less than this share of the count-and-sum budget releases noise a million times that of the
+# whole budget: nothing but noise, and far smaller shares overflow the noise's calibration.
+MIN_LEVEL_SHARE = 1e-6
+
+
 class HierarchyConfig(_Strict):
     """Release every prefix level of ``group_by``; ``split`` weighs each level's share of the budget (coarsest first)."""
 
@@ -197,8 +202,21 @@ class HierarchyConfig(_Strict):
     @field_validator("split")
     @classmethod
     def _weights(cls, value: list[float] | None) -> list[float] | None:
-        if value is not None and not all(math.isfinite(w) and w > 0 for w in value):
+        if value is None:
+            return value
+        if not all(math.isfinite(w) and w > 0 for w in value):
             raise ValueError(f"hierarchy.split {value} must be positive weights, one per group_by level, e.g. [1, 1, 2]")
+        total = sum(value)
+        if not math.isfinite(total):
+            raise ValueError(f"hierarchy.split {value} sums to infinity; only the weights' ratios matter: use small "
+                             "numbers, e.g. [1, 1, 2]")
+        level, weight = min(enumerate(value), key=lambda item: item[1])
+        if weight / total < MIN_LEVEL_SHARE * (1 - 1e-4):  # not [1e-6, 0.5, 0.5], off by rounding
+            raise ValueError(
+                f"hierarchy.split {value} gives level {level} a share of {weight / total:.3g} of the count and sum "
+                f"budget: its noise would be {total / weight:.3g} times that of the whole budget (or overflow); give "
+                f"every level at least {MIN_LEVEL_SHARE:g} of the total, e.g. [1, 1, 2]"
+            )
         return value
 
 
@@ -253,6 +271,15 @@ class QueryConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> QueryConfig:
+        vector = self.aggregations.vector_kind
+        # A vector's noise is Gaussian only (stream_dp.dp.vectors): pointing such a query at laplace, or at
+        # delta 0, leads to the next refusal; its one fix is gaussian with a delta.
+        if vector is not None and self.mechanism == "gaussian" and self.delta <= 0:
+            raise ValueError(f"mechanism gaussian needs delta > 0; {vector} has no pure-DP form: keep mechanism: "
+                             "gaussian and set delta > 0 (e.g. delta: 1.0e-7)")
+        if vector is not None and self.mechanism != "gaussian" and self.delta > 0:
+            raise ValueError(f"{vector} needs mechanism: gaussian (its noise is scaled to the l2 norm of the clipped "
+                             f"vectors), not {self.mechanism}: write mechanism: gaussian and keep delta: {self.delta:g}")
         if self.mechanism == "gaussian" and self.delta <= 0:
             raise ValueError("mechanism gaussian needs delta > 0 (e.g. delta: 1.0e-7); or use mechanism: laplace")
         if self.mechanism != "gaussian" and self.delta > 0:
@@ -342,4 +369,4 @@ class PipelineConfig(_Strict):
         for query in self.queries:
             if query.name == name:
                 return query
-        raise KeyError(f"no query named {name!r}; queries: {[q.name for q in self.queries]}")
+        raise KeyError(f"no query named {name!r}; queries: {', '.join(q.name for q in self.queries)}")

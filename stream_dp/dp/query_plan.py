@@ -28,6 +28,7 @@ the parts' losses (Dwork & Roth Theorem 3.16; Bun & Steinke 2016 Lemma 2.3).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,6 +155,8 @@ class QueryPlan:
             shares["counts_and_sums"] = base_share
             weights = list(hierarchy_split) if hierarchy_split is not None else [1.0]
             total_weight = sum(weights)
+            if not (math.isfinite(total_weight) and total_weight > 0 and all(w > 0 for w in weights)):
+                raise ValueError(f"hierarchy_split {weights} must be positive weights with a finite sum, e.g. [1, 1, 2]")
             for depth, weight in enumerate(weights):
                 fraction = base_share * weight / total_weight
                 finest = depth == len(weights) - 1

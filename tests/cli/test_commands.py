@@ -342,6 +342,17 @@ def test_run_without_secret_explains_how_to_set_it(monkeypatch, capsys):
     assert "STREAM_DP_CONTRIBUTION_SECRET is not set" in capsys.readouterr().err
 
 
+def test_produce_with_an_unknown_query_lists_the_queries(monkeypatch, capsys):
+    from stream_dp.cli import produce
+
+    monkeypatch.setattr(produce, "_send", lambda *a, **k: pytest.fail("sent events of no query"))
+    assert main(["produce", "--topic", "t", "--synthetic", "10", "--config", str(EXAMPLE), "--query", "nosuch"]) == 1
+    err = capsys.readouterr().err
+    # one plain line, not a KeyError's quoted repr
+    assert err.startswith(f"{EXAMPLE}: no query named 'nosuch'; --query takes one of: pageviews_by_page, top_pages, "), err
+    assert err.count("\n") == 1 and not err.startswith('"')
+
+
 def test_produce_synthetic_is_keyed_by_unit_and_uses_the_query_fields(kafka_bootstrap, new_topic, monkeypatch):
     topic = new_topic("events", partitions=2)
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)

@@ -150,6 +150,14 @@ def test_a_local_query_without_local_dp_is_refused_before_sending(tmp_path, monk
     assert "add --local-dp browser" in capsys.readouterr().err
 
 
+def test_local_dp_on_another_field_names_the_field_the_query_randomizes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(produce, "_send", lambda *a, **k: pytest.fail("sent events with --local-dp on a wrong field"))
+    assert main(["produce", "--topic", "t", "--synthetic", "10", "--config", str(EXAMPLE), "--query", "browsers_local",
+                 "--local-dp", "os"]) == 1
+    err = capsys.readouterr().err
+    assert "query 'browsers_local' has its local_dp on field 'browser', not 'os'; use --local-dp browser" in err, err
+
+
 def test_produce_local_dp_sends_one_bare_report_per_unit_and_window(tmp_path, monkeypatch):
     captured = {}
 

@@ -113,6 +113,47 @@ def _error(data: dict) -> str:
         # a typo must not switch on every level's release
         (lambda d: d["queries"][4].update(hierarchy="yes"), r"hierarchy must be true, false or \{split.*got 'yes'"),
         (lambda d: d["queries"][4].update(hierarchy=1), r"hierarchy must be true, false or \{split.*got 1"),
+        # a capitalised key the file holds is named, not taken for the name of a union branch
+        (lambda d: d["queries"][3].update(Continual=d["queries"][3].pop("continual")),
+         r"queries\[3\] \(pageviews_today\)\.Continual: unknown field"),
+        (lambda d: d["queries"][1]["aggregations"].update(top_k={"K": 2}), r"aggregations\.top_k\.K: unknown field"),
+        # a choice says the value it got, the choices, and that names are lower-case
+        (lambda d: d["queries"][0].update(mechanism="Laplace"),
+         r"\.mechanism: got 'Laplace'; names are lower-case: write mechanism: laplace"),
+        (lambda d: d["queries"][0].update(mechanism="stairs"),
+         r"\.mechanism: got 'stairs'; choose one of 'laplace', 'gaussian', 'staircase' or 'geometric'"),
+        (lambda d: d["queries"][6]["local_dp"].update(mechanism="rappor"),
+         r"local_dp\.mechanism: got 'rappor'; choose one of 'krr' or 'oue'"),
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(aggregate="Median"),
+         r"sample_aggregate\.aggregate: got 'Median'; names are lower-case: write aggregate: median"),
+        # a duration's limit with its unit
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(timeout="2m"),
+         r"sample_aggregate\.timeout: .*at most 60000 ms \(1m\), got 120000 ms \(2m\)"),
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(timeout=0),
+         r"sample_aggregate\.timeout: must be at least 1 ms \(1ms\), got 0 ms"),
+        # a vector query has one working mechanism: the hint goes straight to it
+        (lambda d: d["queries"][7].update(mechanism="laplace", delta=1e-6),
+         r"mean_vector needs mechanism: gaussian.*write mechanism: gaussian and keep delta: 1e-06"),
+        (lambda d: d["queries"][7].update(delta=0.0),
+         r"mean_vector has no pure-DP form: keep mechanism: gaussian and set delta > 0 \(e\.g\. delta: 1\.0e-7\)"),
+        (lambda d: d["queries"][8].update(mechanism="laplace", delta=1e-6),
+         r"covariance needs mechanism: gaussian.*write mechanism: gaussian and keep delta: 1e-06"),
+        (lambda d: d["queries"][8].update(delta=0.0), r"covariance has no pure-DP form: keep mechanism: gaussian"),
+        # a string where a function path or a list goes says how to write it
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(function=""),
+         r"sample_aggregate\.function: function '' is not an import path; write it as package\.module:function"),
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(output_range="[-20,50]"),
+         r"output_range: .*got '\[-20,50\]'; write a YAML list, not a quoted string: output_range: \[-20,50\]"),
+        # weights whose sum or shares leave floating point
+        (lambda d: d["queries"][4].update(hierarchy={"split": [1e308, 1e308, 1]}),
+         r"hierarchy\.split \[1e\+308, 1e\+308, 1\.0\] sums to infinity; .*e\.g\. \[1, 1, 2\]"),
+        (lambda d: d["queries"][4].update(hierarchy={"split": [1e-300, 1, 1]}),
+         r"hierarchy\.split \[1e-300, 1\.0, 1\.0\] gives level 0 a share of 5e-301 .*at least 1e-06"),
+        # a clip norm beyond what an event may carry overflows its noise's calibration
+        (lambda d: d["queries"][7]["aggregations"]["mean_vector"].update(clip_norm=1e160),
+         r"mean_vector\.clip_norm: clip_norm 1e\+160 exceeds 1\.414e\+15"),
+        (lambda d: d["queries"][8]["aggregations"]["covariance"].update(clip_norm=1e160),
+         r"covariance\.clip_norm: clip_norm 1e\+160 exceeds 1\.732e\+15"),
     ],
 )
 def test_mistakes_are_explained(example, mutate, expected):
