@@ -21,6 +21,7 @@ import orjson
 
 from stream_dp.config import load_config
 from stream_dp.dp.keyed_bits import MIN_SECRET_BYTES, KeyedBits
+from stream_dp.dp.local import REPORT_TAG_FIELD, LocalRandomizer, report_tag
 from stream_dp.windows.specs import WindowSpec
 
 SECRET_ENV = "STREAM_DP_LOCAL_DP_SECRET"
@@ -59,10 +60,11 @@ def local_dp_secret(path: Path | None, environ: Mapping[str, str] = os.environ) 
 
 
 class LocalReports:
-    """What ``--local-dp`` sends instead of each event: a new event of three fields, built in this process.
+    """What ``--local-dp`` sends instead of each event: a new event of four fields, built in this process.
 
-    The event sent holds the privacy unit id and the event time as given, and under ``field`` the randomized
-    report (``stream_dp.dp.local``) of the true value; nothing else of the input is copied, so a copy of the
+    The event sent holds the privacy unit id and the event time as given, under ``field`` the randomized
+    report (``stream_dp.dp.local``) of the true value and under ``REPORT_TAG_FIELD`` the randomizer's tag
+    (``report_tag``), which the worker requires; nothing else of the input is copied, so a copy of the
     true value in another field (``ua``, ``ctx.browser``, ...) never leaves. At most one report is sent per
     unit per window, the first: the worker keeps one report per unit per window and charges epsilon once, and
     several independent reports of one true value on the topic would let a reader average the noise away.
@@ -77,6 +79,7 @@ class LocalReports:
         self.unit_field, self.timestamp_field = unit_field, timestamp_field
         self.window = window
         self.index = {value: i for i, value in enumerate(domain)}
+        self.tag = report_tag(randomizer, domain)
         self._secret = secret
         # Changed settings or domain give reports of their own, independent of the old ones (whose epsilons then
         # add up), rather than reports correlated with them in ways no composition theorem covers.
@@ -132,7 +135,7 @@ class LocalReports:
                 report = [value for value, bit in zip(self.domain, report) if bit]
             else:
                 report = self.domain[report]
-            sent = {self.unit_field: unit, self.timestamp_field: ts, self.field: report}
+            sent = {self.unit_field: unit, self.timestamp_field: ts, self.field: report, REPORT_TAG_FIELD: self.tag}
             self._forget_old_windows(event_ms)
             yield str(unit).encode(), orjson.dumps(sent), event_ms
         self._summary()
@@ -187,8 +190,6 @@ def local_reports(args: argparse.Namespace) -> LocalReports | None:
         return None
     if not args.query:
         raise ValueError("--local-dp needs --query naming a query with local_dp on that field")
-    from stream_dp.dp.local import LocalRandomizer
-
     if query.local_dp is None or query.local_dp.field != args.local_dp:
         raise ValueError(f"query {args.query!r} has no local_dp on field {args.local_dp!r}; add "
                          f"local_dp: {{field: {args.local_dp}, mechanism: krr, epsilon: 1.0}} to it")
