@@ -175,7 +175,11 @@ class LocalReports:
 
 
 def local_reports(args: argparse.Namespace) -> LocalReports | None:
-    """The --local-dp reports, or None; refuses a local_dp query without --local-dp, which would send true values."""
+    """The --local-dp reports, or None.
+
+    Without --local-dp, refuses a --query with local_dp and a --topic that is a local_dp query's input topic:
+    either would send true values where randomized reports are expected.
+    """
     if not args.config:
         if args.local_dp:
             raise ValueError("--local-dp needs --config and --query naming a query with local_dp on that field")
@@ -187,6 +191,13 @@ def local_reports(args: argparse.Namespace) -> LocalReports | None:
             raise ValueError(f"query {query.name!r} has local_dp on {query.local_dp.field!r}: its producers must "
                              f"randomize that field, and without --local-dp every event's true value would be sent; "
                              f"add --local-dp {query.local_dp.field}")
+        # --query may name another query, or be left out, while the topic feeds a local_dp one
+        topic = getattr(args, "topic", None)
+        for other in config.queries:
+            if other.local_dp is not None and other.input_topic == topic:
+                raise ValueError(f"--topic {topic!r} is the input_topic of query {other.name!r}, which has local_dp "
+                                 f"on {other.local_dp.field!r}: without --local-dp every event's true value would "
+                                 f"be sent there; add --query {other.name} --local-dp {other.local_dp.field}")
         return None
     if not args.query:
         raise ValueError("--local-dp needs --query naming a query with local_dp on that field")

@@ -158,6 +158,23 @@ def test_a_local_query_without_local_dp_is_refused_before_sending(tmp_path, monk
     assert "add --local-dp browser" in capsys.readouterr().err
 
 
+def test_a_local_querys_topic_without_local_dp_is_refused_whatever_the_query(tmp_path, monkeypatch, capsys):
+    """The topic decides where true values would land: another --query, or none, is no way around --local-dp."""
+    sent = []
+    monkeypatch.setattr(produce, "_send", lambda topic, *a, **k: sent.append(topic) or 0)
+    for query in (["--query", "pageviews_by_page"], []):  # the example's first query, pageviews_by_page, is central
+        assert main(["produce", "--topic", "events.browsers", "--synthetic", "10", "--config", str(EXAMPLE),
+                     *query, "--quiet"]) == 1
+        err = capsys.readouterr().err
+        assert "--topic 'events.browsers' is the input_topic of query 'browsers_local'" in err, err
+        assert "add --query browsers_local --local-dp browser" in err
+    assert not sent
+    # another query's topic is not refused
+    assert main(["produce", "--topic", "events.pageviews", "--synthetic", "10", "--config", str(EXAMPLE),
+                 "--query", "pageviews_by_page", "--quiet"]) == 0
+    assert sent == ["events.pageviews"]
+
+
 def test_produce_local_dp_sends_one_bare_report_per_unit_and_window(tmp_path, monkeypatch):
     captured = {}
 
