@@ -118,7 +118,8 @@ SCENARIOS += (
     # reporting "a" (D) or "e" (D'), randomized as the producer would (``stream-dp produce --local-dp``).
     # The release is a function of all reports' counts: the background's randomized reports hide which
     # one is the target's, so a sound run is seen near 0 (0.07); producers randomizing at 4 epsilon were
-    # seen at 3.06.
+    # seen at 3.06 (to doctor so now, tag the reports as the query's epsilon, as a forging producer would:
+    # the worker rejects reports tagged with another).
     Scenario("local_dp", "local", "count", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": LOCAL_EPSILON,
               "local_dp": {"field": "group", "mechanism": "krr", "epsilon": LOCAL_EPSILON}}),
