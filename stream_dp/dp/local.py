@@ -146,7 +146,9 @@ class LocalRandomizer:
 
 
 def report_tag(randomizer: LocalRandomizer, domain: Sequence[str | int]) -> str:
-    """``mechanism:epsilon:k:domain``, what made a report. E.g. ``krr:0x1.0000000000000p+1:4:bb037af03d977ec8``: k-ary randomized response at epsilon 2 over
+    """``mechanism:epsilon:k:domain``, what made a report.
+
+    E.g. ``krr:0x1.0000000000000p+1:4:bb037af03d977ec8``: k-ary randomized response at epsilon 2 over
     ``["a", "b", "c", "d"]``.
 
     ``epsilon`` is the randomizer's epsilon as ``float.hex`` (exact, so two settings that print alike still

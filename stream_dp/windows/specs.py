@@ -105,7 +105,8 @@ class EventSchema:
         repeated = sorted({n for n in names if names.count(n) > 1})
         _require(
             not repeated,
-            f"field(s) {repeated} are used for more than one role (unit, timestamp, group-by, value, report tag); give each role its own field",
+            f"field(s) {repeated} are used for more than one role (unit, timestamp, group-by, value, report tag); "
+            "give each role its own field",
         )
         _require(
             self.timestamp_format in TIMESTAMP_FORMATS,

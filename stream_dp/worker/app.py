@@ -56,11 +56,12 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
         # unary local-DP reports are one event per unit and window holding a set of values: the engine keeps
         # them as 0/1 rows of one group; the release turns their sums into one record per value
         unary = query.local_dp is not None and query.local_dp.mechanism == "oue"
-        domain = tuple(key[0] for key in query.public_group_keys() or ()) if unary else ()
+        public = tuple(key[0] for key in query.public_group_keys() or ())
+        domain = public if unary else ()
         plan = build_plan(query)
         # only reports of the randomizer the release debiases: a true value debiased as a report is released
         # exactly (the debiasing is invertible)
-        tag = None if plan.local is None else report_tag(plan.local, [key[0] for key in query.public_group_keys() or ()])
+        tag = None if plan.local is None else report_tag(plan.local, public)
         engine = WindowEngine(
             EventSchema(
                 unit_field=query.privacy_unit.field,

@@ -47,6 +47,7 @@ def test_local_scenarios_send_reports_their_worker_takes(scenario):
         sent = records(scenario.topic, start_ms, 3, with_target=with_target)
         batch = RawBatch([value for _, value, _, _ in sent],
                          np.array([(murmur2(key) & 0x7FFFFFFF) % partitions for key, _, _, _ in sent]),
-                         np.arange(len(sent)), np.array([stamp for _, _, stamp, _ in sent]), [key for key, _, _, _ in sent])
+                         np.arange(len(sent)), np.array([stamp for _, _, stamp, _ in sent]),
+                         [key for key, _, _, _ in sent])
         result = runtime.engine.process(batch)
         assert [(r.reason, r.detail) for r in result.rejections] == [] and result.accepted == len(sent)

@@ -22,7 +22,8 @@ from tests.windows._support import NOW_MS, batch_of, make_engine
 
 DOMAIN = ("chrome", "safari", 7, "edge")
 EPSILON = 2.0
-TAGS = {mechanism: report_tag(LocalRandomizer.build(mechanism, EPSILON, len(DOMAIN)), DOMAIN) for mechanism in ("krr", "oue")}
+TAGS = {mechanism: report_tag(LocalRandomizer.build(mechanism, EPSILON, len(DOMAIN)), DOMAIN)
+        for mechanism in ("krr", "oue")}
 SCHEMA = EventSchema(unit_field="user_id", timestamp_field="ts", report_field="browser", report_domain=DOMAIN,
                      report_tag_field=REPORT_TAG_FIELD, report_tag=TAGS["oue"])
 # k-ary randomized response: the report is the group-by value
@@ -124,5 +125,6 @@ def test_a_batch_of_tagged_reports_takes_the_fast_path_and_an_untagged_event_the
     mixed = [*good, _report("v", ["chrome"], tag=_UNTAGGED), _report("w", ["chrome"], tag=TAGS["krr"])]
     events, problems = decoder.decode(mixed, NOW_MS)
     assert (decoder.fast_batches, decoder.reference_batches, len(events)) == (1, 1, 50)
-    assert [(i, r) for i, r, _ in problems] == [(50, RejectReason.NOT_RANDOMIZED), (51, RejectReason.RANDOMIZER_MISMATCH)]
+    assert [(i, r) for i, r, _ in problems] == [(50, RejectReason.NOT_RANDOMIZED),
+                                                (51, RejectReason.RANDOMIZER_MISMATCH)]
     assert problems == EventDecoder(SCHEMA).decode(mixed, NOW_MS)[1]
