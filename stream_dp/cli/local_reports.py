@@ -15,12 +15,14 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 
 from stream_dp.config import QueryConfig, load_config
 from stream_dp.dp.keyed_bits import MIN_SECRET_BYTES, KeyedBits
+from stream_dp.dp.local import REPORT_TAG_FIELD, LocalRandomizer, report_tag
 from stream_dp.windows.specs import WindowSpec
 
 SECRET_ENV = "STREAM_DP_LOCAL_DP_SECRET"
@@ -59,10 +61,11 @@ def local_dp_secret(path: Path | None, environ: Mapping[str, str] = os.environ) 
 
 
 class LocalReports:
-    """What ``--local-dp`` sends instead of each event: a new event of three fields, built in this process.
+    """What ``--local-dp`` sends instead of each event: a new event of four fields, built in this process.
 
-    The event sent holds the privacy unit id and the event time as given, and under ``field`` the randomized
-    report (``stream_dp.dp.local``) of the true value; nothing else of the input is copied, so a copy of the
+    The event sent holds the privacy unit id and the event time as given, under ``field`` the randomized
+    report (``stream_dp.dp.local``) of the true value and under ``REPORT_TAG_FIELD`` the randomizer's tag
+    (``report_tag``), which the worker requires; nothing else of the input is copied, so a copy of the
     true value in another field (``ua``, ``ctx.browser``, ...) never leaves. At most one report is sent per
     unit per window, the first: the worker keeps one report per unit per window and charges epsilon once, and
     several independent reports of one true value on the topic would let a reader average the noise away.
@@ -77,6 +80,7 @@ class LocalReports:
         self.unit_field, self.timestamp_field = unit_field, timestamp_field
         self.window = window
         self.index = {value: i for i, value in enumerate(domain)}
+        self.tag = report_tag(randomizer, domain)
         self._secret = secret
         # Changed settings or domain give reports of their own, independent of the old ones (whose epsilons then
         # add up), rather than reports correlated with them in ways no composition theorem covers.
@@ -132,7 +136,7 @@ class LocalReports:
                 report = [value for value, bit in zip(self.domain, report) if bit]
             else:
                 report = self.domain[report]
-            sent = {self.unit_field: unit, self.timestamp_field: ts, self.field: report}
+            sent = {self.unit_field: unit, self.timestamp_field: ts, self.field: report, REPORT_TAG_FIELD: self.tag}
             self._forget_old_windows(event_ms)
             yield str(unit).encode(), orjson.dumps(sent), event_ms
         self._summary()
@@ -171,10 +175,10 @@ class LocalReports:
                   "window behind the newest event sent)", file=sys.stderr)
 
 
-def chosen_query(args: argparse.Namespace) -> QueryConfig:
+def chosen_query(args: argparse.Namespace, config: Any = None) -> QueryConfig:
     """The --query of --config (its first query without --query); a ``ValueError`` naming the queries if
-    there is no such query."""
-    config = load_config(args.config)
+    there is no such query. ``config``: the loaded --config, if it is at hand."""
+    config = load_config(args.config) if config is None else config
     if not args.query:
         return config.queries[0]
     try:
@@ -185,22 +189,32 @@ def chosen_query(args: argparse.Namespace) -> QueryConfig:
 
 
 def local_reports(args: argparse.Namespace) -> LocalReports | None:
-    """The --local-dp reports, or None; refuses a local_dp query without --local-dp, which would send true values."""
+    """The --local-dp reports, or None.
+
+    Without --local-dp, refuses a --query with local_dp and a --topic that is a local_dp query's input topic:
+    either would send true values where randomized reports are expected.
+    """
     if not args.config:
         if args.local_dp:
             raise ValueError("--local-dp needs --config and --query naming a query with local_dp on that field")
         return None
-    query = chosen_query(args)
+    config = load_config(args.config)
+    query = chosen_query(args, config)
     if not args.local_dp:
         if query.local_dp is not None:
             raise ValueError(f"query {query.name!r} has local_dp on {query.local_dp.field!r}: its producers must "
                              f"randomize that field, and without --local-dp every event's true value would be sent; "
                              f"add --local-dp {query.local_dp.field}")
+        # --query may name another query, or be left out, while the topic feeds a local_dp one
+        topic = getattr(args, "topic", None)
+        for other in config.queries:
+            if other.local_dp is not None and other.input_topic == topic:
+                raise ValueError(f"--topic {topic!r} is the input_topic of query {other.name!r}, which has local_dp "
+                                 f"on {other.local_dp.field!r}: without --local-dp every event's true value would "
+                                 f"be sent there; add --query {other.name} --local-dp {other.local_dp.field}")
         return None
     if not args.query:
         raise ValueError("--local-dp needs --query naming a query with local_dp on that field")
-    from stream_dp.dp.local import LocalRandomizer
-
     if query.local_dp is not None and query.local_dp.field != args.local_dp:
         raise ValueError(f"query {args.query!r} has its local_dp on field {query.local_dp.field!r}, not "
                          f"{args.local_dp!r}; use --local-dp {query.local_dp.field}")

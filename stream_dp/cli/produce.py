@@ -52,8 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="how keys map to partitions (default: the --query's partitioner, else murmur2)")
     parser.add_argument("--local-dp", metavar="FIELD",
                         help="send, instead of each event, only its unit id, its time and FIELD randomized with the "
-                             "--query's local_dp randomizer, at most one report per unit per window, so that no "
-                             "true value leaves this process; required for a query with local_dp")
+                             "--query's local_dp randomizer (tagged with it), at most one report per unit per window, "
+                             "so that no true value leaves this process; required for a query with local_dp and for "
+                             "its input topic")
     parser.add_argument("--local-dp-secret-file", type=Path, metavar="FILE",
                         help="--local-dp: the producer's secret key (16+ bytes; create it once with "
                              "`head -c 32 /dev/urandom > FILE`, keep it, never send it), from which each report is "

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from stream_dp.config.aggregation_options import check_option_query
+from stream_dp.dp.local import REPORT_TAG_FIELD
 
 MAX_WINDOWS_PER_PERIOD = 1 << 20
 MAX_UNARY_DOMAIN = 4096  # an oue report is kept as one 8-byte number per value of the domain
@@ -94,6 +95,8 @@ def _check_local_dp(query: Any, public: bool) -> None:
     if local.mechanism == "oue" and public and len(query.groups.public) > MAX_UNARY_DOMAIN:  # type: ignore[union-attr]
         fixes.append(f"at most {MAX_UNARY_DOMAIN} values in groups.public with mechanism oue (a report holds one "
                      "bit per value)")
+    if REPORT_TAG_FIELD in (query.privacy_unit.field, query.timestamp_field, local.field):
+        fixes.append(f"no event field named {REPORT_TAG_FIELD!r} (it holds each report's randomizer tag)")
     if (query.bounds.max_groups_per_unit, query.bounds.max_events_per_group) != (1, 1):
         fixes.append("bounds: {max_groups_per_unit: 1, max_events_per_group: 1} (one report per unit per window)")
     if query.epsilon != local.epsilon:

@@ -24,16 +24,24 @@ uniform candidate and keeps a candidate other than the truth with an exact
 ``1 / (1 + (k - 1) e^-eps) = p``; unary encoding's ``Bernoulli(q)`` bit is a
 fair coin whose 1 is kept with ``Bernoulli(e^-eps)`` (else redrawn), which is
 1 with probability ``e^-eps / (1 + e^-eps) = q``.
+
+Every report a producer sends carries, in the field ``REPORT_TAG_FIELD``, the
+tag of the randomizer that made it (``report_tag``); the worker takes only
+reports whose tag is its query's own, so a true value sent by a producer that
+did not randomize is rejected instead of being debiased as if it were a report.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
 import numpy as np
+import orjson
 from numpy.typing import NDArray
 
 from stream_dp.dp.exact_sampling import BitSource, bernoulli_exp, bernoulli_half, uniform_below
@@ -43,6 +51,8 @@ LocalMechanism = Literal["krr", "oue"]
 LOCAL_MECHANISMS: tuple[LocalMechanism, ...] = ("krr", "oue")
 MAX_LOCAL_EPSILON = 20.0
 MAX_DOMAIN = 1 << 20
+#: The event field holding the report's tag (``report_tag``).
+REPORT_TAG_FIELD = "_local_dp"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +143,22 @@ class LocalRandomizer:
         base = reports * q * (1 - q) / (p - q) ** 2
         spread = reports * (1 - p - q) / (p - q)
         return min(base, base + spread), max(base, base + spread)
+
+
+def report_tag(randomizer: LocalRandomizer, domain: Sequence[str | int]) -> str:
+    """``mechanism:epsilon:k:domain``, what made a report.
+
+    E.g. ``krr:0x1.0000000000000p+1:4:bb037af03d977ec8``: k-ary randomized response at epsilon 2 over
+    ``["a", "b", "c", "d"]``.
+
+    ``epsilon`` is the randomizer's epsilon as ``float.hex`` (exact, so two settings that print alike still
+    differ), ``k`` the domain size and ``domain`` the first 16 hex digits of the SHA-256 of the domain as a
+    compact JSON array, in its order (``groups.public``). A report is a report of the worker's randomizer
+    only if every part agrees: at another epsilon or over another domain its debiasing would be wrong, and
+    an event with no tag at all is most likely a true value.
+    """
+    digest = hashlib.sha256(orjson.dumps(list(domain))).hexdigest()[:16]
+    return f"{randomizer.mechanism}:{float(randomizer.epsilon).hex()}:{randomizer.domain_size}:{digest}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import attrgetter
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
@@ -109,6 +109,8 @@ def classify_message(raw: bytes, schema: EventSchema) -> tuple[RejectReason, str
         return RejectReason.INVALID_JSON, str(exc)[:200]
     if not isinstance(event, dict):
         return RejectReason.WRONG_TYPE, f"an event must be a JSON object, got {_describe(event)}"
+    if schema.report_tag_field is not None and (problem := _check_tag(event.get(schema.report_tag_field), schema)):
+        return problem  # before the other fields: an event without a tag is most likely a true value
     fields = [(schema.unit_field, "unit"), (schema.timestamp_field, "timestamp")]
     fields += [(name, "group") for name in schema.group_by]
     fields += [(name, "value") for name in schema.value_fields]
@@ -175,6 +177,21 @@ def _check_field(name: str, role: str, value: Any, schema: EventSchema) -> tuple
     return None
 
 
+def _check_tag(tag: Any, schema: EventSchema) -> tuple[RejectReason, str] | None:
+    """Why an event is not a report of the query's own randomizer, or None."""
+    name, wanted = schema.report_tag_field, schema.report_tag
+    if tag is None:
+        return RejectReason.NOT_RANDOMIZED, (
+            f"field {name!r} is missing or null: not a randomized report (a true value, never used); send this "
+            "topic's events with `stream-dp produce --local-dp FIELD` and the query's --config and --query")
+    if tag != wanted:
+        got = repr(tag[:100]) if isinstance(tag, str) else _describe(tag)
+        return RejectReason.RANDOMIZER_MISMATCH, (
+            f"field {name!r} is {got}, a report of another randomizer than the query's {wanted!r} "
+            "(mechanism:epsilon:k:domain hash); produce with the query's local_dp settings and groups.public")
+    return None
+
+
 def _check_report(name: str, items: list[Any], schema: EventSchema) -> tuple[RejectReason, str] | None:
     """Why a unary report is not a set of domain values, or None."""
     domain = set(schema.report_domain)
@@ -217,6 +234,11 @@ class EventDecoder:
             fields.append(("r", Annotated[list[str | _BoundedInt], msgspec.Meta(max_length=len(domain))]))
             rename["r"] = schema.report_field
             self._report_index = {(type(v), v): i for i, v in enumerate(domain)}
+        if schema.report_tag_field is not None:
+            # A literal: a missing or other tag fails the typed decoder, so valid batches pay nothing per event
+            # for the check, and classify_message names the reason.
+            fields.append(("k", Literal[schema.report_tag]))  # type: ignore[valid-type]
+            rename["k"] = schema.report_tag_field
         event_type = msgspec.defstruct("Event", fields, rename=rename, gc=False, frozen=True)
         self._decode_one = msgspec.json.Decoder(event_type).decode
         self._group_getter = attrgetter(*group_attrs) if group_attrs else None

@@ -28,6 +28,8 @@ class RejectReason(StrEnum):
     WRONG_KEY = "wrong_key"  # the message key is not the privacy-unit id
     WRONG_PARTITION = "wrong_partition"  # not on the partition the configured partitioner assigns its key
     LATE = "late"  # its window had already closed
+    NOT_RANDOMIZED = "not_randomized"  # a local_dp query's event without a report tag: likely a true value
+    RANDOMIZER_MISMATCH = "randomizer_mismatch"  # a report tagged with another mechanism, epsilon or domain
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,9 @@ class EventSchema:
     or ``None`` for a query that only counts; ``vector_fields`` the finite
     numbers of a mean-vector or covariance query (then ``value_field`` is None);
     ``report_field`` a list of distinct values of ``report_domain``, the 1-bits
-    of a unary-encoded local-DP report (read as a 0/1 vector over the domain). ``timestamp_format`` is
+    of a unary-encoded local-DP report (read as a 0/1 vector over the domain). Where ``report_tag_field``
+    is set, every event must hold there the string ``report_tag`` (a local-DP report's randomizer, see
+    ``stream_dp.dp.local.report_tag``); nothing else of it is kept. ``timestamp_format`` is
     ``"epoch_s"``, ``"epoch_ms"``, ``"iso8601"`` (a string with a zone) or
     ``"auto"`` (numbers below 1e11 are seconds, larger ones milliseconds,
     strings ISO-8601).
@@ -53,6 +55,8 @@ class EventSchema:
     vector_fields: tuple[str, ...] = ()
     report_field: str | None = None
     report_domain: tuple[str | int, ...] = ()
+    report_tag_field: str | None = None
+    report_tag: str = ""
     timestamp_format: TimestampFormat = "auto"
     max_message_bytes: int = 65_536
     max_abs_value: float = MAX_ABS_VALUE
@@ -82,9 +86,15 @@ class EventSchema:
             and len(set(self.report_domain)) == len(self.report_domain),
             "report_field needs report_domain, the distinct values a report may hold (and only then)",
         )
+        _require(
+            (self.report_tag_field is None) == (not self.report_tag) and isinstance(self.report_tag, str),
+            "report_tag_field needs report_tag, the string every event must hold there (and only then)",
+        )
         names = [self.unit_field, self.timestamp_field, *self.group_by, *self.vector_fields]
         if self.report_field is not None:
             names.append(self.report_field)
+        if self.report_tag_field is not None:
+            names.append(self.report_tag_field)
         if self.value_field is not None:
             names.append(self.value_field)
         for name in names:
@@ -95,7 +105,8 @@ class EventSchema:
         repeated = sorted({n for n in names if names.count(n) > 1})
         _require(
             not repeated,
-            f"field(s) {repeated} are used for more than one role (unit, timestamp, group-by, value); give each role its own field",
+            f"field(s) {repeated} are used for more than one role (unit, timestamp, group-by, value, report tag); "
+            "give each role its own field",
         )
         _require(
             self.timestamp_format in TIMESTAMP_FORMATS,

@@ -20,6 +20,7 @@ from stream_dp.budget.redis_nodes import ping as redis_ping
 from stream_dp.budget.redis_url import client_from_url
 from stream_dp.config import ConfigError, PipelineConfig, QueryConfig, Settings
 from stream_dp.dp import noise_source
+from stream_dp.dp.local import REPORT_TAG_FIELD, report_tag
 from stream_dp.metrics.budget import BudgetMetrics
 from stream_dp.metrics.health import Health
 from stream_dp.metrics.health import watch as watch_health
@@ -55,7 +56,12 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
         # unary local-DP reports are one event per unit and window holding a set of values: the engine keeps
         # them as 0/1 rows of one group; the release turns their sums into one record per value
         unary = query.local_dp is not None and query.local_dp.mechanism == "oue"
-        domain = tuple(key[0] for key in query.public_group_keys() or ()) if unary else ()
+        public = tuple(key[0] for key in query.public_group_keys() or ())
+        domain = public if unary else ()
+        plan = build_plan(query)
+        # only reports of the randomizer the release debiases: a true value debiased as a report is released
+        # exactly (the debiasing is invertible)
+        tag = None if plan.local is None else report_tag(plan.local, public)
         engine = WindowEngine(
             EventSchema(
                 unit_field=query.privacy_unit.field,
@@ -63,6 +69,8 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
                 group_by=() if unary else tuple(query.group_by),
                 report_field=query.local_dp.field if unary else None,  # type: ignore[union-attr]
                 report_domain=domain,
+                report_tag_field=None if tag is None else REPORT_TAG_FIELD,
+                report_tag=tag or "",
                 value_field=aggregations.value_field,
                 vector_fields=tuple(aggregations.vector.fields) if aggregations.vector is not None else (),
                 timestamp_format=query.timestamp_format,
@@ -80,7 +88,6 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
             clock_ms=clock_ms,
             partitioner=query.partitioner,
         )
-        plan = build_plan(query)
         described = plan.describe()
         privacy = privacy_statement(query, plan, described)
         combiner = WindowCombiner(

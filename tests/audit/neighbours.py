@@ -125,7 +125,8 @@ SCENARIOS += (
     # reporting "a" (D) or "e" (D'), randomized as the producer would (``stream-dp produce --local-dp``).
     # The release is a function of all reports' counts: the background's randomized reports hide which
     # one is the target's, so a sound run is seen near 0 (0.07); producers randomizing at 4 epsilon were
-    # seen at 3.06.
+    # seen at 3.06 (to doctor so now, tag the reports as the query's epsilon, as a forging producer would:
+    # the worker rejects reports tagged with another).
     Scenario("local_dp", "local", "count", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": LOCAL_EPSILON,
               "local_dp": {"field": "group", "mechanism": "krr", "epsilon": LOCAL_EPSILON}}),
@@ -297,18 +298,21 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> li
 def _randomized(records_: list[tuple[bytes, bytes, int, int | None]],
                 mechanism: str) -> list[tuple[bytes, bytes, int, int | None]]:
     """Each event's group replaced by its randomized report (k-ary randomized response: a value; optimized
-    unary encoding: the values whose bits came out 1), as ``stream-dp produce --local-dp`` does."""
+    unary encoding: the values whose bits came out 1) and tagged with the randomizer, as ``stream-dp produce
+    --local-dp`` does (the worker takes no untagged report)."""
     import numpy as np
 
     from stream_dp.dp.exact_sampling import UrandomBits
-    from stream_dp.dp.local import LocalRandomizer
+    from stream_dp.dp.local import REPORT_TAG_FIELD, LocalRandomizer, report_tag
 
     randomizer = LocalRandomizer.build(mechanism, LOCAL_EPSILON, len(GROUPS))
+    tag = report_tag(randomizer, GROUPS)  # the local scenarios' groups.public
     events = [orjson.loads(value) for _, value, _, _ in records_]
     reports = randomizer.randomize(np.array([GROUPS.index(e["group"]) for e in events]), UrandomBits()).tolist()
     out = []
     for (key, _, stamp, partition), event, report in zip(records_, events, reports):
         event["group"] = GROUPS[report] if mechanism == "krr" else [g for g, bit in zip(GROUPS, report) if bit]
+        event[REPORT_TAG_FIELD] = tag
         out.append((key, orjson.dumps(event), stamp, partition))
     return out
 

@@ -9,6 +9,7 @@ once in 10,000 runs; the law with epsilon 20% off gives p-values below 1e-20 on 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import os
@@ -31,6 +32,12 @@ HOUR = 3_600_000  # browsers_local's window; allowed_lateness 1m
 T0 = 1_700_000_000_000 // HOUR * HOUR  # a window start
 P_MIN = 1e-4
 SECRET_ENV = "STREAM_DP_LOCAL_DP_SECRET"
+FIELDS = {"device_id", "ts", "browser", "_local_dp"}  # the unit, the time, the report and its randomizer's tag
+
+
+def _tag(mechanism: str, epsilon: float = EPSILON, domain: list = DOMAIN) -> str:
+    """The report tag as the README defines it: mechanism, epsilon as float.hex(), k, SHA-256 of the domain."""
+    return f"{mechanism}:{float(epsilon).hex()}:{len(domain)}:{hashlib.sha256(orjson.dumps(domain)).hexdigest()[:16]}"
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +84,8 @@ def test_only_the_unit_the_time_and_the_report_are_sent(tmp_path, mechanism):
     sent = _reports(tmp_path, events, _config(tmp_path, mechanism=mechanism))
     assert len(sent) == 40
     for i, (key, event, ms) in enumerate(sent):
-        assert set(event) == {"device_id", "ts", "browser"}, event  # no copy of the true value rides along
+        assert set(event) == FIELDS, event  # no copy of the true value rides along
+        assert event["_local_dp"] == _tag(mechanism)
         assert event["device_id"] == f"d{i}" and key == f"d{i}".encode()
         assert event["ts"] == T0 + i and ms == T0 + i
         if mechanism == "krr":
@@ -158,6 +166,23 @@ def test_local_dp_on_another_field_names_the_field_the_query_randomizes(tmp_path
     assert "query 'browsers_local' has its local_dp on field 'browser', not 'os'; use --local-dp browser" in err, err
 
 
+def test_a_local_querys_topic_without_local_dp_is_refused_whatever_the_query(tmp_path, monkeypatch, capsys):
+    """The topic decides where true values would land: another --query, or none, is no way around --local-dp."""
+    sent = []
+    monkeypatch.setattr(produce, "_send", lambda topic, *a, **k: sent.append(topic) or 0)
+    for query in (["--query", "pageviews_by_page"], []):  # the example's first query, pageviews_by_page, is central
+        assert main(["produce", "--topic", "events.browsers", "--synthetic", "10", "--config", str(EXAMPLE),
+                     *query, "--quiet"]) == 1
+        err = capsys.readouterr().err
+        assert "--topic 'events.browsers' is the input_topic of query 'browsers_local'" in err, err
+        assert "add --query browsers_local --local-dp browser" in err
+    assert not sent
+    # another query's topic is not refused
+    assert main(["produce", "--topic", "events.pageviews", "--synthetic", "10", "--config", str(EXAMPLE),
+                 "--query", "pageviews_by_page", "--quiet"]) == 0
+    assert sent == ["events.pageviews"]
+
+
 def test_produce_local_dp_sends_one_bare_report_per_unit_and_window(tmp_path, monkeypatch):
     captured = {}
 
@@ -172,7 +197,7 @@ def test_produce_local_dp_sends_one_bare_report_per_unit_and_window(tmp_path, mo
     assert main(["produce", "--topic", "t", "--file", str(events), "--config", str(EXAMPLE), "--query", "browsers_local",
                  "--local-dp", "browser", "--local-dp-secret-file", str(_secret(tmp_path)), "--quiet"]) == 0
     assert [(key, set(event), ms) for key, event, ms in captured["events"]] == [
-        (f"d{i}".encode(), {"device_id", "ts", "browser"}, T0 + i) for i in range(3)]
+        (f"d{i}".encode(), FIELDS, T0 + i) for i in range(3)]
 
 
 def _produce(monkeypatch, events: Path, *options: str, config: Path = EXAMPLE) -> tuple[int, list[tuple]]:

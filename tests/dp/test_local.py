@@ -8,6 +8,7 @@ p-values below 1e-20 on the same draws.
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -16,7 +17,7 @@ from scipy import stats
 
 from stream_dp.dp.exact_sampling import UrandomBits
 from stream_dp.dp.keyed_bits import MIN_SECRET_BYTES, KeyedBits
-from stream_dp.dp.local import LocalRandomizer
+from stream_dp.dp.local import LocalRandomizer, report_tag
 
 P_MIN = 1e-4
 
@@ -88,6 +89,28 @@ def test_bad_parameters_say_how_to_fix_them():
         LocalRandomizer.build("oue", 1.0, 1)
     with pytest.raises(ValueError, match=r"indices in \[0, 4\)"):
         LocalRandomizer.build("krr", 1.0, 4).randomize(np.array([4]), UrandomBits())
+
+
+
+def test_a_report_tag_is_mechanism_epsilon_k_and_domain_digest():
+    """As the README defines it, with the domain's compact JSON written out by hand."""
+    assert report_tag(LocalRandomizer.build("krr", 2.0, 4), ["a", "b", "c", 7]) == (
+        "krr:0x1.0000000000000p+1:4:" + hashlib.sha256(b'["a","b","c",7]').hexdigest()[:16])
+    randomizer = LocalRandomizer.build("oue", 0.1, 3)  # epsilon as the randomizer holds it, exactly
+    assert report_tag(randomizer, ["x", "y", "z"]).split(":")[:3] == ["oue", randomizer.epsilon.hex(), "3"]
+
+
+def test_report_tags_differ_whenever_the_randomizer_or_its_domain_does():
+    domain = ["a", "b", "c", "d"]
+    tags = [
+        report_tag(LocalRandomizer.build("krr", 2.0, 4), domain),
+        report_tag(LocalRandomizer.build("krr", 2.0 + 2**-40, 4), domain),  # prints as 2 with %g
+        report_tag(LocalRandomizer.build("oue", 2.0, 4), domain),
+        report_tag(LocalRandomizer.build("krr", 2.0, 4), ["b", "a", "c", "d"]),  # another order: another groups.public
+        report_tag(LocalRandomizer.build("krr", 2.0, 4), ["a", "b", "c", "e"]),
+        report_tag(LocalRandomizer.build("krr", 2.0, 4), ["a", "b", "c", "4"]),
+    ]
+    assert len(set(tags)) == len(tags), tags
 
 
 SECRET = bytes(range(32))

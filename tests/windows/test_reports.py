@@ -1,27 +1,43 @@
-"""Unary (oue) local-DP reports in the window engine: a set of domain values per event, kept as a 0/1 row.
+"""Local-DP reports in the window engine: unary (oue) ones, a set of domain values per event, kept as a 0/1 row;
+and of either mechanism, only those tagged as made by the query's own randomizer.
 
 The expected rows are written from the README's definition (a 1 for every
 listed value, in domain order); malformed reports are dead-lettered with a
-reason, and one report per unit and window is kept.
+reason, and one report per unit and window is kept. An event without the tag
+(a true value, from a producer that did not randomize) or with another
+randomizer's tag is dead-lettered as ``not_randomized`` or ``randomizer_mismatch``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import orjson
+import pytest
 
-from stream_dp.dp.local import UnaryReports
+from stream_dp.dp.local import REPORT_TAG_FIELD, LocalRandomizer, UnaryReports, report_tag
 from stream_dp.windows import EventSchema
-from stream_dp.windows.decoding import RejectReason
+from stream_dp.windows.bulk_decoding import BulkEventDecoder
+from stream_dp.windows.decoding import EventDecoder, RejectReason
 from tests.windows._support import NOW_MS, batch_of, make_engine
 
 DOMAIN = ("chrome", "safari", 7, "edge")
-SCHEMA = EventSchema(unit_field="user_id", timestamp_field="ts", report_field="browser", report_domain=DOMAIN)
+EPSILON = 2.0
+TAGS = {mechanism: report_tag(LocalRandomizer.build(mechanism, EPSILON, len(DOMAIN)), DOMAIN)
+        for mechanism in ("krr", "oue")}
+SCHEMA = EventSchema(unit_field="user_id", timestamp_field="ts", report_field="browser", report_domain=DOMAIN,
+                     report_tag_field=REPORT_TAG_FIELD, report_tag=TAGS["oue"])
+# k-ary randomized response: the report is the group-by value
+KRR_SCHEMA = EventSchema(unit_field="user_id", timestamp_field="ts", group_by=("browser",),
+                         report_tag_field=REPORT_TAG_FIELD, report_tag=TAGS["krr"])
 WINDOW_START = NOW_MS - 120_000
+_UNTAGGED = object()
 
 
-def _report(unit: str, values, offset: int = 0) -> bytes:
-    return orjson.dumps({"user_id": unit, "ts": WINDOW_START + offset, "browser": values})
+def _report(unit: str, values, offset: int = 0, tag=TAGS["oue"]) -> bytes:
+    event = {"user_id": unit, "ts": WINDOW_START + offset, "browser": values}
+    if tag is not _UNTAGGED:
+        event[REPORT_TAG_FIELD] = tag
+    return orjson.dumps(event)
 
 
 def _close(engine, clock):
@@ -70,3 +86,45 @@ def test_one_report_per_unit_and_window_is_kept_whole():
     engine.process(batch_of([_report("u1", ["chrome", "safari"], 0), _report("u1", [7, "edge"], 1)]))
     (row,) = _close(engine, clock).aggregate(features=UnaryReports(len(DOMAIN))).features.tolist()
     assert row in ([1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("mechanism", ["krr", "oue"])
+def test_only_reports_tagged_with_the_querys_randomizer_are_kept(mechanism):
+    schema = KRR_SCHEMA if mechanism == "krr" else SCHEMA
+    value = "chrome" if mechanism == "krr" else ["chrome"]
+    other = "oue" if mechanism == "krr" else "krr"
+    domain = list(DOMAIN)
+    tags = {
+        "right": TAGS[mechanism],
+        "none": _UNTAGGED,  # a true value from a producer that did not randomize
+        "null": None,
+        "epsilon 1": report_tag(LocalRandomizer.build(mechanism, 1.0, len(domain)), domain),
+        "other mechanism": report_tag(LocalRandomizer.build(other, EPSILON, len(domain)), domain),
+        "domain reordered": report_tag(LocalRandomizer.build(mechanism, EPSILON, len(domain)), domain[::-1]),
+        "domain extended": report_tag(LocalRandomizer.build(mechanism, EPSILON, 5), [*domain, "lynx"]),
+        "a number": 2.0,
+    }
+    engine, _ = make_engine(schema=schema, max_groups=1, max_events=1)
+    result = engine.process(batch_of([_report(f"u{i}", value, i, tag) for i, tag in enumerate(tags.values())]))
+    assert result.accepted == 1
+    got = {list(tags)[r.offset]: (r.reason, r.detail) for r in result.rejections}
+    assert {case: reason for case, (reason, _) in got.items()} == {
+        "none": RejectReason.NOT_RANDOMIZED, "null": RejectReason.NOT_RANDOMIZED,
+        **{case: RejectReason.RANDOMIZER_MISMATCH for case in list(tags)[3:]},
+    }
+    assert "--local-dp" in got["none"][1] and REPORT_TAG_FIELD in got["none"][1]
+    assert tags["epsilon 1"] in got["epsilon 1"][1] and TAGS[mechanism] in got["epsilon 1"][1]
+
+
+def test_a_batch_of_tagged_reports_takes_the_fast_path_and_an_untagged_event_the_reference():
+    """The tag costs valid batches no per-event check: a missing or other tag fails the typed decoder."""
+    good = [_report(f"u{i}", ["chrome"], i) for i in range(50)]
+    decoder = BulkEventDecoder(SCHEMA)
+    events, problems = decoder.decode(good, NOW_MS)
+    assert (decoder.fast_batches, decoder.reference_batches, len(events), problems) == (1, 0, 50, [])
+    mixed = [*good, _report("v", ["chrome"], tag=_UNTAGGED), _report("w", ["chrome"], tag=TAGS["krr"])]
+    events, problems = decoder.decode(mixed, NOW_MS)
+    assert (decoder.fast_batches, decoder.reference_batches, len(events)) == (1, 1, 50)
+    assert [(i, r) for i, r, _ in problems] == [(50, RejectReason.NOT_RANDOMIZED),
+                                                (51, RejectReason.RANDOMIZER_MISMATCH)]
+    assert problems == EventDecoder(SCHEMA).decode(mixed, NOW_MS)[1]

@@ -5,17 +5,25 @@ The true values are known here, so: what reaches Kafka is checked against the
 randomizer's law (the true value in a share p of the events, by a binomial
 test at P_MIN = 1e-4), and each released estimate against the truth within 4
 of its stated standard deviations (12 estimates: a false failure below 1e-3).
+
+Events that are not reports of the query's randomizer -- true values from a
+plain producer, reports of another epsilon -- must be dead-lettered
+(``not_randomized``, ``randomizer_mismatch``) and left out of the estimates:
+the debiased count of true values is an invertible function of the true counts.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import hashlib
 import json
 import math
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
@@ -23,11 +31,12 @@ import orjson
 import pytest
 import redis
 import yaml
+from kafka import KafkaProducer
 from scipy import stats
 
 from stream_dp.budget import RedisBudgetStore, policy_from_config
 from stream_dp.config import load_config
-from tests.worker._support import consume_all, free_port
+from tests.worker._support import consume_all, free_port, metric_sum, scrape
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -52,12 +61,7 @@ def _truth(unit: int) -> str:
     return DOMAIN[-1]
 
 
-@pytest.mark.parametrize("mechanism", ["krr", "oue"])
-def test_producer_randomizes_and_the_worker_releases_debiased_frequencies(
-    tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name, mechanism
-):
-    topic, output = new_topic("in", partitions=2), f"{unique_name}-out"
-    namespace, name = f"{unique_name}-devices", unique_name.replace("-", "_")[-30:] + "_local"
+def _config(tmp_path: Path, namespace: str, name: str, topic: str, output: str, mechanism: str) -> Path:
     config_path = tmp_path / "queries.yaml"
     config_path.write_text(yaml.safe_dump({
         "namespaces": {namespace: {"budgets": [{"horizon": "1h", "epsilon": 100.0}]}},
@@ -71,6 +75,53 @@ def test_producer_randomizes_and_the_worker_releases_debiased_frequencies(
             "local_dp": {"field": "browser", "mechanism": mechanism, "epsilon": EPSILON}, "epsilon": EPSILON,
         }],
     }))
+    return config_path
+
+
+def _produce_reports(tmp_path: Path, env: dict, topic: str, events: Path, config_path: Path, name: str):
+    """``stream-dp produce --local-dp browser`` of ``events``, with a fresh producer key."""
+    (secret := tmp_path / "local-dp.key").write_bytes(os.urandom(32))  # the producer's key for its reports
+    produced = subprocess.run(
+        [sys.executable, "-m", "stream_dp.cli.main", "produce", "--topic", topic, "--file", str(events), "--quiet",
+         "--config", str(config_path), "--query", name, "--local-dp", "browser",
+         "--local-dp-secret-file", str(secret)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert produced.returncode == 0, produced.stderr
+    return produced
+
+
+@contextlib.contextmanager
+def _worker(tmp_path: Path, env: dict, config_path: Path, unique_name: str) -> Iterator[int]:
+    """A real worker on ``config_path``; yields its metrics port."""
+    port = free_port()
+    worker_env = dict(env, STREAM_DP_GROUP_ID=f"{unique_name}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{unique_name}.",
+                      STREAM_DP_CONTRIBUTION_SECRET="test-secret-0123456789abcdef",
+                      STREAM_DP_METRICS_PORT=str(port))
+    log = open(tmp_path / "worker.log", "wb")
+    worker = subprocess.Popen([sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(config_path)],
+                              env=worker_env, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        yield port
+    finally:
+        worker.terminate()
+        worker.wait(30)
+        log.close()
+
+
+def _releases(bootstrap: str, output: str, starts: set[int]) -> list[dict]:
+    return [orjson.loads(m.value) for m in consume_all(
+        bootstrap, output, timeout_s=120,
+        until=lambda rs: starts <= {orjson.loads(m.value)["window"]["start_ms"] for m in rs})]
+
+
+@pytest.mark.parametrize("mechanism", ["krr", "oue"])
+def test_producer_randomizes_and_the_worker_releases_debiased_frequencies(
+    tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name, mechanism
+):
+    topic, output = new_topic("in", partitions=2), f"{unique_name}-out"
+    namespace, name = f"{unique_name}-devices", unique_name.replace("-", "_")[-30:] + "_local"
+    config_path = _config(tmp_path, namespace, name, topic, output, mechanism)
     first_start = (int(time.time() * 1000) - 120_000) // WINDOW_MS * WINDOW_MS
     events = tmp_path / "events.jsonl"
     truth: dict[tuple[str, int], str] = {}
@@ -83,14 +134,7 @@ def test_producer_randomizes_and_the_worker_releases_debiased_frequencies(
         handle.write(orjson.dumps({"device_id": "x", "ts": first_start, "browser": "lynx"}) + b"\n")  # not in domain
 
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, REDIS_URL=redis_url)
-    (secret := tmp_path / "local-dp.key").write_bytes(os.urandom(32))  # the producer's key for its reports
-    produced = subprocess.run(
-        [sys.executable, "-m", "stream_dp.cli.main", "produce", "--topic", topic, "--file", str(events), "--quiet",
-         "--config", str(config_path), "--query", name, "--local-dp", "browser",
-         "--local-dp-secret-file", str(secret)],
-        env=env, capture_output=True, text=True, timeout=120,
-    )
-    assert produced.returncode == 0, produced.stderr
+    produced = _produce_reports(tmp_path, env, topic, events, config_path, name)
     assert "1 events with no 'browser' in the local_dp domain were not sent" in produced.stderr
 
     # What Kafka holds: randomized reports only, the true value in a share p = e^eps / (e^eps + k - 1).
@@ -112,21 +156,9 @@ def test_producer_randomizes_and_the_worker_releases_debiased_frequencies(
         q = 1 / (math.exp(EPSILON) + 1)
         assert stats.binomtest(others, len(sent) * (len(DOMAIN) - 1), q).pvalue > P_MIN, others
 
-    worker_env = dict(env, STREAM_DP_GROUP_ID=f"{unique_name}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{unique_name}.",
-                      STREAM_DP_CONTRIBUTION_SECRET="test-secret-0123456789abcdef",
-                      STREAM_DP_METRICS_PORT=str(free_port()))
-    log = open(tmp_path / "worker.log", "wb")
-    worker = subprocess.Popen([sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(config_path)],
-                              env=worker_env, stdout=subprocess.DEVNULL, stderr=log)
     starts = {first_start + w * WINDOW_MS for w in range(WINDOWS)}
-    try:
-        records = [orjson.loads(m.value) for m in consume_all(
-            kafka_bootstrap, output, timeout_s=120,
-            until=lambda rs: starts <= {orjson.loads(m.value)["window"]["start_ms"] for m in rs})]
-    finally:
-        worker.terminate()
-        worker.wait(30)
-        log.close()
+    with _worker(tmp_path, env, config_path, unique_name):
+        records = _releases(kafka_bootstrap, output, starts)
 
     validator = jsonschema.Draft202012Validator(SCHEMA)
     released = collections.defaultdict(dict)
@@ -147,3 +179,66 @@ def test_producer_randomizes_and_the_worker_releases_debiased_frequencies(
     store = RedisBudgetStore(redis.Redis.from_url(redis_url), policy_from_config(load_config(config_path)))
     (hour,) = store.spend(namespace, "d0", int(time.time() * 1000))
     assert hour.spent == pytest.approx(WINDOWS * EPSILON, rel=1e-6)
+
+
+def test_true_values_and_other_randomizers_reports_are_rejected_not_released(
+    tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name
+):
+    """A producer that forgot --local-dp (true values) or randomized with other settings shares the topic with
+    `produce --local-dp`: the worker releases the estimate of the tagged reports alone and dead-letters the rest."""
+    topic, output = new_topic("in", partitions=2), f"{unique_name}-out"
+    namespace, name = f"{unique_name}-devices", unique_name.replace("-", "_")[-30:] + "_local"
+    config_path = _config(tmp_path, namespace, name, topic, output, "krr")
+    first_start = (int(time.time() * 1000) - 120_000) // WINDOW_MS * WINDOW_MS
+    starts = {first_start + w * WINDOW_MS for w in range(WINDOWS)}
+    events = tmp_path / "events.jsonl"
+    events.write_bytes(b"".join(
+        orjson.dumps({"device_id": f"d{u}", "ts": first_start + w * WINDOW_MS + u, "browser": _truth(u)}) + b"\n"
+        for w in range(WINDOWS) for u in range(UNITS)))
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, REDIS_URL=redis_url)
+    _produce_reports(tmp_path, env, topic, events, config_path, name)
+
+    # Other units' events on the same topic, keyed and placed as the worker requires: true values (all "d", so
+    # that counting them would move d's estimate by far more than its error), and reports tagged as made at
+    # epsilon 1 -- the tag as the README defines it, written here from that definition.
+    plain, forged = 600, 40
+    other_epsilon = f"krr:{(1.0).hex()}:{len(DOMAIN)}:{hashlib.sha256(orjson.dumps(DOMAIN)).hexdigest()[:16]}"
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    for start in sorted(starts):
+        for u in range(plain + forged):
+            event = {"device_id": f"p{u}", "ts": start + u, "browser": "d"}
+            if u >= plain:
+                event["_local_dp"] = other_epsilon
+            producer.send(topic, key=f"p{u}".encode(), value=orjson.dumps(event), timestamp_ms=event["ts"])
+    producer.flush()
+    producer.close()
+
+    with _worker(tmp_path, env, config_path, unique_name) as port:
+        records = _releases(kafka_bootstrap, output, starts)
+        released = {(r["window"]["start_ms"], r["group"]["browser"]): r for r in records}
+        for start in starts:
+            for value in DOMAIN:
+                record = released[(start, value)]
+                assert record["local_dp"]["reports"] == UNITS, (start, value, record["local_dp"])
+                true_count = sum(_truth(u) == value for u in range(UNITS))
+                assert abs(record["count"] - true_count) <= 4 * math.sqrt(record["local_dp"]["variance"]), record
+
+        expected = {"not_randomized": WINDOWS * plain, "randomizer_mismatch": WINDOWS * forged}
+        deadline = time.monotonic() + 30
+        while True:
+            text = scrape(port)
+            counted = {reason: metric_sum(text, "stream_dp_events_rejected_total", query=name, reason=reason)
+                       for reason in expected}
+            if counted == expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert counted == expected
+
+    dead = consume_all(kafka_bootstrap, f"{unique_name}.dead-letter", timeout_s=30,
+                       until=lambda rs: len(rs) >= sum(expected.values()))
+    reasons = collections.Counter(dict(r.headers)["reason"].decode() for r in dead)
+    assert reasons == expected, reasons
+    for record in dead:
+        event, headers = orjson.loads(record.value), dict(record.headers)  # the original bytes
+        assert event["device_id"].startswith("p") and headers["query"] == name.encode()
+        assert ("_local_dp" in event) == (headers["reason"] == b"randomizer_mismatch")
