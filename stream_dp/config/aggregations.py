@@ -16,7 +16,7 @@ from stream_dp.config.aggregation_options import (
     MeanVectorAggregation,
     SampleAggregateAggregation,
 )
-from stream_dp.dp.quantiles import opendp_alpha
+from stream_dp.dp.quantiles import opendp_alpha, opendp_level
 from stream_dp.windows.specs import MAX_ABS_VALUE
 
 
@@ -74,12 +74,14 @@ class QuantilesAggregation(_Strict):
         for q in value:
             if not (0.0 < q < 1.0):
                 raise ValueError(f"quantile {q} is not strictly between 0 and 1; use e.g. q: [0.5, 0.9, 0.99]")
-            num, den = opendp_alpha(q)
+            num, den = opendp_alpha(opendp_level(q))
             if num / den != q:
                 # OpenDP's score aims at num/den, not q: every stated error would be off by |q - num/den| n ranks
+                nearest = [f"{level:g}" for level in (math.floor(q * 1e4) / 1e4, math.floor(q * 1e4 + 1) / 1e4)
+                           if 0.0 < level < 1.0]
                 raise ValueError(
                     f"quantile {q} is resolved by OpenDP's quantile score to {num}/{den} = {num / den:g}, and its "
-                    f"errors would be stated for that level; use q: {num / den:g} or {(num + 1) / den:g} "
+                    f"errors would be stated for that level; use q: {' or '.join(nearest)} "
                     "(at most four decimals, or a fraction with a denominator below 10000)"
                 )
         if len(set(value)) != len(value) or value != sorted(value):

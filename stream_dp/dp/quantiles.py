@@ -111,6 +111,21 @@ def opendp_alpha(q: float) -> tuple[int, int]:
     return math.floor(q * float(_ALPHA_GRANULARITY)), _ALPHA_GRANULARITY
 
 
+def opendp_level(q: float) -> float:
+    """The float to give OpenDP for the level ``q``, so that it aims at ``q`` where it can.
+
+    ``q`` itself, except for a level of at most four decimals that the float
+    product truncates one step short (``0.57 * 10^4`` is ``5699.99...``, which
+    OpenDP casts to 5699): the next float up, which it resolves to 5700/10000.
+    """
+    num, den = opendp_alpha(q)
+    if num / den == q:
+        return q
+    nudged = math.nextafter(q, 1.0)
+    num, den = opendp_alpha(nudged)
+    return nudged if num / den == q else q
+
+
 def _check_inputs(epsilon: object, q: object, lo: object, hi: object, bins: object, bounds: object) -> tuple[float, ...]:
     if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not (
         math.isfinite(epsilon) and epsilon > 0
@@ -199,13 +214,13 @@ class QuantilesPlan:
         alphas, scales, score_scales = [], [], []
         cost = 0.0
         for level in levels:
-            num, den = opendp_alpha(level)
+            num, den = opendp_alpha(opendp_level(level))
             reach = max(num, den - num)
-            _check_score(edges, level, num, den, probe, probe_below)
+            _check_score(edges, opendp_level(level), num, den, probe, probe_below)
             scale = 2.0 * l0 * linf * reach / (den * eps_q * _CALIBRATION_MARGIN)
             # exactly the product make_private_quantile forms for its noisy max, so the certified draw is ours
             score_scale = scale * float(den)
-            cost += l0 * float(private_quantile_measurement(edges.tolist(), level, scale).map(linf))
+            cost += l0 * float(private_quantile_measurement(edges.tolist(), opendp_level(level), scale).map(linf))
             alphas.append((num, den))
             scales.append(scale)
             score_scales.append(score_scale)
