@@ -52,15 +52,25 @@ def _quantiles(block: dict[str, Any]) -> str:
     return "quantiles: " + "  ".join(parts)
 
 
+_NO_MEAN = "mean - (noisy units below one)"
+
+
 def _mean_vector(block: dict[str, Any]) -> str:
-    means = ", ".join(f"{field} {_g(mean)} ±{_g(ci)}"
-                      for field, mean, ci in zip(block["fields"], block["mean"], block["mean_ci95"]))
+    if block.get("mean") is None:  # too few noisy units for a mean: the record holds the sums only
+        means = _NO_MEAN
+    else:
+        means = ", ".join(f"{field} {_g(mean)} ±{_g(ci)}"
+                          for field, mean, ci in zip(block["fields"], block["mean"], block["mean_ci95"]))
     return f"mean_vector: {means}  (units {_g(block['units'])}, sum sd {_g(block['sum_sd'])})"
 
 
 def _covariance(block: dict[str, Any]) -> str:
-    rows = "; ".join(" ".join(_g(v) for v in row) for row in block["covariance"])
-    line = (f"covariance {','.join(block['fields'])}: [{rows}]  mean {_vector(block['mean'])}  "
+    if block.get("covariance") is None or block.get("mean") is None:
+        body = _NO_MEAN
+    else:
+        rows = "; ".join(" ".join(_g(v) for v in row) for row in block["covariance"])
+        body = f"[{rows}]  mean {_vector(block['mean'])}"
+    line = (f"covariance {','.join(block['fields'])}: {body}  "
             f"(units {_g(block['units'])}, entry sd {_g(block['entry_sd'])}")
     if block.get("eigenvalues_raised"):
         line += f", {block['eigenvalues_raised']} eigenvalue(s) raised to 0"

@@ -2,7 +2,8 @@
 
 release_records.jsonl holds one record of each kind as the worker wrote it (plain counts, staircase
 sums, top-k, quantiles, continual, mean_vector, covariance, sample_aggregate mean and median, local DP
-krr and oue, hierarchy levels 1 and 2, top-k of selected groups); each is checked against the schema
+krr and oue, hierarchy levels 1 and 2, top-k of selected groups, a mean_vector and a covariance with
+too few noisy units for a mean); each is checked against the schema
 first, so that the fixture stays what the worker writes.
 """
 
@@ -54,10 +55,17 @@ def _expected(record: dict) -> list[str]:
         wanted += [f"q{q} {_sig(answer['value'])}", _sig(answer["rank_error"])]
     if "mean_vector" in record:
         block = record["mean_vector"]
-        wanted += [f"{field} {_sig(m)} ±{_sig(ci)}" for field, m, ci in zip(block["fields"], block["mean"], block["mean_ci95"])]
+        if block["mean"] is None:  # fewer noisy units than one: no mean, the units still shown
+            wanted += ["mean -", f"units {_sig(block['units'])}"]
+        else:
+            wanted += [f"{field} {_sig(m)} ±{_sig(ci)}"
+                       for field, m, ci in zip(block["fields"], block["mean"], block["mean_ci95"])]
     if "covariance" in record:
-        wanted += [_sig(v) for row in record["covariance"]["covariance"] for v in row]
-        wanted += [_sig(v) for v in record["covariance"]["mean"]]
+        block = record["covariance"]
+        if block["covariance"] is None:
+            wanted += ["mean -", f"units {_sig(block['units'])}"]
+        else:
+            wanted += [_sig(v) for row in block["covariance"] for v in row] + [_sig(v) for v in block["mean"]]
     if "sample_aggregate" in record:
         block = record["sample_aggregate"]
         wanted += [_sig(block["value"]), f"{block['blocks']} blocks"]
