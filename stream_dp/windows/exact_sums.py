@@ -14,13 +14,17 @@ of ``g = 2^k`` with ``k = floor(log2 Delta) - PAIR_SUM_STEPS_LOG2``, then
 clamped to ``[-floor(Delta / g) g, floor(Delta / g) g]``, inside
 ``[-Delta, Delta]``: a unit's contribution stays within the bound it had.
 Multiples of ``g`` add up exactly in float64 as long as every partial sum
-stays below ``2^53 g`` in magnitude, i.e. while a group's sum stays within
-``2^22 Delta`` (four million units at the full bound; ``2^53 g > 2^53 Delta /
-2^31``); each addition is then exact whatever its order, across batches,
-partitions and partials. The rounding moves a unit's sum by at most ``g / 2
-<= Delta / 2^31``: a million units rounded the same way move a sum by less
-than a thousandth of one unit's bound, far below the noise (at least
-``Delta / epsilon``).
+stays below ``2^53 g`` in magnitude, which holds in any order while the
+magnitudes of a group's pair sums in a window add up to less than
+``2^26 Delta`` (67 million units at the full bound; ``2^53 g > 2^53 Delta /
+2^27``): each addition is then exact, across batches, partitions and
+partials. Beyond that, additions may round again, by a grid step or more,
+which the staircase's one step of widening does not cover: a limit of this
+release (the order of additions is by keyed hash, which no producer
+chooses). The rounding moves a unit's sum by at most ``g / 2 <= Delta /
+2^27``: a million units rounded the same way move a sum by less than a
+hundredth of one unit's bound, far below the noise (at least ``Delta /
+epsilon``).
 
 Vector queries add each pair's feature vector instead (``stream_dp.dp.vectors``):
 :func:`truncate_features` puts its coordinates on the grid of its l2 bound.
@@ -32,10 +36,10 @@ import math
 
 import numpy as np
 
-#: A unit's largest sum in one group spans about 2^30 grid steps.
-PAIR_SUM_STEPS_LOG2 = 30
-#: Never a grid finer than this (below it float64 numbers are subnormal near the grid).
-_FINEST_K = -1000
+#: A unit's largest sum in one group spans about 2^26 grid steps.
+PAIR_SUM_STEPS_LOG2 = 26
+#: The finest grid: the smallest subnormal float64, of which every float is a multiple.
+_FINEST_K = -1074
 
 
 def pair_sum_grid_k(bound: float) -> int | None:
@@ -63,7 +67,7 @@ def truncate_features(features: np.ndarray, norm_bound: float) -> np.ndarray:
     coordinate toward zero: no coordinate grows, so no row's l2 norm does, and sums are exact.
 
     Toward zero rather than to the nearest point, which could lengthen a vector past its bound; the
-    bias (under ``2^-30`` of the bound per unit and coordinate) is far below the Gaussian's noise.
+    bias (under ``2^-26`` of the bound per unit and coordinate) is far below the Gaussian's noise.
     """
     k = pair_sum_grid_k(norm_bound)
     if k is None:

@@ -28,9 +28,9 @@ UNITS = 30  # the events' units (``_events``)
 
 def _grid_tolerance(spec: FeatureSpec) -> float:
     """Each unit's feature coordinates are cut toward zero to a power-of-two grid of about
-    2^-30 of the feature's l2 bound (README): a group's sum is below the reference by at most
+    2^-26 of the feature's l2 bound (README): a group's sum is below the reference by at most
     one grid step per unit."""
-    return UNITS * 2.0 ** (math.floor(math.log2(spec.norm_bound)) - 30)
+    return UNITS * 2.0 ** (math.floor(math.log2(spec.norm_bound)) - 26)
 
 
 def _events(seed: int = 0, n: int = 400) -> list[tuple[str, str, tuple[float, float, float]]]:

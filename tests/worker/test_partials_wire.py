@@ -290,9 +290,9 @@ def test_events_reach_the_combined_window_as_feature_sums_without_excluded_units
     for (u, g), vectors in per_pair.items():
         x = [*np.mean(vectors, axis=0).tolist(), 20.0]  # (mean, C); C = 20 in the example
         expected[int(g[2:])] += [x[i] * x[j] for i, j in upper]
-    # each unit's feature is cut toward zero to a grid of about 2^-30 of its l2 bound (README): at most
+    # each unit's feature is cut toward zero to a grid of about 2^-26 of its l2 bound (README): at most
     # one grid step per unit below the reference; 30 units
-    grid = 2.0 ** (math.floor(math.log2(spec.norm_bound)) - 30)
+    grid = 2.0 ** (math.floor(math.log2(spec.norm_bound)) - 26)
     assert np.allclose(window.features, expected, rtol=1e-12, atol=30 * grid)
     # a partial without feature sums cannot be added up: the window is withheld, not half-released
     bare = _partial(2, groups=[("/p0",), ("/p1",)], partition=0, input_partitions=1)
