@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_dp.windows import EventSchema, RejectReason
-from stream_dp.windows.decoding import EventDecoder, classify_message
+from stream_dp.windows.classify import classify_message
+from stream_dp.windows.decoding import EventDecoder
 
 from ._support import NOW_MS, event
 
