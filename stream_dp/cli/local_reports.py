@@ -188,6 +188,21 @@ def chosen_query(args: argparse.Namespace, config: Any = None) -> QueryConfig:
                          f"{', '.join(q.name for q in config.queries)}") from None
 
 
+def _check_topic_takes(topic: str | None, tag: str, name: str, config: Any) -> None:
+    """Refuse reports for a topic that feeds a local_dp query of other settings: its worker would
+    reject every one of them (randomizer_mismatch)."""
+    for other in config.queries:
+        if other.local_dp is None or other.input_topic != topic:
+            continue
+        domain = [key[0] for key in other.public_group_keys() or ()]
+        theirs = report_tag(LocalRandomizer.build(other.local_dp.mechanism, other.local_dp.epsilon, len(domain)),
+                            domain)
+        if theirs != tag:
+            raise ValueError(f"--topic {topic!r} feeds query {other.name!r}, whose local_dp takes reports tagged "
+                             f"{theirs!r}, not query {name!r}'s {tag!r}: its worker would reject them all; "
+                             f"use --query {other.name}, or --topic {{query {name!r}'s input_topic}}")
+
+
 def local_reports(args: argparse.Namespace) -> LocalReports | None:
     """The --local-dp reports, or None.
 
@@ -223,6 +238,7 @@ def local_reports(args: argparse.Namespace) -> LocalReports | None:
                          f"local_dp: {{field: {args.local_dp}, mechanism: krr, epsilon: 1.0}} to it")
     domain = [key[0] for key in query.public_group_keys() or ()]
     randomizer = LocalRandomizer.build(query.local_dp.mechanism, query.local_dp.epsilon, len(domain))
+    _check_topic_takes(getattr(args, "topic", None), report_tag(randomizer, domain), query.name, config)
     secret = local_dp_secret(getattr(args, "local_dp_secret_file", None))
     return LocalReports(args.local_dp, domain, randomizer, secret=secret, query=query.name,
                         unit_field=query.privacy_unit.field, timestamp_field=query.timestamp_field,

@@ -316,3 +316,24 @@ def test_no_secret_a_short_one_or_two_are_refused_before_sending(tmp_path, monke
     code, sent = _produce(monkeypatch, events, "--local-dp-secret-file", str(_secret(tmp_path)))
     err = capsys.readouterr().err
     assert code == 1 and not sent and "both" in err and SECRET_ENV in err
+
+
+def test_reports_for_a_topic_that_feeds_a_local_query_of_other_settings_are_refused(tmp_path, monkeypatch, capsys):
+    """Its worker takes reports of its own randomizer only: reports at another epsilon would all be dead-lettered."""
+    document = yaml.safe_load(EXAMPLE.read_text())
+    local = next(q for q in document["queries"] if q["name"] == "browsers_local")
+    other = {**local, "name": "browsers_local_4", "input_topic": "events.browsers4", "output_topic": "dp.browsers4",
+             "local_dp": {**local["local_dp"], "epsilon": 4.0}, "epsilon": 4.0}
+    document["queries"].append(other)
+    config = tmp_path / "queries.yaml"
+    config.write_text(yaml.safe_dump(document))
+    sent = []
+    monkeypatch.setattr(produce, "_send", lambda topic, *a, **k: sent.append(topic) or 0)
+    base = ["produce", "--synthetic", "10", "--config", str(config), "--query", "browsers_local", "--local-dp",
+            "browser", "--local-dp-secret-file", str(_secret(tmp_path)), "--quiet"]
+    assert main([*base, "--topic", "events.browsers4"]) == 1
+    err = capsys.readouterr().err
+    assert "--topic 'events.browsers4' feeds query 'browsers_local_4'" in err and "use --query browsers_local_4" in err
+    assert not sent
+    assert main([*base, "--topic", "events.browsers"]) == 0  # the query's own topic
+    assert sent == ["events.browsers"]
