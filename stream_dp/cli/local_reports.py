@@ -188,15 +188,22 @@ def chosen_query(args: argparse.Namespace, config: Any = None) -> QueryConfig:
                          f"{', '.join(q.name for q in config.queries)}") from None
 
 
+def _randomizer_of(query: QueryConfig) -> tuple[list[str | int], LocalRandomizer]:
+    """A local_dp query's domain (``groups.public``, in order) and the randomizer its reports come from."""
+    domain = [key[0] for key in query.public_group_keys() or ()]
+    return domain, LocalRandomizer.build(query.local_dp.mechanism, query.local_dp.epsilon, len(domain))
+
+
+def _local_queries_on(topic: str | None, config: Any) -> list[QueryConfig]:
+    return [q for q in config.queries if q.local_dp is not None and q.input_topic == topic]
+
+
 def _check_topic_takes(topic: str | None, tag: str, name: str, config: Any) -> None:
     """Refuse reports for a topic that feeds a local_dp query of other settings: its worker would
     reject every one of them (randomizer_mismatch)."""
-    for other in config.queries:
-        if other.local_dp is None or other.input_topic != topic:
-            continue
-        domain = [key[0] for key in other.public_group_keys() or ()]
-        theirs = report_tag(LocalRandomizer.build(other.local_dp.mechanism, other.local_dp.epsilon, len(domain)),
-                            domain)
+    for other in _local_queries_on(topic, config):
+        domain, randomizer = _randomizer_of(other)
+        theirs = report_tag(randomizer, domain)
         if theirs != tag:
             raise ValueError(f"--topic {topic!r} feeds query {other.name!r}, whose local_dp takes reports tagged "
                              f"{theirs!r}, not query {name!r}'s {tag!r}: its worker would reject them all; "
@@ -222,11 +229,10 @@ def local_reports(args: argparse.Namespace) -> LocalReports | None:
                              f"add --local-dp {query.local_dp.field}")
         # --query may name another query, or be left out, while the topic feeds a local_dp one
         topic = getattr(args, "topic", None)
-        for other in config.queries:
-            if other.local_dp is not None and other.input_topic == topic:
-                raise ValueError(f"--topic {topic!r} is the input_topic of query {other.name!r}, which has local_dp "
-                                 f"on {other.local_dp.field!r}: without --local-dp every event's true value would "
-                                 f"be sent there; add --query {other.name} --local-dp {other.local_dp.field}")
+        for other in _local_queries_on(topic, config):
+            raise ValueError(f"--topic {topic!r} is the input_topic of query {other.name!r}, which has local_dp "
+                             f"on {other.local_dp.field!r}: without --local-dp every event's true value would "
+                             f"be sent there; add --query {other.name} --local-dp {other.local_dp.field}")
         return None
     if not args.query:
         raise ValueError("--local-dp needs --query naming a query with local_dp on that field")
@@ -236,8 +242,7 @@ def local_reports(args: argparse.Namespace) -> LocalReports | None:
     if query.local_dp is None:
         raise ValueError(f"query {args.query!r} has no local_dp on field {args.local_dp!r}; add "
                          f"local_dp: {{field: {args.local_dp}, mechanism: krr, epsilon: 1.0}} to it")
-    domain = [key[0] for key in query.public_group_keys() or ()]
-    randomizer = LocalRandomizer.build(query.local_dp.mechanism, query.local_dp.epsilon, len(domain))
+    domain, randomizer = _randomizer_of(query)
     _check_topic_takes(getattr(args, "topic", None), report_tag(randomizer, domain), query.name, config)
     secret = local_dp_secret(getattr(args, "local_dp_secret_file", None))
     return LocalReports(args.local_dp, domain, randomizer, secret=secret, query=query.name,
