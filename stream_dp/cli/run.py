@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("kafka", "aiokafka"):
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
     from stream_dp.worker.app import WorkerConfigError, run_worker
+    from stream_dp.worker.store_guard import StoreReplaced
 
     try:
         config = load_config(args.config)
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             return supervise(["--config", args.config, "--log-level", args.log_level], args.processes,
                              host=settings.metrics_host, port=settings.metrics_port)
         return run_worker(config, settings, config_source=args.config)
-    except (ConfigError, WorkerConfigError) as exc:
+    except (ConfigError, WorkerConfigError, StoreReplaced) as exc:
         print(exc, file=sys.stderr)
         return 1
     except ValidationError as exc:

@@ -32,6 +32,7 @@ from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.ingest import IngestStage
 from stream_dp.worker.kafka_admin import read_commit_metadata
 from stream_dp.worker.ledger import RedisReleaseLedger, ReleaseLedger
+from stream_dp.worker.store_guard import StoreGuard
 from stream_dp.worker.periods import MemoryPeriodRegister, PeriodRegister, RedisPeriodRegister
 from stream_dp.worker.process_tuning import tune_process
 from stream_dp.worker.query_costs import WorkerConfigError, build_plan, check_cost_fits, window_cost
@@ -305,6 +306,8 @@ class Worker:
         clients = kafka_clients(settings.aiokafka_options(), client_id=self.client_id, group_id=settings.group_id,
                                 limits=limits, session_timeout_ms=settings.consumer_session_timeout_ms)
         noise_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="noise")
+        # Checked at every input assignment, before anything is charged or released.
+        store = StoreGuard(self.ledger.store_markers())
         ingest = IngestStage(
             self.runtimes, clients.ingest_consumer, clients.producer, self.budget, self.ledger, self.metrics,
             partials_topic=settings.partials_topic, partials_partitions=partials_partitions,
@@ -312,13 +315,13 @@ class Worker:
             dead_letter_topic=settings.dead_letter_topic,
             read_commit_metadata=lambda tps: read_commit_metadata(options, settings.group_id, tps),
             partials_record_bytes=limits.partials_record_bytes, dead_letter_record_bytes=limits.dead_letter_record_bytes,
-            clock_ms=self.clock_ms, periods=self.periods,
+            clock_ms=self.clock_ms, periods=self.periods, store=store,
         )
         release = ReleaseStage(
             self.runtimes, clients.release_consumer, clients.output_producer, self.ledger,
             noise_source(settings.noise_sampler, executor=noise_pool), self.metrics,
             partials_topic=settings.partials_topic, release_age_limit_ms=settings.release_age_limit_ms,
-            output_batch_bytes=limits.output_batch_bytes, clock_ms=self.clock_ms,
+            output_batch_bytes=limits.output_batch_bytes, clock_ms=self.clock_ms, store_ready=store.ready,
         )
         clients.release_consumer.subscribe([settings.partials_topic], listener=release.rebalance_listener())
         clients.ingest_consumer.subscribe(sorted({q.config.input_topic for q in self.runtimes}),

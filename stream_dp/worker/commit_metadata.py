@@ -11,7 +11,9 @@ Kafka stores a string beside each committed offset (``offset.metadata.max.bytes`
 * ``next_offset``: offsets from here on were never processed: their events in
   closed windows are late, not replays;
 * ``record_clock_ms``: the partition's window clock, which records before the
-  committed offset also moved.
+  committed offset also moved;
+* ``store``: the token of the Redis the progress was charged on
+  (``stream_dp.worker.store_guard``), so a store that lost its data is caught.
 """
 
 from __future__ import annotations
@@ -39,19 +41,34 @@ class RestoredProgress:
 
 
 def encode_commit_metadata(closed_through_ms: Mapping[str, int], closure_steps: Mapping[str, Iterable[tuple[int, int]]],
-                           next_offset: int, record_clock_ms: int | None) -> str:
+                           next_offset: int, record_clock_ms: int | None, store: str | None = None) -> str:
     steps = {}
     for query, query_steps in closure_steps.items():
         closed = closed_through_ms.get(query)
         kept = [[int(o), int(b)] for o, b in query_steps if closed is None or b > closed][-MAX_COMMITTED_STEPS:]
         if kept:
             steps[query] = kept
-    return orjson.dumps({
+    fields: dict[str, Any] = {
         "closed_through_ms": dict(closed_through_ms),
         "closure_steps": steps,
         "next_offset": next_offset,
         "record_clock_ms": record_clock_ms,
-    }).decode()
+    }
+    if store is not None:
+        fields["store"] = store
+    return orjson.dumps(fields).decode()
+
+
+def committed_store(metadata: str | None) -> str | None:
+    """The store token a partition's commit metadata names; None when it names none (or is unreadable,
+    which ``restored_progress`` reports)."""
+    if not metadata:
+        return None
+    try:
+        store = orjson.loads(metadata).get("store")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return store if isinstance(store, str) and store else None
 
 
 def restored_progress(metadata: str | None, query: str) -> RestoredProgress:

@@ -59,8 +59,10 @@ class Emitter:
         retry_backoff_s: float,
         retry_backoff_max_s: float,
         periods: PeriodRegister | None = None,
+        store_ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self.queries = queries
+        self.store_ready = store_ready  # False until the store is known to be the one charged so far
         self.producer = producer
         self.budget = budget
         self.journal = journal
@@ -79,6 +81,8 @@ class Emitter:
         """Charge and publish the held partials (see the module docstring); whether any went out."""
         if not self.held:
             self.set_pending_gauge()
+            return False
+        if not self.store_ready():
             return False
         now_s = time.monotonic()
         if now_s < self._next_charge_s:

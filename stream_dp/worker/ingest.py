@@ -30,7 +30,7 @@ from stream_dp.budget import BudgetStore
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import RejectReason
 from stream_dp.worker.background import BackgroundRounds
-from stream_dp.worker.commit_metadata import encode_commit_metadata, restored_progress
+from stream_dp.worker.commit_metadata import committed_store, encode_commit_metadata, restored_progress
 from stream_dp.worker.consumed import raw_batch
 from stream_dp.worker.dead_letters import DeadLetters
 from stream_dp.worker.emit import Emitter, HeldPartial
@@ -40,6 +40,7 @@ from stream_dp.worker.periods import PeriodRegister
 from stream_dp.worker.positions import PartitionPositions
 from stream_dp.worker.records import Progress, encode_progress
 from stream_dp.worker.runtime import QueryRuntime
+from stream_dp.worker.store_guard import MemoryStoreMarkers, StoreGuard, StoreReplaced
 
 log = logging.getLogger(__name__)
 _METADATA_ATTEMPTS = 6  # about 8 s of retries, within any rebalance or poll timeout
@@ -74,8 +75,10 @@ class IngestStage:
         retry_backoff_s: float = 0.5,
         retry_backoff_max_s: float = 10.0,
         periods: PeriodRegister | None = None,
+        store: StoreGuard | None = None,
     ) -> None:
         self.queries = queries
+        self.store = store if store is not None else StoreGuard(MemoryStoreMarkers())
         self.by_topic: dict[str, list[QueryRuntime]] = defaultdict(list)
         for query in queries:
             self.by_topic[query.config.input_topic].append(query)
@@ -96,6 +99,7 @@ class IngestStage:
                         periods={q.name: q.combiner.period for q in queries if q.combiner.period is not None}),
             alerts_topic=alerts_topic, partition_count=self._partition_count,
             retry_backoff_s=retry_backoff_s, retry_backoff_max_s=retry_backoff_max_s, periods=periods,
+            store_ready=self.store.ready,
         )
         self.read_commit_metadata = read_commit_metadata
         self.clock_ms = clock_ms
@@ -109,6 +113,7 @@ class IngestStage:
         self._sent_progress: dict[tuple[str, int], int] = {}
         self.positions = PartitionPositions(consumer)
         self._joined = False  # an assignment (possibly empty) arrived from the group
+        self._committed_store: dict[TopicPartition, str] = {}  # the store token each partition's last commit named
         # Charging and publishing closed windows waits mostly on Redis: it runs beside the loop.
         self._rounds = BackgroundRounds(self._emit_round, name="ingest-emit")
 
@@ -131,6 +136,11 @@ class IngestStage:
             metadata: dict[TopicPartition, str] = {}
             if assigned:
                 metadata = await self._read_commit_metadata(assigned)
+            for tp, text in metadata.items():
+                if (token := committed_store(text)) is not None:
+                    self._committed_store[tp] = token
+            self.store.note_committed(committed_store(text) for text in metadata.values())
+            await self._verify_store()
             for topic, queries in self.by_topic.items():
                 partitions = [tp.partition for tp in assigned if tp.topic == topic]
                 if not partitions:
@@ -202,6 +212,8 @@ class IngestStage:
             self.emitter.set_pending_gauge()
             self.positions.forget(revoked)
             for tp in revoked:
+                self._committed_store.pop(tp, None)
+            for tp in revoked:
                 try:
                     self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
                 except KeyError:
@@ -223,7 +235,18 @@ class IngestStage:
                 pass  # a round takes a bounded number of windows; stop early only when one sends nothing
             await self._commit(force=True)
 
+    async def _verify_store(self) -> None:
+        """Nothing is charged until the store is known to be the one the group's progress was charged on."""
+        try:
+            await asyncio.to_thread(self.store.verify)
+        except StoreReplaced:
+            self.metrics.internal_errors.labels("store_replaced").inc()
+
     async def step(self) -> None:
+        if self.store.failure is not None:
+            raise self.store.failure  # stops the worker: see stream_dp.worker.store_guard
+        if self._joined and not self.store.ready():
+            await self._verify_store()
         batches = await self.consumer.getmany(timeout_ms=self.poll_timeout_ms, max_records=self.max_records)
         async with self._lock:
             now_ms = self.clock_ms()
@@ -400,6 +423,7 @@ class IngestStage:
                         {q.name: q.engine.closure_steps.get(partition, ()) for q in queries},
                         min((o for o in processed if o is not None), default=offset),
                         max((c for c in clocks if c is not None), default=None),
+                        store=self.store.token_to_commit(self._committed_store.get(tp)),
                     )
                     offsets[tp] = (offset, metadata)
         return offsets, closures

@@ -35,6 +35,7 @@ from typing import Protocol
 import redis
 
 from stream_dp.budget.redis_nodes import Call, NodeRunner, ReplicaWait
+from stream_dp.worker.store_guard import MemoryStoreMarkers, RedisStoreMarkers, StoreMarkers
 
 WRITTEN = b"written"
 PUBLISHED = b"published"
@@ -105,6 +106,7 @@ class ReleaseLedger(Protocol):
     def remember_units(self, charge_id: str, units: list[str]) -> list[str]: ...
     def mark_query_start(self, query: str, window_start_ms: int) -> None: ...
     def query_start(self, query: str) -> int | None: ...
+    def store_markers(self) -> StoreMarkers: ...
 
 
 def split_chunks(payload: bytes, chunk_bytes: int) -> list[bytes]:
@@ -148,6 +150,10 @@ class RedisReleaseLedger:
 
     def _key(self, query: str, window_start_ms: int) -> str:
         return f"{self._prefix}:{{{query}}}:{window_start_ms}"
+
+    def store_markers(self) -> StoreMarkers:
+        """The markers that tell this Redis from one that lost its data (``stream_dp.worker.store_guard``)."""
+        return RedisStoreMarkers(self._redis, prefix=self._prefix, wait=self._wait)
 
     def _store_once(
         self, key: str, payload: bytes, ttl_s: int, state: bytes, sync_key: str
@@ -283,6 +289,10 @@ class MemoryReleaseLedger:
         self._units: dict[str, list[str]] = {}
         self._starts: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._markers = MemoryStoreMarkers()
+
+    def store_markers(self) -> StoreMarkers:
+        return self._markers
 
     def claim(self, query: str, window_start_ms: int, payload: bytes) -> StoredRelease:
         _check_payload(payload)

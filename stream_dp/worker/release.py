@@ -86,8 +86,11 @@ class ReleaseStage:
         commit_interval_s: float = 1.0,
         retry_backoff_s: float = 0.5,
         retry_backoff_max_s: float = 10.0,
+        store_ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self.queries = {q.name: q for q in queries}
+        # False until the ledger's Redis is known to be the one released from so far (``store_guard``).
+        self.store_ready = store_ready
         self.consumer = consumer
         self.producer = producer
         self.ledger = ledger
@@ -246,6 +249,8 @@ class ReleaseStage:
             self.metrics.late_partials.labels(query.name).inc()
 
     async def _publish_pending(self) -> None:
+        if not self.store_ready():
+            return
         now_s = time.monotonic()
         remaining: list[_Unpublished] = []
         # A continual query's window continues the tree of the one before: after a held window,

@@ -1,0 +1,233 @@
+"""Refuse to charge or release on a Redis that lost what it acknowledged.
+
+The budget bound and "released once" both rest on Redis keeping its data. A
+Redis restarted without its append-only file, flushed, restored from an old
+backup, a cluster master that came back empty, or a ``REDIS_URL`` pointed at
+another server would otherwise go unnoticed: every unit would get its whole
+budget back, and a replayed window could be noised a second time.
+
+So the store carries a token, written once (``SET`` if absent, no expiry) to
+``MARKERS`` keys whose hash tags spread over the cluster's slot space (see
+``stream_dp.budget.keys.group_tags``): every master of a cluster of up to
+``MARKERS`` masters holds some of them, whatever the slot layout. The token
+goes with every input offset the worker commits (``commit_metadata``), so
+Kafka remembers which store the group's progress was made with. At each
+partition assignment the worker reads the markers and the committed tokens
+before it charges or releases anything:
+
+* every marker holds the same token, and every committed token is it: go on;
+* no marker and no committed token: a new deployment; write the markers;
+* some markers hold a token and the others none, with no committed token:
+  a first start cut short while writing them; complete them;
+* otherwise (a committed token the store does not hold, markers that hold
+  different tokens, some markers missing once a commit named the token):
+  the store is not the one the progress was made with. Stop, and say how
+  to fix it.
+
+Not covered: a group whose consumer offsets were deleted too (or a new group
+id) together with the store is a new deployment; it reads what the input
+topics retain and releases it again, to the output topics it is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from stream_dp.budget.keys import group_tags
+from stream_dp.budget.redis_nodes import Call, NodeRunner, ReplicaWait
+
+log = logging.getLogger(__name__)
+MARKERS = 64
+
+_MARK_ONCE = """
+local stored = redis.call('GET', KEYS[1])
+if stored then return stored end
+redis.call('SET', KEYS[1], ARGV[1])
+return false
+"""
+_MARK_ONCE_SHA = hashlib.sha1(_MARK_ONCE.encode()).hexdigest()
+
+
+class StoreReplaced(RuntimeError):
+    """The Redis answering is not the store the consumer group's committed progress was made with."""
+
+
+class StoreMarkers(Protocol):
+    def read(self) -> list[str | None]:
+        """The token each marker holds (None where a marker is absent), in marker order."""
+        ...
+
+    def fill(self, token: str) -> list[str | None]:
+        """Write ``token`` to every marker that holds none; the tokens held afterwards."""
+        ...
+
+
+class RedisStoreMarkers:
+    def __init__(self, client: Any, *, prefix: str, wait: ReplicaWait | None = None) -> None:
+        self._client = client
+        self._wait = wait
+        self.keys = [f"{prefix}:store:{{{tag}}}" for tag in group_tags(f"{prefix}:store", MARKERS)]
+
+    def read(self) -> list[str | None]:
+        pipe = self._client.pipeline(transaction=False)
+        for key in self.keys:
+            pipe.get(key)
+        return [_text(value) for value in pipe.execute()]
+
+    def fill(self, token: str) -> list[str | None]:
+        # The token must be on the replicas before anything is charged under it (a failover
+        # right after would otherwise bring back a master without it: a false alarm, not a loss).
+        # The first marker decides: workers starting together all copy the token it holds.
+        (first,) = NodeRunner(self._client, [self._call(self.keys[0], token)], self._wait).run_pending()
+        token = _text(first) or token
+        calls = [self._call(key, token) for key in self.keys[1:]]
+        held = NodeRunner(self._client, calls, self._wait).run_pending()
+        return [token] + [_text(value) or token for value in held]
+
+    @staticmethod
+    def _call(key: str, token: str) -> Call:
+        return Call(_MARK_ONCE_SHA, _MARK_ONCE, [key], [token], f"{key}:sync")  # the sync key shares the slot
+
+
+class MemoryStoreMarkers:
+    """Markers of an in-process store: they live and die with it."""
+
+    def __init__(self) -> None:
+        self._held: list[str | None] = [None] * MARKERS
+
+    def read(self) -> list[str | None]:
+        return list(self._held)
+
+    def fill(self, token: str) -> list[str | None]:
+        self._held = [held or token for held in self._held]
+        return list(self._held)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the markers and the committed tokens say: the store's token, whether to write the missing
+    markers, or why the store is not the one the progress was made with."""
+
+    token: str | None
+    fill: bool = False
+    problem: str | None = None
+
+
+def judge(markers: list[str | None], committed: Iterable[str]) -> Verdict:
+    """Pure: compare the markers with the tokens committed beside the input offsets."""
+    held = {token for token in markers if token is not None}
+    named = set(committed)
+    missing = sum(token is None for token in markers)
+    if len(held) > 1:
+        return Verdict(None, problem=f"its store markers hold {len(held)} different tokens {sorted(held)}")
+    token = next(iter(held), None)
+    if named - held:
+        what = f"holds token {token}" if token is not None else "holds no store token at all (it is empty or new)"
+        return Verdict(None, problem=f"the group's committed progress was made with store token(s) "
+                                     f"{sorted(named - held)}, but this Redis {what}")
+    if token is not None and missing and named:
+        return Verdict(None, problem=f"{missing} of {len(markers)} store markers are gone (a node lost its data)")
+    if token is None:
+        return Verdict(secrets.token_hex(16), fill=True)
+    return Verdict(token, fill=bool(missing))
+
+
+def check(markers: StoreMarkers, committed: Iterable[str], *, redis_hint: str = "REDIS_URL") -> str:
+    """The store's token, after writing missing markers when that is safe; raises ``StoreReplaced`` otherwise."""
+    committed = list(committed)
+    verdict = judge(markers.read(), committed)
+    if verdict.fill:
+        verdict = judge(markers.fill(verdict.token or secrets.token_hex(16)), committed)
+        if verdict.fill:
+            raise StoreReplaced("store markers still missing right after writing them; is the Redis read-only?")
+    if verdict.problem is not None:
+        raise StoreReplaced(
+            f"The Redis at {redis_hint} is not the store this consumer group's progress was made with: "
+            f"{verdict.problem}. It lost its data (restarted without its append-only file, flushed, restored from "
+            "an older backup, a master back empty) or the URL points at another Redis. Charging on it would give "
+            "every unit its whole budget again, and a replayed window could be noised a second time, so nothing "
+            f"is charged or released. Fix: restore that Redis's data (its appendonly directory or a current "
+            f"backup) or point {redis_hint} at the right server. To start over deliberately, run with a new "
+            "STREAM_DP_GROUP_ID and new output topics: everything the input topics retain is released again there."
+        )
+    assert verdict.token is not None
+    return verdict.token
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class StoreGuard:
+    """The worker's view of its store: verified (``token``), not yet (``ready()`` false: nothing is charged
+    or released), or replaced (``failure``: the worker stops). Shared by the ingest and release stages."""
+
+    def __init__(self, markers: StoreMarkers, *, redis_hint: str = "REDIS_URL", retry_s: float = 2.0) -> None:
+        self._markers = markers
+        self._redis_hint = redis_hint
+        self._retry_s = retry_s
+        self._committed: set[str] = set()
+        self._next_try_s = 0.0
+        self._lock = threading.Lock()
+        self.token: str | None = None
+        self.failure: StoreReplaced | None = None
+
+    def ready(self) -> bool:
+        return self.token is not None and self.failure is None
+
+    def note_committed(self, tokens: Iterable[str | None]) -> None:
+        """Tokens found in the commit metadata of newly assigned partitions: a new one is checked before
+        anything more is charged."""
+        with self._lock:
+            new = {token for token in tokens if token is not None} - self._committed
+            if new:
+                self._committed |= new
+                if self.token not in new or len(new) > 1:
+                    self.token = None
+                    self._next_try_s = 0.0
+
+    def token_to_commit(self, committed_before: str | None) -> str | None:
+        """The token to write beside a partition's committed offset: the verified one, else the one its
+        earlier commit named (never dropped, so a worker stopped before it could verify leaves the
+        evidence in place)."""
+        return self.token if self.ready() else committed_before
+
+    def verify(self) -> bool:
+        """Check the store now (blocking; run it off the event loop). True when verified; False when Redis
+        did not answer (tried again after ``retry_s``); raises ``StoreReplaced``."""
+        with self._lock:
+            if self.failure is not None:
+                raise self.failure
+            if self.token is not None:
+                return True
+            now_s = time.monotonic()
+            if now_s < self._next_try_s:
+                return False
+            self._next_try_s = now_s + self._retry_s
+            committed = set(self._committed)
+        try:
+            token = check(self._markers, committed, redis_hint=self._redis_hint)
+        except StoreReplaced as exc:
+            with self._lock:
+                self.failure = exc
+            log.error("%s", exc)
+            raise
+        except Exception as exc:  # Redis down or failing over: nothing is charged until it answers
+            log.warning("cannot check the store's markers yet (%s: %s); charging and releasing wait",
+                        type(exc).__name__, exc)
+            return False
+        with self._lock:
+            if committed != self._committed:  # an assignment named more tokens meanwhile: check again
+                self._next_try_s = 0.0
+                return False
+            self.token = token
+        return True

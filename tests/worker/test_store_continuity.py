@@ -1,0 +1,83 @@
+"""A Redis that lost its data is refused: nothing is charged or released on it.
+
+One in-process worker releases two data windows (real broker, real Redis)
+and commits its input offsets. Then the deployment's Redis keys are deleted
+(what a flush, a restart without the append-only file or a new server does
+to them) and the release group loses its offsets, so a second worker re-reads
+the partials of windows already released. Without the guard it finds no
+ledger entry for them and noises them again: the same release ids with new
+values. With it the worker stops with ``StoreReplaced`` and the output topic
+is unchanged. The same restart with the store intact runs and releases
+nothing twice (the control).
+"""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka.structs import TopicPartition
+
+from stream_dp.worker.commit_metadata import committed_store
+from stream_dp.worker.kafka_admin import read_commit_metadata
+from stream_dp.worker.store_guard import StoreReplaced
+from tests.worker.test_release_once import _by_window, _Deployment, _first_release, _metric, _wall_ms
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+@pytest.fixture
+def deployment(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name):
+    input_topic = new_topic("in", partitions=2)
+    made = _Deployment(tmp_path, kafka_bootstrap, redis_url, unique_name, input_topic, "public")
+    made.input_topic = input_topic
+    yield made
+    made.close()
+
+
+def _committed_tokens(d: _Deployment) -> dict[int, str | None]:
+    partitions = [TopicPartition(d.input_topic, p) for p in range(2)]
+    metadata = read_commit_metadata(d.settings.kafka_client_options(), d.settings.group_id, partitions)
+    return {tp.partition: committed_store(text) for tp, text in metadata.items()}
+
+
+def _wipe_store(d: _Deployment) -> int:
+    """Delete every key of the deployment in Redis: its ledger (store markers included) and its budgets."""
+    keys = [*d.redis.scan_iter(f"{d.ledger_prefix}:*"), *d.redis.scan_iter(f"*{d.name}-users*")]
+    for key in keys:
+        d.redis.delete(key)
+    return len(keys)
+
+
+def test_a_restart_on_a_store_that_lost_its_data_releases_nothing(deployment):
+    d = deployment
+    first, data_windows, _ = _first_release(d)
+    markers = d.ledger.store_markers().read()
+    (token,) = set(markers)
+    assert token is not None
+    assert set(_committed_tokens(d).values()) == {token}, "the input commits must name the store"
+
+    # Control: the same store, the release group reset: the stored releases stand, nothing is noised again.
+    d.reset_release_group()
+    registry = d.run(lambda r: _metric(r, "stream_dp_partials_expired_total", d.name) >= 0, clock_ms=_wall_ms,
+                     timeout_s=20, settle_s=8)
+    assert _metric(registry, "stream_dp_internal_errors_total", d.name) == 0
+    again = _by_window(d.releases())
+    for start in data_windows:
+        assert set(again[start]) == set(_by_window(first)[start]), f"window {start} changed on an intact store"
+
+    before = d.releases()
+    assert _wipe_store(d) > MARKERS_AT_LEAST
+    d.reset_release_group()
+    with pytest.raises(StoreReplaced, match=token):
+        d.run(lambda r: False, clock_ms=_wall_ms, timeout_s=30)
+    after = d.releases()
+    for start in data_windows:
+        assert set(_by_window(after)[start]) == set(_by_window(before)[start]), f"window {start} was noised again"
+    assert len(after) == len(before), (
+        f"{len(after) - len(before)} records released on the emptied store:\n"
+        f"{[r for r in after[len(before):]][:4]}"
+    )
+    assert d.ledger.store_markers().read() == [None] * len(markers), "refusing must not write markers"
+    assert set(_committed_tokens(d).values()) == {token}, "the evidence in the commits must survive the refusal"
+
+
+MARKERS_AT_LEAST = 64  # the markers alone, besides the ledger entries and budgets

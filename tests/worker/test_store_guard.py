@@ -1,0 +1,141 @@
+"""The store guard: which Redis states it accepts, completes or refuses, on every marker backend.
+
+The verdicts are checked against a table written from the rules in
+``stream_dp.worker.store_guard``'s docstring; the Redis backends are checked on
+the real servers, the cluster one also for where its markers land.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from stream_dp.budget.redis_nodes import ReplicaWait
+from stream_dp.budget.redis_url import client_from_url
+from stream_dp.worker.store_guard import (
+    MARKERS,
+    MemoryStoreMarkers,
+    RedisStoreMarkers,
+    StoreGuard,
+    StoreReplaced,
+    check,
+    judge,
+)
+
+T, U = "a" * 32, "b" * 32
+ALL_T = [T] * MARKERS
+HALF_T = [T if i % 2 else None for i in range(MARKERS)]
+NONE = [None] * MARKERS
+
+
+@pytest.mark.parametrize(
+    ("markers", "committed", "expect"),
+    [
+        (ALL_T, [], "ok"),  # verified, nothing committed yet
+        (ALL_T, [T], "ok"),  # the store the progress was made with
+        (NONE, [], "new"),  # a new deployment
+        (HALF_T, [], "complete"),  # a first start cut short
+        (NONE, [T], "refuse"),  # emptied: flushed, restarted without its AOF, another server
+        (ALL_T, [U], "refuse"),  # another store altogether
+        (ALL_T, [T, U], "refuse"),  # partitions committed with two stores
+        (HALF_T, [T], "refuse"),  # a node lost its data after progress was committed
+        ([T, U] + [T] * (MARKERS - 2), [], "refuse"),  # markers of two stores
+    ],
+)
+def test_verdicts(markers, committed, expect):
+    verdict = judge(markers, committed)
+    outcome = ("refuse" if verdict.problem else "new" if not any(markers) and verdict.fill
+               else "complete" if verdict.fill else "ok")
+    assert outcome == expect, verdict
+    if expect in ("ok", "complete"):
+        assert verdict.token == T
+    if expect == "new":
+        assert verdict.token is not None and len(verdict.token) == 32
+
+
+def test_refusal_says_what_happened_and_how_to_fix_it():
+    markers = MemoryStoreMarkers()
+    with pytest.raises(StoreReplaced) as raised:
+        check(markers, [T])
+    message = str(raised.value)
+    assert T in message and "holds no store token" in message
+    assert "restore" in message and "STREAM_DP_GROUP_ID" in message
+    assert markers.read() == NONE  # refusing writes nothing
+
+
+def test_guard_waits_for_redis_then_refuses_a_store_that_lost_what_it_acknowledged():
+    class Flaky(MemoryStoreMarkers):
+        down = True
+
+        def read(self):
+            if self.down:
+                raise ConnectionError("redis down")
+            return super().read()
+
+    markers = Flaky()
+    guard = StoreGuard(markers, retry_s=0.0)
+    assert not guard.verify() and not guard.ready()  # no answer: nothing charged, no failure either
+    markers.down = False
+    assert guard.verify() and guard.ready()
+    token = guard.token
+    assert guard.token_to_commit(None) == token and markers.read() == [token] * MARKERS
+
+    guard.note_committed([token, None])  # the same store named again: still verified
+    assert guard.ready()
+    guard.note_committed([U])  # a partition committed with another store
+    assert not guard.ready()
+    assert guard.token_to_commit(U) == U  # until checked, each partition's evidence is written back unchanged
+    with pytest.raises(StoreReplaced):
+        guard.verify()
+    with pytest.raises(StoreReplaced):
+        guard.verify()  # and stays refused
+    assert not guard.ready()
+
+
+URL_FIXTURES = {"redis": "redis_url", "redis-cluster": "redis_cluster_url"}
+
+
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
+def markers(request, unique_name):
+    if request.param == "memory":
+        yield MemoryStoreMarkers()
+        return
+    client = client_from_url(request.getfixturevalue(URL_FIXTURES[request.param]), timeout_s=5.0)
+    wait = ReplicaWait(1, 2000) if request.param == "redis-cluster" else None
+    made = RedisStoreMarkers(client, prefix=f"{unique_name}:ledger", wait=wait)
+    made.client = client
+    yield made
+    for key in made.keys:
+        client.delete(key)
+    client.close()
+
+
+def test_first_fill_wins_and_every_marker_ends_with_its_token(markers):
+    assert markers.read() == NONE
+    with ThreadPoolExecutor(4) as pool:  # workers starting together
+        results = list(pool.map(markers.fill, [f"{i:032x}" for i in range(8)]))
+    (token,) = {t for result in results for t in result}
+    assert markers.read() == [token] * MARKERS
+    assert check(markers, [token]) == token
+
+
+def test_a_lost_node_is_caught_once_progress_names_the_store(markers):
+    token = check(markers, [])
+    if isinstance(markers, MemoryStoreMarkers):
+        markers._held[3] = None
+    else:
+        markers.client.delete(markers.keys[3])
+    with pytest.raises(StoreReplaced, match="1 of 64 store markers are gone"):
+        check(markers, [token])
+
+
+def test_cluster_markers_reach_every_master(redis_cluster_url, unique_name):
+    client = client_from_url(redis_cluster_url, timeout_s=5.0)
+    try:
+        made = RedisStoreMarkers(client, prefix=f"{unique_name}:ledger")
+        masters = {(n.host, n.port) for n in client.get_primaries()}
+        holding = {(n.host, n.port) for n in (client.get_node_from_key(key) for key in made.keys)}
+        assert holding == masters and len(masters) >= 3
+    finally:
+        client.close()
