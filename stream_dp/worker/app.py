@@ -67,6 +67,8 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
                 unit_field=query.privacy_unit.field,
                 timestamp_field=query.timestamp_field,
                 group_by=() if unary else tuple(query.group_by),
+                # a k-RR report outside its domain is refused when decoded, before its unit is charged
+                group_domain=public if query.local_dp is not None and not unary else (),
                 report_field=query.local_dp.field if unary else None,  # type: ignore[union-attr]
                 report_domain=domain,
                 report_tag_field=None if tag is None else REPORT_TAG_FIELD,
