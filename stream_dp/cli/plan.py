@@ -37,15 +37,20 @@ def mechanism_label(query) -> str:
 
 
 def plan_config(config) -> list[dict]:
-    from stream_dp.worker.query_costs import build_plan, check_cost_fits, window_cost
+    """Each query's plan; a query that cannot be planned raises ``ValueError`` naming it (as ``check-config``
+    does), whatever its builders raised."""
+    from stream_dp.worker.query_costs import build_plan, check_cost_fits, explain_build_error, window_cost
 
     out = []
-    for query in config.queries:
+    for index, query in enumerate(config.queries):
         namespace = config.namespaces[query.privacy_unit.namespace]
-        plan = build_plan(query)
-        described = plan.describe()
-        cost, delta = window_cost(plan, namespace.accounting, query.name)
-        check_cost_fits(query.name, query.privacy_unit.namespace, namespace, cost, delta)
+        try:
+            plan = build_plan(query)
+            described = plan.describe()
+            cost, delta = window_cost(plan, namespace.accounting, query.name)
+            check_cost_fits(query.name, query.privacy_unit.namespace, namespace, cost, delta)
+        except Exception as error:  # the builders only compute: whatever they raise, the query cannot run
+            raise ValueError(f"queries[{index}] ({query.name}): {explain_build_error(error)}") from error
         if query.continual is not None:
             horizons = [_period_horizon(budget, cost, delta, query.continual.period_ms, namespace.accounting)
                         for budget in namespace.budgets]
@@ -185,8 +190,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         plans = plan_config(config)
-    except (ConfigError, ValueError) as exc:
+    except ConfigError as exc:
         print(exc, file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"{args.config}: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(plans, indent=2, default=str))

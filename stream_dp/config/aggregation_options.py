@@ -103,7 +103,15 @@ class SampleAggregateAggregation(BaseModel):
     @field_validator("output_range")
     @classmethod
     def _range(cls, value: tuple[float, float]) -> tuple[float, float]:
-        check_output_range(*value)
+        lo, hi = value
+        # The cap of event values (and of sum clips): a wider range only adds noise, and far wider ones
+        # overflow the noise's calibration.
+        if math.isfinite(lo) and math.isfinite(hi) and max(abs(lo), abs(hi)) > MAX_ABS_VALUE:
+            raise ValueError(
+                f"output_range [{lo:g}, {hi:g}] reaches beyond ±{MAX_ABS_VALUE:g}, the largest value an event may "
+                "carry; narrow it to the values the function returns (rescale the field if they are larger)"
+            )
+        check_output_range(lo, hi)
         return value
 
 

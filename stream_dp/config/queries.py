@@ -7,6 +7,7 @@ what is wrong and how to fix it.
 
 from __future__ import annotations
 
+import collections
 import math
 import re
 from typing import Annotated, Any, Literal
@@ -312,6 +313,15 @@ class QueryConfig(_Strict):
                         f"public group {key!r} does not match group_by {self.group_by}: give "
                         + ("one string or integer per group" if width == 1 else f"a list of {width} strings or integers per group")
                     )
+            # A group listed twice would be released twice (twice the noise-only row, twice in a top_k) and, as
+            # a k-RR domain, split its reports' estimate between the twins. "1" and 1 stay two groups, as in events.
+            keys = self.public_group_keys() or []
+            times = collections.Counter(keys)
+            repeated = next((k for k in keys if times[k] > 1), None)
+            if repeated is not None:
+                n = times[repeated]
+                raise ValueError(f"public group {list(repeated)!r} is listed "
+                                 f"{'twice' if n == 2 else f'{n} times'} in groups.public; list each group once")
         return self
 
     @property

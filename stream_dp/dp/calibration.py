@@ -141,12 +141,40 @@ def calibrate_counts(kind: NoiseKind, budget: float, sensitivity: float) -> Cali
     return CalibratedNoise(kind, scale, float(sensitivity), None, None, cost, 0.0)
 
 
+def _grid_rounding(kind: NoiseKind, k: int, max_groups: int) -> float:
+    """How far rounding ``max_groups`` sums to the grid ``2^k`` can move them: ``n 2^k`` in l1; in l2 the map
+    uses ``(Delta_2 + sqrt(n) 2^k)^2``, about ``2 sqrt(n) 2^k`` more than ``Delta_2``."""
+    grid = math.ldexp(1.0, k)
+    return max_groups * grid if kind == "laplace" else 2.0 * math.sqrt(max_groups) * grid
+
+
+def smallest_sum_sensitivity(kind: NoiseKind, max_groups: int) -> float:
+    """The smallest sensitivity whose rounding on the finest grid costs at most ``MAX_ROUNDING_SHARE`` of it."""
+    return _grid_rounding(kind, FINEST_AUTO_GRID_K, max_groups) / MAX_ROUNDING_SHARE
+
+
+def _check_sensitivity(kind: NoiseKind, sensitivity: float, max_groups: int) -> None:
+    """Refuse a sensitivity no grid serves, saying so, rather than failing in the grid's logarithm."""
+    if not (math.isfinite(sensitivity) and sensitivity > 0):
+        raise ValueError(f"a sum's sensitivity {sensitivity!r} must be a positive finite number: it is the most one "
+                         "unit moves the sums, from the clipping range or norm")
+    smallest = smallest_sum_sensitivity(kind, max_groups)
+    if sensitivity < smallest:
+        raise ValueError(
+            f"a sum's sensitivity of {sensitivity:.3g} is below {smallest:.3g}, the smallest the finest float grid "
+            f"(2^{FINEST_AUTO_GRID_K}) serves for {max_groups} sums without spending more than half the budget on "
+            "rounding: rescale the values to larger units (e.g. micrometres instead of metres)"
+        )
+
+
 def choose_float_grid_k(kind: NoiseKind, sensitivity: float, max_groups: int) -> int:
     """Coarsest grid ``2^k`` whose rounding costs at most ``AUTO_GRID_ROUNDING_SHARE`` of the budget.
 
     Laplace: ``n 2^k <= share * Delta_1``. Gaussian: the map uses
-    ``(Delta_2 + sqrt(n) 2^k)^2``, so ``2 sqrt(n) 2^k <= share * Delta_2``.
+    ``(Delta_2 + sqrt(n) 2^k)^2``, so ``2 sqrt(n) 2^k <= share * Delta_2``. Never finer than
+    ``FINEST_AUTO_GRID_K``; a sensitivity even that grid cannot serve is refused (``ValueError``).
     """
+    _check_sensitivity(kind, sensitivity, max_groups)
     if kind == "laplace":
         allowed = AUTO_GRID_ROUNDING_SHARE * sensitivity / max_groups
     else:
@@ -162,16 +190,16 @@ def calibrate_sums(
     _check_budget(kind, budget)
     if isinstance(max_groups, bool) or not isinstance(max_groups, int) or max_groups < 1:
         raise ValueError(f"max_groups must be a positive int, got {max_groups!r}; e.g. max_groups=1_000_000")
+    _check_sensitivity(kind, sensitivity, max_groups)
     if k is None:
         k = choose_float_grid_k(kind, sensitivity, max_groups)
     elif isinstance(k, bool) or not isinstance(k, int):
         raise TypeError(f"float_grid_k must be an int exponent such as -40, got {k!r}")
     grid = math.ldexp(1.0, k)
+    rounding = _grid_rounding(kind, k, max_groups)
     if kind == "laplace":
-        rounding = max_groups * grid
         scale = (sensitivity + rounding) / budget
     else:
-        rounding = 2.0 * math.sqrt(max_groups) * grid
         scale = (sensitivity + math.sqrt(max_groups) * grid) / math.sqrt(2.0 * budget)
     if rounding > MAX_ROUNDING_SHARE * sensitivity:
         coarsest = choose_float_grid_k(kind, sensitivity, max_groups)

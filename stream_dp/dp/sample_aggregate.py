@@ -43,7 +43,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stream_dp.dp.bounds import ContributionBounds
-from stream_dp.dp.calibration import CalibratedNoise, calibrate_sums
+from stream_dp.dp.calibration import CalibratedNoise, calibrate_sums, smallest_sum_sensitivity
 from stream_dp.dp.loss import PrivacyLoss
 from stream_dp.dp.measurements import NoiseKind
 from stream_dp.dp.noise import NoiseSource
@@ -83,6 +83,9 @@ def check_output_range(lo: float, hi: float) -> tuple[float, float]:
             f"output_range [{lo}, {hi}] must be two finite numbers with lo < hi: the range the statistic's "
             "values are clipped into, e.g. [0, 100] for a median of values in that range"
         )
+    if not math.isfinite(hi - lo):
+        raise ValueError(f"output_range [{lo:g}, {hi:g}] is wider than the largest float (its width overflows); "
+                         "narrow it to the values the function returns")
     return float(lo), float(hi)
 
 
@@ -127,7 +130,16 @@ class SampleAggregatePlan:
             median = QuantilesPlan.build(epsilon=budget, q=[0.5], lo=lo, hi=hi, bins=bins,
                                          bounds=ContributionBounds(l0, 2))  # a replaced output: -1 value, +1 value
             return cls(function, blocks, lo, hi, None, median.loss, median)
-        sensitivity = (hi - lo) * (l0 if kind == "laplace" else math.sqrt(l0))
+        per_width = l0 if kind == "laplace" else math.sqrt(l0)
+        sensitivity = (hi - lo) * per_width
+        floor = smallest_sum_sensitivity(kind, max_groups)
+        if not sensitivity >= floor:  # calibrate_sums could only name the sensitivity, not the setting
+            raise ValueError(
+                f"output_range [{lo:g}, {hi:g}] is too narrow to calibrate the mean's noise: its sensitivity "
+                f"{sensitivity:.3g} is below {floor:.3g}, the smallest the float noise's finest grid serves for "
+                f"{max_groups} groups; rescale the function's output to larger units for an output_range at least "
+                f"{floor / per_width * 1.01:.3g} wide"  # rounded up: the stated width builds
+            )
         noise = calibrate_sums(kind, budget, sensitivity, max_groups=max_groups)
         loss = PrivacyLoss.pure(noise.cost) if kind == "laplace" else PrivacyLoss.from_zcdp(noise.cost, delta)
         return cls(function, blocks, lo, hi, noise, loss, changed_groups=l0)

@@ -49,7 +49,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from stream_dp.dp.bounds import ContributionBounds
-from stream_dp.dp.calibration import CalibratedNoise, calibrate_sums
+from stream_dp.dp.calibration import CalibratedNoise, calibrate_sums, smallest_sum_sensitivity
 from stream_dp.dp.loss import PrivacyLoss
 from stream_dp.dp.noise import NoiseSource
 
@@ -130,6 +130,23 @@ class FeatureSpec:
         return group_row_sums(pair_group, features, n_groups, self.width)
 
 
+def _check_norm_calibrates(spec: FeatureSpec, sensitivity: float, l0: int, coordinates: int) -> None:
+    """Refuse a clip norm whose sensitivity the float noise cannot serve (a covariance's C^2 underflows far
+    sooner than C), naming it and the smallest that can: ``calibrate_sums`` could only name the sensitivity."""
+    floor = smallest_sum_sensitivity("gaussian", coordinates)
+    if sensitivity >= floor:
+        return
+    # the sensitivity is sqrt(L0) times the norm bound, which grows as C (mean vector) or C^2 (covariance)
+    per_unit_norm = math.sqrt(l0) * FeatureSpec(spec.kind, spec.dimensions, 1.0).norm_bound
+    smallest = (floor / per_unit_norm) ** (1.0 if spec.kind == "mean_vector" else 0.5)
+    raise ValueError(
+        f"{spec.kind} clip_norm {spec.clip_norm:g} is too small to calibrate: its l2 sensitivity {sensitivity:.3g} "
+        f"is below {floor:.3g}, the smallest the float noise's finest grid serves for {coordinates} coordinates; "
+        f"rescale the fields to larger units (e.g. millimetres instead of kilometres) for a clip_norm of at least "
+        f"{smallest * 1.01:.3g}"  # rounded up: the stated norm builds
+    )
+
+
 @dataclass(frozen=True)
 class VectorPlan:
     """Calibrated Gaussian noise for one query's per-group feature sums. Use :meth:`build`."""
@@ -161,6 +178,7 @@ class VectorPlan:
                 "max_groups_per_unit"
             )
         sensitivity = math.sqrt(bounds.max_groups_per_unit) * spec.norm_bound
+        _check_norm_calibrates(spec, sensitivity, bounds.max_groups_per_unit, max_groups * spec.width)
         noise = calibrate_sums("gaussian", rho, sensitivity, max_groups=max_groups * spec.width)
         return cls(spec, fields, noise, PrivacyLoss.from_zcdp(noise.cost, delta), sensitivity,
                    bounds.max_groups_per_unit * spec.width)

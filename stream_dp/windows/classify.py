@@ -80,6 +80,11 @@ def _check_field(name: str, role: str, value: Any, schema: EventSchema) -> tuple
             return RejectReason.WRONG_TYPE, f"field {name!r} must be a string or an integer, got {_describe(value)}"
         if is_int and not _INT64_MIN <= value <= _INT64_MAX:
             return RejectReason.WRONG_TYPE, f"field {name!r} is an integer outside the signed 64-bit range"
+        if role == "group" and schema.group_domain and value not in schema.group_domain_set:
+            return RejectReason.VALUE_OUT_OF_RANGE, (
+                f"field {name!r} reports {value!r:.64}, which is not in the local_dp domain (the query's "
+                "groups.public); `stream-dp produce --local-dp` with the query's --config and --query reports "
+                "values of the domain only")
         if role == "unit" and value == "":
             return RejectReason.EMPTY_UNIT, f"field {name!r} (the privacy unit) is an empty string"
         if role == "unit" and isinstance(value, str) and len(value) > schema.max_unit_length:

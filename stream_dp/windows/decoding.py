@@ -89,7 +89,10 @@ class EventDecoder:
         rename = {"u": schema.unit_field, "t": schema.timestamp_field}
         group_attrs = [f"g{i}" for i in range(len(schema.group_by))]
         for attr, name in zip(group_attrs, schema.group_by):
-            fields.append((attr, str | _BoundedInt))
+            # A k-RR report's value must be one of its domain: a literal is checked in C while decoding (it is
+            # faster than reading any string), and classify_message names the reason for the rest.
+            group_type = Literal[schema.group_domain] if schema.group_domain else str | _BoundedInt
+            fields.append((attr, group_type))
             rename[attr] = name
         limit = float(schema.max_abs_value)
         value_attrs = ["v"] if schema.value_field is not None else [f"v{i}" for i in range(len(schema.vector_fields))]

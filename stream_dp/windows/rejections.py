@@ -21,7 +21,7 @@ class RejectReason(StrEnum):
     EMPTY_UNIT = "empty_unit"  # the privacy-unit id is the empty string
     BAD_UNIT = "bad_unit"  # the privacy-unit id is longer than max_unit_length or contains NUL
     NON_FINITE = "non_finite"  # the value overflows to infinity
-    VALUE_OUT_OF_RANGE = "value_out_of_range"  # |value| above max_abs_value
+    VALUE_OUT_OF_RANGE = "value_out_of_range"  # |value| above max_abs_value, or a local-DP report outside its domain
     BAD_TIMESTAMP = "bad_timestamp"  # unparsable, zone-less, negative or beyond year 9999
     FUTURE_TIMESTAMP = "future_timestamp"  # more than max_future_skew_ms ahead of the wall clock
     AHEAD_OF_RECORD = "ahead_of_record"  # more than max_future_skew_ms ahead of its Kafka record timestamp

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 TimestampFormat = Literal["auto", "epoch_s", "epoch_ms", "iso8601"]
@@ -40,7 +41,9 @@ class EventSchema:
     or ``None`` for a query that only counts; ``vector_fields`` the finite
     numbers of a mean-vector or covariance query (then ``value_field`` is None);
     ``report_field`` a list of distinct values of ``report_domain``, the 1-bits
-    of a unary-encoded local-DP report (read as a 0/1 vector over the domain). Where ``report_tag_field``
+    of a unary-encoded local-DP report (read as a 0/1 vector over the domain). Where ``group_domain`` is
+    set (a k-RR report, whose value is the one group-by field), the group value must be one of it, matched
+    exactly (``"7"`` is not ``7``), else the event is rejected as out of range. Where ``report_tag_field``
     is set, every event must hold there the string ``report_tag`` (a local-DP report's randomizer, see
     ``stream_dp.dp.local.report_tag``); nothing else of it is kept. ``timestamp_format`` is
     ``"epoch_s"``, ``"epoch_ms"``, ``"iso8601"`` (a string with a zone) or
@@ -55,6 +58,7 @@ class EventSchema:
     vector_fields: tuple[str, ...] = ()
     report_field: str | None = None
     report_domain: tuple[str | int, ...] = ()
+    group_domain: tuple[str | int, ...] = ()
     report_tag_field: str | None = None
     report_tag: str = ""
     timestamp_format: TimestampFormat = "auto"
@@ -68,6 +72,11 @@ class EventSchema:
         """Whether events carry numbers the partials keep (a value, a vector or a report)."""
         return bool(self.value_fields) or self.report_field is not None
 
+    @cached_property
+    def group_domain_set(self) -> frozenset[str | int]:
+        """``group_domain`` for membership tests (built once: each rejected message is checked against it)."""
+        return frozenset(self.group_domain)
+
     @property
     def value_fields(self) -> tuple[str, ...]:
         """The numeric fields read per event: the value field, or the vector's fields (possibly none)."""
@@ -77,6 +86,7 @@ class EventSchema:
         object.__setattr__(self, "group_by", tuple(self.group_by))
         object.__setattr__(self, "vector_fields", tuple(self.vector_fields))
         object.__setattr__(self, "report_domain", tuple(self.report_domain))
+        object.__setattr__(self, "group_domain", tuple(self.group_domain))
         _require(
             sum((self.value_field is not None, bool(self.vector_fields), self.report_field is not None)) <= 1,
             "an event schema reads one of value_field, vector_fields or report_field; use one query for each",
@@ -85,6 +95,13 @@ class EventSchema:
             (self.report_field is None) == (not self.report_domain)
             and len(set(self.report_domain)) == len(self.report_domain),
             "report_field needs report_domain, the distinct values a report may hold (and only then)",
+        )
+        _require(
+            not self.group_domain or (
+                len(self.group_by) == 1 and len(set(self.group_domain)) == len(self.group_domain)
+                and all(isinstance(v, str) or (type(v) is int and -(2**63) <= v < 2**63) for v in self.group_domain)),
+            "group_domain needs one group_by field and lists the distinct strings or signed 64-bit integers it may "
+            "hold",
         )
         _require(
             (self.report_tag_field is None) == (not self.report_tag) and isinstance(self.report_tag, str),

@@ -35,7 +35,13 @@ from stream_dp.worker.ledger import RedisReleaseLedger, ReleaseLedger
 from stream_dp.worker.store_guard import StoreGuard
 from stream_dp.worker.periods import MemoryPeriodRegister, PeriodRegister, RedisPeriodRegister
 from stream_dp.worker.process_tuning import tune_process
-from stream_dp.worker.query_costs import WorkerConfigError, build_plan, check_cost_fits, window_cost
+from stream_dp.worker.query_costs import (
+    WorkerConfigError,
+    build_plan,
+    check_cost_fits,
+    explain_build_error,
+    window_cost,
+)
 from stream_dp.worker.release import ReleaseStage
 from stream_dp.worker.release_build import privacy_statement
 from stream_dp.worker.runtime import ContinualCharging, QueryRuntime
@@ -68,6 +74,8 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
                 unit_field=query.privacy_unit.field,
                 timestamp_field=query.timestamp_field,
                 group_by=() if unary else tuple(query.group_by),
+                # a k-RR report outside its domain is refused when decoded, before its unit is charged
+                group_domain=public if query.local_dp is not None and not unary else (),
                 report_field=query.local_dp.field if unary else None,  # type: ignore[union-attr]
                 report_domain=domain,
                 report_tag_field=None if tag is None else REPORT_TAG_FIELD,
@@ -151,7 +159,7 @@ def build_worker_parts(
         try:
             return build(*args)
         except Exception as error:  # the builders only compute: whatever they raise, the file cannot run
-            problems.append(f"{source}: {where}: {_explain(error)}")
+            problems.append(f"{source}: {where}: {explain_build_error(error)}")
             return None
 
     policies: dict[str, NamespacePolicy] = {}
@@ -192,13 +200,6 @@ def _query_runtime(
     """The runtime of one query, built as the worker builds all of them."""
     (runtime,) = build_runtimes(config.model_copy(update={"queries": [query]}), secret=secret, clock_ms=clock_ms)
     return runtime
-
-
-def _explain(error: Exception) -> str:
-    """The builders raise ValueError/TypeError with a message saying what to fix; anything else is named."""
-    if isinstance(error, (ValueError, TypeError)) and str(error):
-        return str(error)
-    return f"{type(error).__name__}: {error} (the worker cannot be built from these values)"
 
 
 def contribution_secret(settings: Settings) -> bytes:

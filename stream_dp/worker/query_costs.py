@@ -19,6 +19,13 @@ class WorkerConfigError(ValueError):
     """The configuration and settings cannot run a worker; the message says how to fix it."""
 
 
+def explain_build_error(error: Exception) -> str:
+    """The builders raise ValueError/TypeError with a message saying what to fix; anything else is named."""
+    if isinstance(error, (ValueError, TypeError)) and str(error):
+        return str(error)
+    return f"{type(error).__name__}: {error} (the worker cannot be built from these values)"
+
+
 def build_plan(query: QueryConfig) -> QueryPlan:
     aggregations = query.aggregations
     clip = ClipRange(*aggregations.sum.clip) if aggregations.sum is not None else None

@@ -73,6 +73,22 @@ def test_plan_shows_the_delta_a_fully_active_unit_spends(tmp_path, capsys):
     assert "has no delta limit" in capsys.readouterr().err
 
 
+CORPUS = EXAMPLE.parents[1] / "tests" / "config" / "corpus"
+
+
+@pytest.mark.parametrize("name", ["bad_clip_too_narrow_to_calibrate", "bad_output_range_beyond_event_values",
+                                  "bad_output_range_too_narrow_to_calibrate", "bad_covariance_clip_norm_underflows"])
+def test_plan_refuses_a_file_its_release_plan_cannot_be_built_from_naming_file_and_query(name, capsys):
+    """Whatever the release plan's builders raise on a bad file (a math domain error, an overflow), plan says
+    it in one line naming the file and the query, as check-config does; an exception escaping ``main``
+    fails this test."""
+    path = CORPUS / f"{name}.yaml"
+    status = main(["plan", str(path)])
+    err = capsys.readouterr().err
+    assert status == 1 and re.match(rf"{re.escape(str(path))}: queries\[0\] \(\w+\)", err), err
+    assert len(err.splitlines()) == 1, err
+
+
 def _number(text: str) -> float:
     return float(text.replace(",", ""))
 

@@ -154,6 +154,19 @@ def _error(data: dict) -> str:
          r"mean_vector\.clip_norm: clip_norm 1e\+160 exceeds 1\.414e\+15"),
         (lambda d: d["queries"][8]["aggregations"]["covariance"].update(clip_norm=1e160),
          r"covariance\.clip_norm: clip_norm 1e\+160 exceeds 1\.732e\+15"),
+        # an output range beyond what values may be overflows the noise's calibration
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(output_range=[-1e308, 1e308]),
+         r"sample_aggregate\.output_range: output_range \[-1e\+308, 1e\+308\] reaches beyond ±1e\+15.*narrow it"),
+        (lambda d: d["queries"][9]["aggregations"]["sample_aggregate"].update(output_range=[0, 2e15]),
+         r"sample_aggregate\.output_range: output_range \[0, 2e\+15\] reaches beyond ±1e\+15"),
+        # a group listed twice would be released twice (twice its noise-only row, twice in a top_k, a k-RR
+        # domain with a value no report can be told apart from its twin)
+        (lambda d: d["queries"][1]["groups"].update(public=["/", "/", "/docs"]),
+         r"\(top_pages\).*public group \['/'\] is listed twice in groups\.public; list each group once"),
+        (lambda d: d["queries"][6]["groups"].update(public=["chrome", "safari", "chrome", "edge", "chrome"]),
+         r"public group \['chrome'\] is listed 3 times in groups\.public; list each group once"),
+        (lambda d: d["queries"][4]["groups"]["public"].append(list(d["queries"][4]["groups"]["public"][0])),
+         r"\(visits_by_place\).*public group \['[^]]*', '[^]]*', '[^]]*'\] is listed twice in groups\.public"),
     ],
 )
 def test_mistakes_are_explained(example, mutate, expected):
@@ -161,6 +174,13 @@ def test_mistakes_are_explained(example, mutate, expected):
     message = _error(example)
     assert message.startswith("queries.yaml: ")
     assert __import__("re").search(expected, message), message
+
+
+def test_groups_alike_only_in_type_are_two_groups(example):
+    """A group is matched by type and value ("1" and 1 are two groups, as in events), so both may be listed."""
+    query = example["queries"][0]
+    query["groups"]["public"] = ["1", 1, "/"]
+    assert parse_config(example, "queries.yaml").queries[0].public_group_keys() == [("1",), (1,), ("/",)]
 
 
 def test_sample_aggregate_as_short_as_function_blocks_and_range_reads_the_value_field(example):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +16,7 @@ from stream_dp.dp.calibration import (
     calibrate_sums,
     choose_float_grid_k,
     resolve_budget_split,
+    smallest_sum_sensitivity,
 )
 
 budgets = st.floats(1e-3, 10.0)
@@ -73,6 +75,35 @@ def test_a_too_coarse_grid_is_refused_with_the_fix() -> None:
         calibrate_sums("laplace", 1.0, 1.0, max_groups=10, k=-10.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_groups must be a positive int"):
         calibrate_sums("laplace", 1.0, 1.0, max_groups=0)
+
+
+@pytest.mark.parametrize("sensitivity", [0.0, -1.0, math.inf, math.nan])
+@pytest.mark.parametrize("kind", ["laplace", "gaussian"])
+def test_a_sensitivity_that_is_not_positive_and_finite_is_refused_not_a_math_error(kind, sensitivity) -> None:
+    for call in (lambda: choose_float_grid_k(kind, sensitivity, 1_000_000),
+                 lambda: calibrate_sums(kind, 1.0, sensitivity, max_groups=1_000_000)):
+        with pytest.raises(ValueError, match=r"sensitivity .* must be a positive finite number"):
+            call()
+
+
+@pytest.mark.parametrize("kind", ["laplace", "gaussian"])
+@pytest.mark.parametrize("max_groups", [1, 1_000_000])
+def test_a_sensitivity_below_what_the_finest_grid_serves_is_refused_with_the_fix(kind, max_groups) -> None:
+    """The finest grid is 2^-100 and may spend at most half the sensitivity on rounding (n 2^k in l1,
+    2 sqrt(n) 2^k in l2, the module's rule): below that, and where the grid's own arithmetic underflows
+    (5e-324), the values must be rescaled; the automatic grid never points at a finer float_grid_k."""
+    rounding = max_groups * 2.0**-100 if kind == "laplace" else 2 * math.sqrt(max_groups) * 2.0**-100
+    floor = rounding / 0.5
+    assert smallest_sum_sensitivity(kind, max_groups) == pytest.approx(floor, rel=1e-12)
+    assert calibrate_sums(kind, 1.0, floor * 1.001, max_groups=max_groups).float_grid_k == -100
+    for sensitivity in (floor * 0.999, 1e-300, 5e-324):
+        with pytest.raises(ValueError) as info:
+            calibrate_sums(kind, 1.0, sensitivity, max_groups=max_groups)
+        message = str(info.value)
+        assert re.search(r"below [\d.e+-]+, the smallest .*rescale the values to larger units", message), message
+        assert "float_grid_k" not in message
+        with pytest.raises(ValueError, match="rescale the values to larger units"):
+            choose_float_grid_k(kind, sensitivity, max_groups)
 
 
 def test_counts_need_a_positive_budget_and_whole_l1() -> None:

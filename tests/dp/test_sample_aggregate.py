@@ -7,6 +7,8 @@ integers and lists each block's values with plain loops, independently of
 
 from __future__ import annotations
 
+import math
+import re
 import statistics
 
 import numpy as np
@@ -158,6 +160,31 @@ def test_noise_is_laplace_of_the_stated_scale_and_intervals_cover():
 def test_bad_plans_say_how_to_fix_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
         _plan(**kwargs)
+
+
+@pytest.mark.parametrize("kind", ["laplace", "gaussian"])
+def test_an_output_range_too_narrow_or_too_wide_to_calibrate_is_refused_naming_it(kind):
+    """The mean's sensitivity is (hi - lo) L0 in l1, (hi - lo) sqrt(L0) in l2 (the module's rule); the float
+    noise's finest grid 2^-100 serves sensitivities down to n 2^-100 / 0.5 (l1) or 2 sqrt(n) 2^-100 / 0.5 (l2)
+    for n certified groups (stream_dp.dp.calibration). A narrower range is refused naming output_range and the
+    rescaling, with the narrowest width that builds; a range whose width overflows is refused too."""
+    gaussian = kind == "gaussian"
+    build = dict(function="statistics:mean", blocks=10, kind=kind, budget=0.5, delta=1e-6 if gaussian else 0.0,
+                 bounds=ContributionBounds(2, 5))
+    floor = (2 * math.sqrt(1_000_000) if gaussian else 1_000_000) * 2.0**-100 / 0.5
+    expected = floor / (math.sqrt(2) if gaussian else 2)
+    for hi in (5e-324, 1e-300, 1e-30, expected * 0.99):
+        with pytest.raises(ValueError) as info:
+            SampleAggregatePlan.build(lo=0.0, hi=hi, **build)
+        message = str(info.value)
+        found = re.search(rf"output_range \[0, {hi:g}\] is too narrow to calibrate.*rescale the function's output "
+                          r"to larger units.*at least ([\d.e+-]+) wide", message)
+        assert found, message
+        stated = float(found.group(1))
+        assert expected <= stated <= 1.02 * expected, (stated, expected)
+    assert SampleAggregatePlan.build(lo=0.0, hi=stated, **build).noise.float_grid_k == -100
+    with pytest.raises(ValueError, match=r"output_range \[-1e\+308, 1e\+308\] is wider than the largest float"):
+        SampleAggregatePlan.build(lo=-1e308, hi=1e308, **build)
 
 
 @pytest.mark.parametrize("kind", ["laplace", "gaussian"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -147,6 +148,28 @@ def test_bad_plans_say_how_to_fix_them():
                          delta=1e-6, bounds=ContributionBounds(1, 1))
     with pytest.raises(ValueError, match=r"shape \(groups, 4\)"):
         _plan("mean_vector").noisy(np.zeros((2, 3)), OpenDPNoise())
+
+
+@pytest.mark.parametrize(("kind", "power"), [("mean_vector", 1), ("covariance", 2)])
+def test_a_clip_norm_too_small_to_calibrate_is_refused_with_the_smallest_that_is_not(kind, power):
+    """The sensitivity is sqrt(L0) sqrt(2) C for a mean vector and sqrt(L0) sqrt(3) C^2 for a covariance (the
+    module's rule); the float noise's finest grid 2^-100 serves l2 sensitivities down to 2 sqrt(n) 2^-100 / 0.5
+    for n certified coordinates (stream_dp.dp.calibration). A smaller norm -- or one whose square underflows --
+    is refused naming clip_norm and the rescaling, with the smallest norm that builds."""
+    bounds, width = ContributionBounds(2, 1), 3 if kind == "mean_vector" else 6  # two fields
+    floor = 2 * math.sqrt(1_000_000 * width) * 2.0**-100 / 0.5
+    expected = (floor / (math.sqrt(2) * (math.sqrt(2) if kind == "mean_vector" else math.sqrt(3)))) ** (1 / power)
+    for tiny in (1e-300, 1e-200, 1e-40, expected * 0.99):
+        with pytest.raises(ValueError) as info:
+            VectorPlan.build(kind=kind, fields=("a", "b"), clip_norm=tiny, rho=0.5, delta=1e-6, bounds=bounds)
+        message = str(info.value)
+        found = re.search(rf"{kind} clip_norm {tiny:g} is too small to calibrate.*rescale the fields to larger units"
+                          r".*clip_norm of at least ([\d.e+-]+)", message)
+        assert found, message
+        stated = float(found.group(1))
+        assert expected <= stated <= 1.02 * expected, (stated, expected)
+    plan = VectorPlan.build(kind=kind, fields=("a", "b"), clip_norm=stated, rho=0.5, delta=1e-6, bounds=bounds)
+    assert plan.noise.float_grid_k == -100
 
 
 @pytest.mark.parametrize("kind", ["mean_vector", "covariance"])

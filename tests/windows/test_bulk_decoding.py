@@ -21,18 +21,21 @@ SKEW_MS = 300_000
 
 # -- hostile batches ------------------------------------------------------------------------
 
-schemas = st.builds(
+# (group_by, group_domain): a domain is a k-RR report's, of one group-by field
+group_settings = st.sampled_from([((), ()), (("page",), ()), (("page", "kind"), ()), (("page",), ("/a", 7, "\u00e9"))])
+schemas = group_settings.flatmap(lambda groups: st.builds(
     EventSchema,
     unit_field=st.just("user_id"),
     timestamp_field=st.just("ts"),
-    group_by=st.sampled_from([(), ("page",), ("page", "kind")]),
+    group_by=st.just(groups[0]),
+    group_domain=st.just(groups[1]),
     value_field=st.sampled_from([None, "value"]),
     timestamp_format=st.sampled_from(["auto", "epoch_s", "epoch_ms", "iso8601"]),
     max_message_bytes=st.sampled_from([64, 120, 65_536]),
     max_abs_value=st.sampled_from([1e15, 1_000.0]),
     max_future_skew_ms=st.just(SKEW_MS),
     max_unit_length=st.sampled_from([4, 256]),
-)
+))
 
 units = st.one_of(
     st.sampled_from(["u1", "u22", "user-333", "", "a\x00b", "z\u00fcrich", "\u20ac", "x" * 300, "\ud800"]),
@@ -122,6 +125,8 @@ RARE = {
     "time in seconds": ("ts", NOW_MS // 1000),
     "negative time": ("ts", -1),
     "record far behind": ("record", NOW_MS - 10**9),
+    "group outside the domain": ("page", "/c"),
+    "group of another type than the domain's": ("page", "3"),
 }
 
 
@@ -131,6 +136,7 @@ def plausible_batches(draw):
     event is changed in one of the ``RARE`` ways: the fast path's own ground, and where it would
     go wrong if it did."""
     schema = EventSchema(unit_field="user_id", timestamp_field="ts", group_by=("page",), value_field="value",
+                         group_domain=draw(st.sampled_from([(), ("/a", "/b", 3)])),
                          timestamp_format=draw(st.sampled_from(["auto", "epoch_s", "epoch_ms"])),
                          max_future_skew_ms=SKEW_MS, max_unit_length=8)
     n = draw(st.integers(1, 12))

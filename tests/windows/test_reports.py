@@ -17,6 +17,7 @@ import pytest
 from stream_dp.dp.local import REPORT_TAG_FIELD, LocalRandomizer, UnaryReports, report_tag
 from stream_dp.windows import EventSchema
 from stream_dp.windows.bulk_decoding import BulkEventDecoder
+from stream_dp.windows.classify import classify_message
 from stream_dp.windows.decoding import EventDecoder, RejectReason
 from tests.windows._support import NOW_MS, batch_of, make_engine
 
@@ -26,8 +27,8 @@ TAGS = {mechanism: report_tag(LocalRandomizer.build(mechanism, EPSILON, len(DOMA
         for mechanism in ("krr", "oue")}
 SCHEMA = EventSchema(unit_field="user_id", timestamp_field="ts", report_field="browser", report_domain=DOMAIN,
                      report_tag_field=REPORT_TAG_FIELD, report_tag=TAGS["oue"])
-# k-ary randomized response: the report is the group-by value
-KRR_SCHEMA = EventSchema(unit_field="user_id", timestamp_field="ts", group_by=("browser",),
+# k-ary randomized response: the report is the group-by value, one of the domain
+KRR_SCHEMA = EventSchema(unit_field="user_id", timestamp_field="ts", group_by=("browser",), group_domain=DOMAIN,
                          report_tag_field=REPORT_TAG_FIELD, report_tag=TAGS["krr"])
 WINDOW_START = NOW_MS - 120_000
 _UNTAGGED = object()
@@ -86,6 +87,38 @@ def test_one_report_per_unit_and_window_is_kept_whole():
     engine.process(batch_of([_report("u1", ["chrome", "safari"], 0), _report("u1", [7, "edge"], 1)]))
     (row,) = _close(engine, clock).aggregate(features=UnaryReports(len(DOMAIN))).features.tolist()
     assert row in ([1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0])
+
+
+def test_krr_reports_outside_the_domain_are_rejected_at_decode():
+    """A tagged k-RR report of a value the domain does not hold is dead-lettered as value_out_of_range, as an
+    unary report holding one is: never kept (so never charged), by the fast and the reference decoder alike."""
+    inside = ["chrome", 7, "edge", "safari"]
+    outside = ["firefox", "7", 8, "", "Chrome"]  # "7" is not 7; the domain is matched exactly
+    values = [_report(f"u{i}", v, i, TAGS["krr"]) for i, v in enumerate(inside + outside)]
+    expected_rows = list(range(len(inside)))
+    reference = EventDecoder(KRR_SCHEMA).decode(values, NOW_MS)
+    bulk = BulkEventDecoder(KRR_SCHEMA)
+    decoded = bulk.decode(values, NOW_MS)
+    for events, problems in (reference, decoded):
+        assert events.index.tolist() == expected_rows and events.group_keys == inside
+        assert [(i, r) for i, r, _ in problems] == [(len(inside) + j, RejectReason.VALUE_OUT_OF_RANGE)
+                                                    for j in range(len(outside))]
+        for (_, _, detail), value in zip(problems, outside):
+            assert repr(value) in detail and "groups.public" in detail, detail
+    assert decoded[1] == reference[1]
+    for raw, value in zip(values, inside + outside):  # the slow reading names the same reason
+        found = classify_message(raw, KRR_SCHEMA)
+        assert found == (None if value in inside else next(p[1:] for p in reference[1] if values[p[0]] == raw))
+    # a batch of reports inside the domain pays nothing for the check: it takes the fast path
+    fast = BulkEventDecoder(KRR_SCHEMA)
+    events, problems = fast.decode(values[: len(inside)], NOW_MS)
+    assert (fast.fast_batches, fast.reference_batches, len(events), problems) == (1, 0, len(inside), [])
+
+    engine, _ = make_engine(schema=KRR_SCHEMA, max_groups=1, max_events=1)
+    result = engine.process(batch_of(values))
+    assert result.accepted == len(inside)
+    assert sorted(r.offset for r in result.rejections) == list(range(len(inside), len(values)))
+    assert {r.reason for r in result.rejections} == {RejectReason.VALUE_OUT_OF_RANGE}
 
 
 @pytest.mark.parametrize("mechanism", ["krr", "oue"])

@@ -23,6 +23,11 @@ def test_schema_normalises_group_by_to_a_tuple():
         ({"max_abs_value": 0}, "positive finite"),
         ({"max_future_skew_ms": -1}, "non-negative"),
         ({"max_unit_length": 0}, r"\[1, 65536\]"),
+        ({"group_domain": ("a", "b")}, "one group_by field"),
+        ({"group_by": ("g", "h"), "group_domain": ("a", "b")}, "one group_by field"),
+        ({"group_by": ("g",), "group_domain": ("a", "a")}, "distinct"),
+        ({"group_by": ("g",), "group_domain": ("a", True)}, "strings or signed 64-bit integers"),
+        ({"group_by": ("g",), "group_domain": ("a", 2**63)}, "strings or signed 64-bit integers"),
     ],
 )
 def test_schema_rejects_bad_settings_and_says_how(kwargs, message):

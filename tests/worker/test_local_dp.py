@@ -10,6 +10,8 @@ Events that are not reports of the query's randomizer -- true values from a
 plain producer, reports of another epsilon -- must be dead-lettered
 (``not_randomized``, ``randomizer_mismatch``) and left out of the estimates:
 the debiased count of true values is an invertible function of the true counts.
+So must a report tagged as the query's own whose value is not in the domain
+(``value_out_of_range``), and its unit is never charged.
 """
 
 from __future__ import annotations
@@ -184,8 +186,9 @@ def test_producer_randomizes_and_the_worker_releases_debiased_frequencies(
 def test_true_values_and_other_randomizers_reports_are_rejected_not_released(
     tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name
 ):
-    """A producer that forgot --local-dp (true values) or randomized with other settings shares the topic with
-    `produce --local-dp`: the worker releases the estimate of the tagged reports alone and dead-letters the rest."""
+    """A producer that forgot --local-dp (true values), randomized with other settings or reports a value outside
+    the domain shares the topic with `produce --local-dp`: the worker releases the estimate of the tagged reports
+    of the domain alone, dead-letters the rest and charges no unit for them."""
     topic, output = new_topic("in", partitions=2), f"{unique_name}-out"
     namespace, name = f"{unique_name}-devices", unique_name.replace("-", "_")[-30:] + "_local"
     config_path = _config(tmp_path, namespace, name, topic, output, "krr")
@@ -200,15 +203,17 @@ def test_true_values_and_other_randomizers_reports_are_rejected_not_released(
 
     # Other units' events on the same topic, keyed and placed as the worker requires: true values (all "d", so
     # that counting them would move d's estimate by far more than its error), and reports tagged as made at
-    # epsilon 1 -- the tag as the README defines it, written here from that definition.
-    plain, forged = 600, 40
-    other_epsilon = f"krr:{(1.0).hex()}:{len(DOMAIN)}:{hashlib.sha256(orjson.dumps(DOMAIN)).hexdigest()[:16]}"
+    # epsilon 1 -- the tag as the README defines it, written here from that definition -- and reports with the
+    # query's own tag of a value the domain does not hold.
+    plain, forged, outside = 600, 40, 30
+    digest = hashlib.sha256(orjson.dumps(DOMAIN)).hexdigest()[:16]
+    other_epsilon, own = (f"krr:{eps.hex()}:{len(DOMAIN)}:{digest}" for eps in (1.0, EPSILON))
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
     for start in sorted(starts):
-        for u in range(plain + forged):
-            event = {"device_id": f"p{u}", "ts": start + u, "browser": "d"}
+        for u in range(plain + forged + outside):
+            event = {"device_id": f"p{u}", "ts": start + u, "browser": "d" if u < plain + forged else "lynx"}
             if u >= plain:
-                event["_local_dp"] = other_epsilon
+                event["_local_dp"] = other_epsilon if u < plain + forged else own
             producer.send(topic, key=f"p{u}".encode(), value=orjson.dumps(event), timestamp_ms=event["ts"])
     producer.flush()
     producer.close()
@@ -223,7 +228,8 @@ def test_true_values_and_other_randomizers_reports_are_rejected_not_released(
                 true_count = sum(_truth(u) == value for u in range(UNITS))
                 assert abs(record["count"] - true_count) <= 4 * math.sqrt(record["local_dp"]["variance"]), record
 
-        expected = {"not_randomized": WINDOWS * plain, "randomizer_mismatch": WINDOWS * forged}
+        expected = {"not_randomized": WINDOWS * plain, "randomizer_mismatch": WINDOWS * forged,
+                    "value_out_of_range": WINDOWS * outside}
         deadline = time.monotonic() + 30
         while True:
             text = scrape(port)
@@ -241,4 +247,9 @@ def test_true_values_and_other_randomizers_reports_are_rejected_not_released(
     for record in dead:
         event, headers = orjson.loads(record.value), dict(record.headers)  # the original bytes
         assert event["device_id"].startswith("p") and headers["query"] == name.encode()
-        assert ("_local_dp" in event) == (headers["reason"] == b"randomizer_mismatch")
+        assert ("_local_dp" in event) == (headers["reason"] != b"not_randomized")
+        assert (event["browser"] == "lynx") == (headers["reason"] == b"value_out_of_range")
+    store = RedisBudgetStore(redis.Redis.from_url(redis_url), policy_from_config(load_config(config_path)))
+    now_ms = int(time.time() * 1000)
+    assert [store.spend(namespace, f"p{u}", now_ms)[0].spent for u in (0, plain, plain + forged)] == [0.0] * 3
+    assert store.spend(namespace, "d0", now_ms)[0].spent == pytest.approx(WINDOWS * EPSILON, rel=1e-6)
