@@ -141,17 +141,20 @@ def option_lines(query, plan, described) -> list[str]:
         kind = v.features.kind
         d = v.features.dimensions
         c = float(v.features.clip_norm)
+        # first-order errors: data near 0 and the worst inside the clip ball (a mean at norm C along a
+        # field's axis), which is up to sqrt(6) times larger for a covariance entry (vectors.py docstring)
+        errors = {n: v.errors_at(n) for n in (100, 10_000, 1_000_000)}
+
+        def at(name: str) -> str:
+            return ", ".join(f"{n:,} units ±{fmt(e[name][0])} up to ±{fmt(e[name][1])}" for n, e in errors.items())
+
+        where = "95% errors (delta method) for vectors near 0, up to those of any data within norm C (a mean at norm C)"
         if kind == "mean_vector":
             how = "Gaussian vector mechanism on each group's sum of (vector, C)"
-            # a mean coordinate is C s / w: near 0 its error is the sum's noise over the units
-            examples = "a mean coordinate at 95% (near 0): " + ", ".join(
-                f"{n:,} units ±{fmt(1.96 * v.sigma / n)}" for n in (100, 10_000, 1_000_000))
+            examples = f"{where}: a mean coordinate {at('mean')}"
         else:
             how = "Analyze Gauss on each group's augmented second-moment matrix, PSD-projected"
-            # covariance entries are matrix entries over n; mean coordinates are entries over C n
-            examples = "at 95%, a covariance entry / a mean coordinate: " + ", ".join(
-                f"{n:,} units ±{fmt(1.96 * v.sigma / n)} / ±{fmt(1.96 * v.sigma / (c * n))}"
-                for n in (100, 10_000, 1_000_000))
+            examples = f"{where}: a covariance entry {at('covariance')}; a mean coordinate {at('mean')}"
         lines.append(f"{kind}: {d} fields {list(v.fields)} clipped to l2 norm C={c:g} per unit and group; {how}; "
                      f"l2 sensitivity {fmt(v.sensitivity)}, noise sd {fmt(v.sigma)} per coordinate, epsilon "
                      f"{v.loss.epsilon:.4g} at delta {v.loss.delta:.3g} (rho {v.loss.rho:.4g}); {examples}")

@@ -36,6 +36,26 @@ the input ``A``, and an output can be impossible under a neighbouring input
 (``A' = A + x x^T`` with ``M - A'`` not PSD) -- an unbounded privacy loss, not
 epsilon-DP.
 
+Errors (:meth:`VectorPlan.errors_at`), to first order (the delta method): a
+group of ``n`` units with mean ``mu`` and population covariance ``Sigma`` has
+``S = n (Sigma + mu mu^T)``, ``b = C n mu`` and ``c = C^2 n``; the released
+covariance is ``C^2 (S - b b^T / c) / c`` and mean ``C b / c``. With noise
+``E`` of sd ``sigma`` on each upper entry (index ``d`` the last), a diagonal
+entry moves by ``(E_ii - 2 (mu_i / C) E_id + ((mu_i^2 - Sigma_ii) / C^2) E_dd) / n``,
+variance ``sigma^2 / n^2 (1 + 4 (mu_i/C)^2 + ((mu_i^2 - Sigma_ii) / C^2)^2)``; an
+off-diagonal one ``sigma^2 / n^2 (1 + (mu_i^2 + mu_j^2) / C^2 + ((mu_i mu_j -
+Sigma_ij) / C^2)^2)``; a mean coordinate ``sigma^2 / (C n)^2 (1 + (mu_i / C)^2)``
+(a mean vector's, ``C s / w``, the same over ``n`` instead of ``C n``). Inside
+the clip ball ``mu_i^2 + Sigma_ii <= C^2``, so the diagonal's factor is at most
+``1 + 4 + 1 = 6`` and the mean's 2, both reached by every unit at ``C`` along
+axis ``i``; the off-diagonal's at most ``1 + 1 + 1/4``. The 95% half-widths of
+data near 0 (``1.96 sigma / n`` for an entry, ``1.96 sigma / (C n)`` for the
+covariance's mean) thus grow by up to ``sqrt(6)`` and ``sqrt(2)`` for a mean
+at norm ``C``: a non-centred mean costs accuracy, not only a larger ``C``.
+When the noise is not small beside the matrix's eigenvalues the PSD
+projection acts and the first order no longer holds (it shrank the errors in
+every case ``tests/cli/test_plan_options.py`` ran).
+
 Pure maths on numpy arrays; no I/O.
 """
 
@@ -59,6 +79,10 @@ VECTOR_KINDS: tuple[str, ...] = ("mean_vector", "covariance")
 MAX_DIMENSIONS = {"mean_vector": 64, "covariance": 16}
 # z of a two-sided 95% normal interval
 _Z95 = 1.959963984540054
+#: Most a first-order 95% error grows, for data inside the clip ball, over that of data near 0 (module
+#: docstring): a covariance's diagonal entry, and a mean coordinate (of a mean vector or a covariance's mean).
+WORST_COVARIANCE_ENTRY = math.sqrt(6.0)
+WORST_MEAN_COORDINATE = math.sqrt(2.0)
 
 
 def clip_l2(vectors: NDArray[np.float64], clip_norm: float) -> NDArray[np.float64]:
@@ -205,6 +229,16 @@ class VectorPlan:
         if self.features.kind == "mean_vector":
             return [mean_vector_block(row, float(self.features.clip_norm), self.sigma, self.fields) for row in noisy]
         return [covariance_block(row, float(self.features.clip_norm), self.sigma, self.fields) for row in noisy]
+
+    def errors_at(self, units: float) -> dict[str, tuple[float, float]]:
+        """First-order 95% half-widths at ``units`` units (module docstring), each as (for data near 0,
+        at most for any data inside the clip ball -- a mean at norm C): ``"mean"`` for a mean coordinate,
+        and for a covariance ``"covariance"`` for an entry."""
+        entry = _Z95 * self.sigma / units
+        if self.features.kind == "mean_vector":  # the mean is C s / w: the sum's noise over the units
+            return {"mean": (entry, entry * WORST_MEAN_COORDINATE)}
+        mean = entry / float(self.features.clip_norm)  # the mean is b / (C n): entries over C n
+        return {"covariance": (entry, entry * WORST_COVARIANCE_ENTRY), "mean": (mean, mean * WORST_MEAN_COORDINATE)}
 
     def describe(self) -> dict[str, Any]:
         return {

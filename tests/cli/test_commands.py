@@ -191,18 +191,24 @@ def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
         assert 0.5 < ratio < 1 and std / laplace_std == pytest.approx(ratio, rel=0.01)
         assert _number(m.group(4)) < _number(m.group(6))
 
-    # vectors: l2 sensitivity sqrt(2 L0) C and sqrt(3 L0) C^2; errors shrink as 1 / units
+    # vectors: l2 sensitivity sqrt(2 L0) C and sqrt(3 L0) C^2; errors shrink as 1 / units, and grow by up to
+    # sqrt(2) (a mean coordinate) and sqrt(6) (a covariance entry) for a mean at norm C (tests/cli/test_plan_options.py)
     m = _one(blocks["sensor_means"], rf"mean_vector: 2 fields \['temp_c', 'humidity'\] clipped to l2 norm C=100 "
                                      rf".*; l2 sensitivity {NUM}, noise sd {NUM} per coordinate, epsilon 0\.5 at "
-                                     rf"delta 1e-06 .*: 100 units ±{NUM}, 10,000 units ±{NUM}, 1,000,000 units ±{NUM}")
+                                     rf"delta 1e-06 .*: a mean coordinate 100 units ±{NUM} up to ±{NUM}, 10,000 units "
+                                     rf"±{NUM} up to ±{NUM}, 1,000,000 units ±{NUM} up to ±{NUM}")
     assert _number(m.group(1)) == pytest.approx(2**0.5 * 100, rel=0.01)
-    assert _number(m.group(3)) / _number(m.group(4)) == pytest.approx(100, rel=0.01)
+    assert _number(m.group(3)) / _number(m.group(5)) == pytest.approx(100, rel=0.01)
     assert _number(m.group(3)) == pytest.approx(1.96 * _number(m.group(2)) / 100, rel=0.01)
+    assert _number(m.group(4)) / _number(m.group(3)) == pytest.approx(2**0.5, rel=0.01)
     m = _one(blocks["sensor_covariance"], rf"covariance: 3 fields \['accel_x', 'accel_y', 'accel_z'\] clipped to "
                                           rf"l2 norm C=20 .*; l2 sensitivity {NUM}, noise sd {NUM} per coordinate, "
-                                          rf"epsilon 0\.5 at delta 1e-06 .*: 100 units ±{NUM} / ±{NUM}, .*")
+                                          rf"epsilon 0\.5 at delta 1e-06 .*: a covariance entry 100 units ±{NUM} up to "
+                                          rf"±{NUM}, .*; a mean coordinate 100 units ±{NUM} up to ±{NUM}, .*")
     assert _number(m.group(1)) == pytest.approx(3**0.5 * 20**2, rel=0.01)
-    assert _number(m.group(3)) / _number(m.group(4)) == pytest.approx(20, rel=0.01)  # entry / mean coordinate = C
+    assert _number(m.group(3)) / _number(m.group(5)) == pytest.approx(20, rel=0.01)  # entry / mean coordinate = C
+    assert _number(m.group(4)) / _number(m.group(3)) == pytest.approx(6**0.5, rel=0.01)
+    assert _number(m.group(6)) / _number(m.group(5)) == pytest.approx(2**0.5, rel=0.01)
 
     # sample-and-aggregate: Laplace scale L0 (hi - lo) / epsilon; the mean's 95% half-width scale ln(20) / blocks
     m = _one(blocks["sensor_median_temp"], r"sample_aggregate: statistics:median of field 'temp_c' on each of 50 blocks of units "

@@ -132,6 +132,11 @@ DOCTORED: dict[str, Callable[[], Record]] = {
         _record(lambda r: "quantiles" in r and "level" in r), "quantiles"),
     "covariance stated as mean_vector": lambda: _with(
         _drop(_record(_has("covariance")), "privacy.covariance"), "privacy.mean_vector", _privacy_of("covariance")),
+    # each vector block names its own mechanism: a mean vector is not released by Analyze Gauss, nor the reverse
+    "mean_vector stated as analyze_gauss": lambda: _with(
+        _record(_has("mean_vector")), "privacy.mean_vector.mechanism", "analyze_gauss"),
+    "covariance stated as gaussian_vector": lambda: _with(
+        _record(_has("covariance")), "privacy.covariance.mechanism", "gaussian_vector"),
     "central record with a local randomizer": lambda: _with(
         _record(_plain), "privacy.local_dp", _privacy_of("local_dp")),
     # the privacy statement says nothing beyond its listed keys, and leaves none of them out
