@@ -133,9 +133,12 @@ class WorkerMetrics:
         )
         self.epsilon_spent = Counter(
             "stream_dp_epsilon_released_total",
-            "Sum over released windows of the per-unit privacy loss (epsilon) each window spent; a continual "
-            "query's per-period epsilon counts once, at each period's first window (not again when a change of "
-            "its settings within the period charges its units again).",
+            "Sum over released windows of the per-unit privacy loss (epsilon) each window spent, counted by the "
+            "worker that releases the window (not by one that republishes a stored release). A continual query's "
+            "per-period epsilon counts once for each period in which it releases a window, at the first window "
+            "of the period it releases, whichever that is (its units are charged at their first window of the "
+            "period); not again where its running total restarts within the period, nor when a change of its "
+            "settings within the period charges its units again.",
             ["query", "namespace"],
             registry=registry,
         )

@@ -58,6 +58,23 @@ def period_of(query: Any, window_start_ms: int) -> tuple[int, int]:
     return start, (window_start_ms - start) // query.config.window.size_ms + 1
 
 
+def opens_period(ledger: Any, query: Any, window_start_ms: int) -> bool:
+    """Whether releasing this window, where no tree state continues, adds the period's epsilon to
+    ``stream_dp_epsilon_released_total``: whether no earlier window of its period was released.
+
+    Units are charged the period's loss at their first window of the period, whichever that is (the query
+    may start within the period, its first windows may expire), so the metric counts the period once, at
+    the first window the query releases -- not again where the tree restarts after windows that were never
+    released. The ledger's released-through of the period's home tells whether an earlier window of the
+    period was released, on any worker: every window of a period is homed there, and the mark is durable.
+    """
+    period_start, index = period_of(query, window_start_ms)
+    if index == 1:
+        return True
+    through = ledger.released_through(query.name, query.combiner.home(window_start_ms))
+    return through is None or through <= period_start
+
+
 def _resumed(query: Any, window: Any, previous: Any, settings: str, period_start: int) -> tuple[Any, Any] | None:
     """(tree state, restarted_ms) to continue from ``previous``, or None when the tree must restart here."""
     if previous is None:

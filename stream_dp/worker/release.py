@@ -40,6 +40,7 @@ from aiokafka.structs import TopicPartition
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.wire import WireFormatError
 from stream_dp.worker.combiner import CombinedWindow
+from stream_dp.worker.continual_release import opens_period
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.output import publish_release
 from stream_dp.worker.partials_in import PartialsIntake, too_old_to_release
@@ -66,6 +67,7 @@ class _Unpublished:
     sources: list[tuple[int, int]] = field(default_factory=list)
     attempts: int = 0
     next_attempt_s: float = 0.0
+    opens_period: bool = False  # a continual window drawn as its query's first release of the period
 
 
 class ReleaseStage:
@@ -279,7 +281,12 @@ class ReleaseStage:
         timing = self.metrics.release_stage_seconds
         if item.payload is None:
             assert window is not None
-            previous = await self._tree_state(query, item.window_start_ms) if query.plan.continual is not None else None
+            previous = None
+            if query.plan.continual is not None:
+                previous = await self._tree_state(query, item.window_start_ms)
+                # Asked before this window's own publish raises the ledger's released-through past it.
+                item.opens_period = previous is None and await asyncio.to_thread(
+                    opens_period, self.ledger, query, item.window_start_ms)  # LedgerUnavailable: held
             payload = await draw_payload(query, window, self.noise, self.metrics, self.clock_ms(), previous)
             if payload is None:  # withheld (``release_draw``), unless an earlier run stored its release
                 earlier = await asyncio.to_thread(self.ledger.get, query.name, item.window_start_ms)
@@ -330,7 +337,7 @@ class ReleaseStage:
         if stored.newly_written and window is not None:
             self.metrics.windows_released.labels(query.name).inc()
             self.metrics.groups_released.labels(query.name).inc(published)
-            if self._charges_epsilon(query, item.window_start_ms):
+            if query.plan.continual is None or item.opens_period:
                 self.metrics.epsilon_spent.labels(query.name, query.namespace).inc(query.privacy["epsilon"])
             if window.partitions_missing:
                 self.metrics.partitions_missing.labels(query.name).inc(len(window.partitions_missing))
@@ -339,15 +346,6 @@ class ReleaseStage:
                 log.warning("window %s of %s released without data: %s", window.window_start_ms, query.name, window.withheld)
             if window.closed_at_ms is not None:
                 self.metrics.release_latency.labels(query.name).observe(max(0.0, (self.clock_ms() - window.closed_at_ms) / 1000))
-
-    @staticmethod
-    def _charges_epsilon(query: QueryRuntime, window_start_ms: int) -> bool:
-        """Whether this window's release adds the query's epsilon to the metric: every window, except
-        that a continual query spends its epsilon once per period (counted at the period's first window)."""
-        if query.plan.continual is None:
-            return True
-        period_ms, offset_ms = query.combiner.period  # type: ignore[misc]
-        return (window_start_ms - offset_ms) % period_ms == 0
 
     async def _tree_state(self, query: QueryRuntime, window_start_ms: int) -> Any:
         """The binary tree state stored with the previous window of this window's period, or None.
