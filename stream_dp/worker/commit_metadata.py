@@ -89,5 +89,32 @@ def restored_progress(metadata: str | None, query: str) -> RestoredProgress:
         return RestoredProgress()
 
 
+@dataclasses.dataclass(frozen=True)
+class RestoredPartitions:
+    """``RestoredProgress`` of one query over several partitions, each field keyed by partition
+    (partitions whose metadata says nothing of it are left out)."""
+
+    closed_through_ms: dict[int, int]
+    next_offset: dict[int, int]
+    record_clock_ms: dict[int, int]
+    closure_steps: dict[int, tuple[tuple[int, int], ...]]
+
+
+def restored_partitions(query: str, metadata: Mapping[int, str | None]) -> RestoredPartitions:
+    """What each partition's commit metadata says about ``query``."""
+    out = RestoredPartitions({}, {}, {}, {})
+    for partition, text in metadata.items():
+        earlier = restored_progress(text, query)
+        if earlier.closed_through_ms is not None:
+            out.closed_through_ms[partition] = earlier.closed_through_ms
+        if earlier.next_offset is not None:
+            out.next_offset[partition] = earlier.next_offset
+        if earlier.record_clock_ms is not None:
+            out.record_clock_ms[partition] = earlier.record_clock_ms
+        if earlier.closure_steps:
+            out.closure_steps[partition] = earlier.closure_steps
+    return out
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,7 +1,7 @@
 """Closed window partials on their way out of the ingest stage: charged, filtered, published.
 
 Fail closed: a partial whose charge fails is held (and its offsets with it,
-see ``IngestStage.committable``) and retried with backoff; it is published
+see ``commit_plan.committable_offsets``) and retried with backoff; it is published
 only after the charge succeeded. Oldest window first, and an outage stops the
 round: a unit's windows are always charged in window order, as they would
 be without the outage.

@@ -30,7 +30,8 @@ from stream_dp.budget import BudgetStore
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import RejectReason
 from stream_dp.worker.background import BackgroundRounds
-from stream_dp.worker.commit_metadata import committed_store, encode_commit_metadata, restored_progress
+from stream_dp.worker.commit_metadata import committed_store, restored_partitions
+from stream_dp.worker.commit_plan import committable_offsets
 from stream_dp.worker.consumed import raw_batch
 from stream_dp.worker.dead_letters import DeadLetters
 from stream_dp.worker.emit import Emitter, HeldPartial
@@ -146,26 +147,14 @@ class IngestStage:
                 if not partitions:
                     continue
                 for query in queries:
-                    restored: dict[int, int] = {}
-                    replay_until: dict[int, int] = {}
-                    clocks: dict[int, int] = {}
-                    steps: dict[int, tuple[tuple[int, int], ...]] = {}
-                    for tp in assigned:
-                        if tp.topic != topic:
-                            continue
-                        earlier = restored_progress(metadata.get(tp), query.name)
-                        if earlier.closed_through_ms is not None:
-                            restored[tp.partition] = earlier.closed_through_ms
-                            self.positions.restored(query.name, tp, earlier.closed_through_ms)
-                        if earlier.next_offset is not None:
-                            replay_until[tp.partition] = earlier.next_offset
-                        if earlier.record_clock_ms is not None:
-                            clocks[tp.partition] = earlier.record_clock_ms
-                        if earlier.closure_steps:
-                            steps[tp.partition] = earlier.closure_steps
-                    query.engine.assign(partitions, closed_through_ms=restored or None,
-                                        replay_until_offset=replay_until or None, record_clock_ms=clocks or None,
-                                        closure_steps=steps or None)
+                    earlier = restored_partitions(query.name, {tp.partition: metadata.get(tp)
+                                                               for tp in assigned if tp.topic == topic})
+                    for partition, closed in earlier.closed_through_ms.items():
+                        self.positions.restored(query.name, TopicPartition(topic, partition), closed)
+                    query.engine.assign(partitions, closed_through_ms=earlier.closed_through_ms or None,
+                                        replay_until_offset=earlier.next_offset or None,
+                                        record_clock_ms=earlier.record_clock_ms or None,
+                                        closure_steps=earlier.closure_steps or None)
             self._joined = True
             log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
 
@@ -385,48 +374,12 @@ class IngestStage:
             await asyncio.gather(*sends)
 
     def committable(self) -> tuple[dict[TopicPartition, tuple[int, str]], list[tuple[str, TopicPartition, int]]]:
-        """Offsets (with metadata) safe to commit: nothing before them is still needed;
-        and the (query, partition, closed through) that the metadata makes durable."""
-        offsets: dict[TopicPartition, tuple[int, str]] = {}
-        closures: list[tuple[str, TopicPartition, int]] = []
-        assigned = self.consumer.assignment()
-        for topic, queries in self.by_topic.items():
-            per_partition: dict[int, int] = {}
-            for query in queries:
-                for partition, offset in query.engine.committable_offsets().items():
-                    per_partition[partition] = min(offset, per_partition.get(partition, offset))
-            for held in self.emitter.held:
-                if held.query.config.input_topic == topic and held.partial.partition in per_partition:
-                    first = held.partial.first_offset
-                    per_partition[held.partial.partition] = min(per_partition[held.partial.partition], first)
-            for tp in assigned:
-                # Nothing processed here (an empty or idle partition): commit where reading stands,
-                # so that windows closed on it stay closed for the next owner.
-                position = self.positions.position(tp)
-                if tp.topic == topic and tp.partition not in per_partition and position is not None:
-                    if any(self._progress_through(q, tp.partition) is not None for q in queries):
-                        per_partition[tp.partition] = position
-            for partition, offset in per_partition.items():
-                tp = TopicPartition(topic, partition)
-                if tp in assigned:
-                    # A held window is not closed for a restarted worker either: its
-                    # events must be rebuilt, not skipped as replayed.
-                    closed = {q.name: self._progress_through(q, partition) for q in queries}
-                    processed = [q.engine.next_offsets.get(partition) for q in queries]
-                    if not any(o is not None for o in processed):  # nothing read: keep what the earlier owner had
-                        processed = [q.engine.replay_until_offsets.get(partition) for q in queries]
-                    clocks = [q.engine.record_clock_ms.get(partition) for q in queries]
-                    closed = {k: v for k, v in closed.items() if v is not None}
-                    closures.extend((name, tp, through) for name, through in closed.items())
-                    metadata = encode_commit_metadata(
-                        closed,
-                        {q.name: q.engine.closure_steps.get(partition, ()) for q in queries},
-                        min((o for o in processed if o is not None), default=offset),
-                        max((c for c in clocks if c is not None), default=None),
-                        store=self.store.token_to_commit(self._committed_store.get(tp)),
-                    )
-                    offsets[tp] = (offset, metadata)
-        return offsets, closures
+        """Offsets (with metadata) safe to commit, and the closures that metadata makes durable."""
+        return committable_offsets(
+            self.by_topic, self.emitter.held, self.consumer.assignment(),
+            position=self.positions.position, progress_through=self._progress_through,
+            store=lambda tp: self.store.token_to_commit(self._committed_store.get(tp)),
+        )
 
     async def _commit(self, *, force: bool = False) -> None:
         now_s = time.monotonic()
