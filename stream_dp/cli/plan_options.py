@@ -113,10 +113,12 @@ def option_lines(query, plan, described) -> list[str]:
         names = list(query.group_by)
         for level, entry in enumerate(described["levels"]):
             accuracy = plan.levels[level].accuracy_at(0)
+            sums = ("" if entry.get("sum_scale") is None else
+                    f", sum scale {fmt(entry['sum_scale'])} (±{fmt(accuracy['sum_ci95'])})")
             lines.append(
                 f"hierarchy level {level} ({', '.join(names[:level + 1])}): epsilon {entry['epsilon']:.4g}, count "
-                f"scale {fmt(entry['count_scale'])} (±{fmt(accuracy['count_ci95'])} at 95% before consistency); "
-                "levels made consistent by weighted least squares (post-processing, no extra cost)")
+                f"scale {fmt(entry['count_scale'])} (±{fmt(accuracy['count_ci95'])}){sums} at 95% before "
+                "consistency; levels made consistent by weighted least squares (post-processing, no extra cost)")
     if plan.top_k is not None:
         lines.append(_top_k_line(query, plan))
     if plan.quantiles is not None:

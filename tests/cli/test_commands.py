@@ -160,8 +160,8 @@ def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
 
     # hierarchy: split [1, 1, 2] of epsilon 0.1, finest level twice the coarser ones' epsilon
     lines = blocks["visits_by_place"]
-    levels = [_one(lines, rf"hierarchy level {i} \({names}\): epsilon {NUM}, count scale {NUM} \(±{NUM} at 95% "
-                          r"before consistency\); levels made consistent by weighted least squares .*")
+    levels = [_one(lines, rf"hierarchy level {i} \({names}\): epsilon {NUM}, count scale {NUM} \(±{NUM}\) at 95% "
+                          r"before consistency; levels made consistent by weighted least squares .*")
               for i, names in enumerate(["country", "country, region", "country, region, city"])]
     epsilons, scales = ([_number(m.group(k)) for m in levels] for k in (1, 2))
     assert sum(epsilons) == pytest.approx(0.1, rel=1e-6) and epsilons == pytest.approx([0.025, 0.025, 0.05], rel=1e-6)

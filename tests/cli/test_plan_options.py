@@ -12,16 +12,19 @@ case sqrt(2)).
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from stream_dp.cli.main import main
 from stream_dp.dp import OpenDPNoise
 from stream_dp.dp.vectors import clip_l2
 
+_NUM = r"[0-9.e+-]+"
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "queries.example.yaml"
 UNITS = 1_000_000
 DRAWS = 4000
@@ -82,3 +85,26 @@ def test_printed_vector_errors_hold_for_a_mean_near_0_and_bound_a_mean_near_norm
         if centre:
             more = 1.5 if name == "covariance" else 1.1
             assert seen > more * near_0, f"{name}: 95% |error| {seen:.4g} not above {more} x {near_0:.4g}"
+
+
+def test_hierarchy_levels_state_their_sum_scale_when_the_query_sums(tmp_path, capsys):
+    """Each level's sum noise is its own (half the level's share of epsilon, the count taking the other
+    half): the line gives its scale, Δ/ε = 3 events x clip 100 / ε, and the Laplace 95% half-width,
+    scale x ln(1/0.05)."""
+    config = yaml.safe_load(EXAMPLE.read_text())
+    query = next(q for q in config["queries"] if q["name"] == "visits_by_place")
+    query["aggregations"] = {"count": {}, "sum": {"field": "value", "clip": [0, 100]}}
+    config["queries"] = [query]
+    path = tmp_path / "h.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["plan", str(path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "hierarchy level" in line]
+    assert len(lines) == 3
+    for line, share in zip(lines, [1, 1, 2], strict=True):
+        m = re.search(rf"epsilon ({_NUM}), count scale ({_NUM}) .*, sum scale ({_NUM}) \(±({_NUM})\)", line)
+        assert m, line
+        epsilon, count_scale, sum_scale, half = (float(x) for x in m.groups())
+        assert epsilon == pytest.approx(0.1 * share / 4, rel=1e-6)
+        # count and sum each take half the level's epsilon; the sum's sensitivity is 3 events x clip 100
+        assert sum_scale == pytest.approx(count_scale * 100, rel=1e-3)
+        assert half == pytest.approx(sum_scale * math.log(20), rel=2e-2)
