@@ -155,6 +155,14 @@ class WorkerMetrics:
             ["kind"],
             registry=registry,
         )
+        self.store_checks = Counter(
+            "stream_dp_store_checks_total",
+            "Checks that Redis is the store the group's progress was charged on (stream_dp.worker.store_guard), by "
+            "outcome: verified, unanswered (Redis did not answer: nothing is charged or released until it does), "
+            "replaced (it lost its data or is another server: the worker stops).",
+            ["outcome"],
+            registry=registry,
+        )
         self.alerts_published = Counter(
             "stream_dp_budget_alerts_published_total", "Budget threshold alerts written to the alerts topic.", ["namespace"], registry=registry
         )

@@ -26,6 +26,7 @@ from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.partials_out import PartialsOut, partial_message
 from stream_dp.worker.periods import PeriodRegister, PeriodWindow
 from stream_dp.worker.runtime import QueryRuntime, settings_fingerprint
+from stream_dp.worker.store_guard import StoreGuard
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +60,10 @@ class Emitter:
         retry_backoff_s: float,
         retry_backoff_max_s: float,
         periods: PeriodRegister | None = None,
-        store_ready: Callable[[], bool] = lambda: True,
+        store: StoreGuard | None = None,
     ) -> None:
         self.queries = queries
-        self.store_ready = store_ready  # False until the store is known to be the one charged so far
+        self.store = store  # charges wait until the store is known to be the one charged so far
         self.producer = producer
         self.budget = budget
         self.journal = journal
@@ -82,7 +83,7 @@ class Emitter:
         if not self.held:
             self.set_pending_gauge()
             return False
-        if not self.store_ready():
+        if self.store is not None and not self.store.ready():
             return False
         now_s = time.monotonic()
         if now_s < self._next_charge_s:
@@ -99,6 +100,8 @@ class Emitter:
             query, partial, cid = held.query, held.partial, window.charge_id
             exc = result.error
             if isinstance(exc, (BudgetUnavailable, LedgerUnavailable)):
+                if self.store is not None:
+                    self.store.suspect()  # it may come back empty: check before charging again
                 self._charge_attempts += 1
                 backoff = min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (self._charge_attempts - 1))
                 self._next_charge_s = now_s + backoff

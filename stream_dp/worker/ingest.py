@@ -100,7 +100,7 @@ class IngestStage:
                         periods={q.name: q.combiner.period for q in queries if q.combiner.period is not None}),
             alerts_topic=alerts_topic, partition_count=self._partition_count,
             retry_backoff_s=retry_backoff_s, retry_backoff_max_s=retry_backoff_max_s, periods=periods,
-            store_ready=self.store.ready,
+            store=self.store,
         )
         self.read_commit_metadata = read_commit_metadata
         self.clock_ms = clock_ms
@@ -227,14 +227,16 @@ class IngestStage:
     async def _verify_store(self) -> None:
         """Nothing is charged until the store is known to be the one the group's progress was charged on."""
         try:
-            await asyncio.to_thread(self.store.verify)
+            verified = await asyncio.to_thread(self.store.verify)
         except StoreReplaced:
-            self.metrics.internal_errors.labels("store_replaced").inc()
+            self.metrics.store_checks.labels("replaced").inc()
+            return
+        self.metrics.store_checks.labels("verified" if verified else "unanswered").inc()
 
     async def step(self) -> None:
         if self.store.failure is not None:
             raise self.store.failure  # stops the worker: see stream_dp.worker.store_guard
-        if self._joined and not self.store.ready():
+        if self._joined and self.store.due():
             await self._verify_store()
         batches = await self.consumer.getmany(timeout_ms=self.poll_timeout_ms, max_records=self.max_records)
         async with self._lock:

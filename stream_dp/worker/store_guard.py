@@ -171,18 +171,35 @@ class StoreGuard:
     """The worker's view of its store: verified (``token``), not yet (``ready()`` false: nothing is charged
     or released), or replaced (``failure``: the worker stops). Shared by the ingest and release stages."""
 
-    def __init__(self, markers: StoreMarkers, *, redis_hint: str = "REDIS_URL", retry_s: float = 2.0) -> None:
+    def __init__(self, markers: StoreMarkers, *, redis_hint: str = "REDIS_URL", retry_s: float = 2.0,
+                 recheck_s: float = 5.0) -> None:
         self._markers = markers
         self._redis_hint = redis_hint
         self._retry_s = retry_s
+        self._recheck_s = recheck_s
         self._committed: set[str] = set()
         self._next_try_s = 0.0
+        self._next_recheck_s = 0.0
         self._lock = threading.Lock()
         self.token: str | None = None
         self.failure: StoreReplaced | None = None
 
     def ready(self) -> bool:
         return self.token is not None and self.failure is None
+
+    def due(self) -> bool:
+        """A check is wanted: not verified yet, or verified ``recheck_s`` ago (a Redis restarted empty
+        under a running worker is caught by the next one)."""
+        return self.failure is None and (self.token is None or time.monotonic() >= self._next_recheck_s)
+
+    def suspect(self) -> None:
+        """Redis failed a call: it may come back as another (restarted without its data). Nothing more is
+        charged until the markers are checked again."""
+        with self._lock:
+            if self.token is not None:
+                self._committed.add(self.token)  # the store verified so far is the one to find again
+                self.token = None
+                self._next_try_s = 0.0
 
     def note_committed(self, tokens: Iterable[str | None]) -> None:
         """Tokens found in the commit metadata of newly assigned partitions: a new one is checked before
@@ -207,10 +224,12 @@ class StoreGuard:
         with self._lock:
             if self.failure is not None:
                 raise self.failure
-            if self.token is not None:
-                return True
             now_s = time.monotonic()
-            if now_s < self._next_try_s:
+            if self.token is not None:
+                if now_s < self._next_recheck_s:
+                    return True
+                self._committed.add(self.token)  # from now on the markers must hold it
+            elif now_s < self._next_try_s:
                 return False
             self._next_try_s = now_s + self._retry_s
             committed = set(self._committed)
@@ -222,12 +241,16 @@ class StoreGuard:
             log.error("%s", exc)
             raise
         except Exception as exc:  # Redis down or failing over: nothing is charged until it answers
-            log.warning("cannot check the store's markers yet (%s: %s); charging and releasing wait",
+            log.warning("cannot check the store's markers (%s: %s); charging and releasing wait",
                         type(exc).__name__, exc)
+            with self._lock:
+                self.token = None
             return False
         with self._lock:
             if committed != self._committed:  # an assignment named more tokens meanwhile: check again
+                self.token = None
                 self._next_try_s = 0.0
                 return False
             self.token = token
+            self._next_recheck_s = time.monotonic() + self._recheck_s
         return True

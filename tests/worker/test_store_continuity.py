@@ -81,3 +81,22 @@ def test_a_restart_on_a_store_that_lost_its_data_releases_nothing(deployment):
 
 
 MARKERS_AT_LEAST = 64  # the markers alone, besides the ledger entries and budgets
+
+
+def test_a_store_emptied_under_a_running_worker_stops_it(deployment):
+    """Redis restarts without its data while the worker runs: the worker's periodic check of the markers
+    (every few seconds, and after any failed call) finds them gone and stops it."""
+    d = deployment
+    _first_release(d)
+    wiped: list[int] = []
+
+    def wipe_once_running(registry) -> bool:
+        # Once the worker verified the store (at its assignment) and has run past a few charges' worth.
+        if not wiped and (registry.get_sample_value("stream_dp_store_checks_total", {"outcome": "verified"}) or 0) >= 2:
+            wiped.append(_wipe_store(d))
+        return False
+
+    with pytest.raises(StoreReplaced, match="holds no store token"):
+        d.run(wipe_once_running, clock_ms=_wall_ms, timeout_s=40)
+    assert wiped and wiped[0] >= MARKERS_AT_LEAST
+    assert d.ledger.store_markers().read() == [None] * 64, "nothing may be written into the emptied store"

@@ -139,3 +139,30 @@ def test_cluster_markers_reach_every_master(redis_cluster_url, unique_name):
         assert holding == masters and len(masters) >= 3
     finally:
         client.close()
+
+
+def test_a_store_emptied_under_a_running_worker_is_caught_by_the_next_check():
+    markers = MemoryStoreMarkers()
+    guard = StoreGuard(markers, recheck_s=3600.0)
+    assert guard.verify() and not guard.due()
+    markers._held = list(NONE)  # Redis restarted without its data
+    assert guard.verify()  # not due yet: the last check stands
+    guard._next_recheck_s = 0.0  # the recheck interval has passed
+    assert guard.due()
+    with pytest.raises(StoreReplaced, match="holds no store token"):
+        guard.verify()
+    assert not guard.ready() and markers.read() == NONE  # nothing written into the empty store
+
+
+def test_after_a_failed_call_nothing_is_charged_until_the_markers_are_read_again():
+    markers = MemoryStoreMarkers()
+    guard = StoreGuard(markers, recheck_s=3600.0)
+    assert guard.verify()
+    token = guard.token
+    guard.suspect()  # a charge found Redis unavailable
+    assert not guard.ready() and guard.due()
+    assert guard.verify() and guard.token == token  # the same store came back
+    guard.suspect()
+    markers._held = list(NONE)  # ... or it came back empty
+    with pytest.raises(StoreReplaced):
+        guard.verify()
