@@ -172,6 +172,12 @@ def run(args: argparse.Namespace) -> int:
         events = synthetic_events(args.synthetic, args.units, args.groups, fields, seed=args.seed, start_ms=start, step_ms=step)
         total = args.synthetic
     else:
+        try:  # before connecting: a missing file is the user's to fix, not a traceback after the broker's log
+            args.file.open("rb").close()
+        except OSError as exc:
+            print(f"cannot read {args.file} ({exc.strerror}); give a JSON lines file, one event per line",
+                  file=sys.stderr)
+            return 1
         events = file_events(args.file, fields)
         total = None
     if local is not None:

@@ -59,3 +59,14 @@ def test_synthetic_events_of_a_query_are_all_taken_by_its_decoder_in_its_public_
     # keyed by the unit, as the worker checks
     assert all(key == orjson.loads(value)[query.privacy_unit.field].encode() for key, value, _ in sent)
 
+
+@pytest.mark.parametrize("what", ["missing", "directory"])
+def test_an_unreadable_file_is_refused_before_connecting(monkeypatch, tmp_path, capsys, what):
+    path = tmp_path / "nonexist.jsonl"
+    if what == "directory":
+        path.mkdir()
+    monkeypatch.setattr(produce, "_send", lambda *a, **k: pytest.fail("connected with no file to read"))
+    assert main(["produce", "--topic", "events.pageviews", "--file", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"cannot read {path} (")
+    assert "Traceback" not in err
