@@ -29,8 +29,8 @@ class CountAggregation(_Strict):
 
 
 class SumAggregation(_Strict):
-    field: str = Field(min_length=1)
-    clip: tuple[float, float]
+    field: str = Field(min_length=1, examples=["value"])
+    clip: tuple[float, float] = Field(examples=[[0, 100]])
 
     @field_validator("clip")
     @classmethod
@@ -39,7 +39,7 @@ class SumAggregation(_Strict):
 
 
 class MeanAggregation(_Strict):
-    field: str = Field(min_length=1)
+    field: str = Field(min_length=1, examples=["value"])
 
 
 def _check_range(value: tuple[float, float], name: str) -> tuple[float, float]:
@@ -57,15 +57,15 @@ def _check_range(value: tuple[float, float], name: str) -> tuple[float, float]:
 class TopKAggregation(_Strict):
     """The ``k`` groups with the most bounded events of each window, best first (permute-and-flip)."""
 
-    k: int = Field(ge=1, le=1000)
+    k: int = Field(ge=1, le=1000, examples=[10])
 
 
 class QuantilesAggregation(_Strict):
     """Quantiles of ``field`` per group per window (exponential mechanism over ``bins`` candidates in ``bounds``)."""
 
-    field: str = Field(min_length=1)
-    q: list[float] = Field(min_length=1, max_length=20)
-    bounds: tuple[float, float]
+    field: str = Field(min_length=1, examples=["value"])
+    q: list[float] = Field(min_length=1, max_length=20, examples=[[0.5, 0.9, 0.99]])
+    bounds: tuple[float, float] = Field(examples=[[0, 500]])
     bins: int = Field(256, ge=2, le=4096)
 
     @field_validator("q")
@@ -95,6 +95,8 @@ class QuantilesAggregation(_Strict):
 
 
 class Aggregations(_Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra={"examples": [{"count": {}}]})
+
     count: CountAggregation | None = None
     sum: SumAggregation | None = None
     mean: MeanAggregation | None = None

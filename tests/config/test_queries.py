@@ -109,7 +109,7 @@ def _error(data: dict) -> str:
          r"max_windows_per_unit: Input should be greater than or equal to 1, got 0; change it to a value in that range"),
         (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(bins=5000), r"bins: .*4096, got 5000; change it"),
         (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(q=[]), r"at least 1 item.*see deploy/queries"),
-        (lambda d: d["queries"][0].update(epsilon="lots"), r"\.epsilon: Input should be a valid number.*got 'lots'"),
+        (lambda d: d["queries"][0].update(epsilon="lots"), r"\.epsilon: epsilon must be a number, got 'lots'; write e\.g\. epsilon: 0\.5"),
         # a typo must not switch on every level's release
         (lambda d: d["queries"][4].update(hierarchy="yes"), r"hierarchy must be true, false or \{split.*got 'yes'"),
         (lambda d: d["queries"][4].update(hierarchy=1), r"hierarchy must be true, false or \{split.*got 1"),
