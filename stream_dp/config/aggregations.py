@@ -8,14 +8,16 @@ clips one value field, once, before bounding).
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from stream_dp.config.aggregation_options import (
     CovarianceAggregation,
     MeanVectorAggregation,
     SampleAggregateAggregation,
 )
+from stream_dp.config.examples import refuse_empty_options
 from stream_dp.dp.quantiles import opendp_alpha, opendp_level
 from stream_dp.windows.specs import MAX_ABS_VALUE
 
@@ -105,6 +107,12 @@ class Aggregations(_Strict):
     mean_vector: MeanVectorAggregation | None = None
     covariance: CovarianceAggregation | None = None
     sample_aggregate: SampleAggregateAggregation | None = None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_empty_option(cls, value: Any, info: ValidationInfo) -> Any:
+        # `count:` is `count: {}`; `top_k:` with no settings is refused, not read as no top_k
+        return refuse_empty_options(cls, value, str(info.field_name))
 
     @model_validator(mode="after")
     def _consistent(self) -> Aggregations:

@@ -67,3 +67,24 @@ def block_example(model: type[BaseModel]) -> str | None:
         return None
     return as_yaml(required)
 
+
+def refuse_empty_option(model: type[BaseModel], key: str, value: Any) -> Any:
+    """An option key written with no value (``top_k:``, YAML null): ``{}`` for an option whose settings
+    are all optional (``count:``), refused for one that needs settings -- read as absent, the release
+    the file asks for would silently not happen."""
+    if value is not None:
+        return value
+    if not any(field.is_required() for field in model.model_fields.values()):
+        return {}
+    example = block_example(model)
+    raise ValueError(f"{key} is empty; it needs settings, e.g. {key}: {example or '{...}'} "
+                     "(see deploy/queries.example.yaml), or remove it")
+
+
+def refuse_empty_options(model: type[BaseModel], value: Any, name: str) -> Any:
+    """``refuse_empty_option`` for field ``name`` of ``model`` when it is an option block; else the value."""
+    field = model.model_fields[name]
+    settings = option_model(field.annotation)
+    if settings is None:
+        return value
+    return refuse_empty_option(settings, field.alias or name, value)

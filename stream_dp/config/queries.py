@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from stream_dp.budget.policy import MAX_HORIZONS, MAX_LIMIT_UNITS, MAX_THRESHOLDS, MICRO, to_units_down
 from stream_dp.config.aggregation_options import check_release_time_together
 from stream_dp.config.aggregations import Aggregations
+from stream_dp.config.examples import refuse_empty_options
 from stream_dp.config.query_checks import check_query_options
 from stream_dp.config.query_options import (
     BoundsConfig,
@@ -201,6 +202,11 @@ class QueryConfig(_Strict):
     @classmethod
     def _groups_form(cls, value: Any) -> Any:
         return check_groups_form(value)
+
+    @field_validator("continual", "local_dp", mode="before")
+    @classmethod
+    def _no_empty_option(cls, value: Any, info: Any) -> Any:
+        return refuse_empty_options(cls, value, info.field_name)
 
     @field_validator("hierarchy", mode="before")
     @classmethod

@@ -123,3 +123,33 @@ def test_groups_take_one_of_public_and_select_and_only_its_problems_are_told(exa
     _query(example, "pageviews_by_page")["groups"] = groups
     assert _lines(example) == [f"q.yaml: queries[0] (pageviews_by_page).{expected}"]
 
+
+@pytest.mark.parametrize(("name", "path", "expected"), [
+    ("top_pages", ("aggregations", "top_k"),
+     "aggregations.top_k: top_k is empty; it needs settings, e.g. top_k: {k: 10} (see deploy/queries.example.yaml), "
+     "or remove it"),
+    ("sensor_covariance", ("aggregations", "covariance"),
+     "aggregations.covariance: covariance is empty; it needs settings, e.g. covariance: {fields: [lat, lon], "
+     "clip_norm: 10.0} (see deploy/queries.example.yaml), or remove it"),
+    ("pageviews_today", ("continual",),
+     "continual: continual is empty; it needs settings, e.g. continual: {period: 1d} (see "
+     "deploy/queries.example.yaml), or remove it"),
+    ("browsers_local", ("local_dp",),
+     "local_dp: local_dp is empty; it needs settings, e.g. local_dp: {field: browser, epsilon: 2.0} (see "
+     "deploy/queries.example.yaml), or remove it"),
+])
+def test_an_option_written_empty_is_refused_not_read_as_absent(example, name, path, expected):
+    """``top_k:`` (YAML null) asks for a top_k without saying how many: read as no top_k, the release the file
+    names would silently not happen."""
+    _set(name, path, None)(example)
+    index = next(i for i, q in enumerate(example["queries"]) if q["name"] == name)
+    assert _lines(example) == [f"q.yaml: queries[{index}] ({name}).{expected}"]
+
+
+def test_an_option_whose_settings_are_all_optional_written_empty_is_that_option(example):
+    query = _query(example, "top_pages")
+    query["aggregations"] = {"count": None, "top_k": {"k": 2}}
+    assert parse_config(example).query("top_pages").aggregations.names() == {"count", "top_k"}
+    query["aggregations"] = {"count": None}
+    assert parse_config(example).query("top_pages").aggregations.names() == {"count"}
+
