@@ -218,4 +218,5 @@ def check_option_query(query: Any) -> None:
     if "count" not in aggregations.names() and query.public_group_keys() is None:
         fixes.append("count: {} or groups.public (privately selected groups come from a count release)")
     if fixes:
-        raise ValueError(f"{kind} needs " + "; ".join(fixes))
+        # one line each: a fix may hold a "; " of its own (an example), and run into the next
+        raise ValueError("\n".join(f"{kind} needs {fix}" for fix in fixes))

@@ -272,10 +272,11 @@ def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
                 continue
             message = (f"unknown field; did you mean {meant[i]}? (required, see deploy/queries.example.yaml)"
                        if i in meant else _message(error))
-            line = f"{source}: {_location(data, tuple(error['loc']))}: {message}"
-            if line not in seen:
-                seen.add(line)
-                lines.append(line)
+            for part in message.split("\n"):  # a check that finds several problems gives one line each
+                line = f"{source}: {_location(data, tuple(error['loc']))}: {part}"
+                if line not in seen:
+                    seen.add(line)
+                    lines.append(line)
         if not lines:  # every error was a union branch's: show them rather than nothing
             lines = [f"{source}: {_location(data, tuple(e['loc']))}: {_message(e)}" for e in exc.errors()]
         raise ConfigError("\n".join(lines)) from None
