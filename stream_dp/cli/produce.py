@@ -64,10 +64,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 class _Fields:
-    def __init__(self, unit: str = "user_id", ts: str = "ts", group: str = "page", value: str | None = "value",
-                 public: list | None = None, timestamp_format: str = "auto", partitioner: str = "murmur2",
-                 vector: tuple[str, ...] = ()) -> None:
-        self.unit, self.ts, self.group, self.value, self.public = unit, ts, group, value, public
+    """The event fields synthetic events fill: ``group_by`` holds every grouping field, and ``public`` whole
+    group keys (one value per grouping field), so that every event carries a field of each."""
+
+    def __init__(self, unit: str = "user_id", ts: str = "ts", group_by: tuple[str, ...] = ("page",),
+                 value: str | None = "value", public: list[tuple] | None = None, timestamp_format: str = "auto",
+                 partitioner: str = "murmur2", vector: tuple[str, ...] = ()) -> None:
+        self.unit, self.ts, self.group_by, self.value, self.public = unit, ts, group_by, value, public
         self.timestamp_format, self.partitioner, self.vector = timestamp_format, partitioner, vector
 
 
@@ -79,9 +82,9 @@ def _fields(args: argparse.Namespace) -> _Fields:
     return _Fields(
         unit=query.privacy_unit.field,
         ts=query.timestamp_field,
-        group=query.group_by[0],
+        group_by=tuple(query.group_by),
         value=query.aggregations.value_field,
-        public=[k[0] for k in public] if public else None,
+        public=public or None,
         timestamp_format=query.timestamp_format,
         partitioner=query.partitioner,
         vector=tuple(query.aggregations.vector.fields) if query.aggregations.vector is not None else (),
@@ -104,8 +107,9 @@ def synthetic_events(n: int, units: int, groups: int, fields: _Fields, *, seed: 
         vectors = np.round(np.arange(len(fields.vector)) + shared + rng.normal(0.0, 0.5, (size, len(fields.vector))), 3)
         for i, (u, g, v, t) in enumerate(zip(unit_ids.tolist(), group_ids.tolist(), values.tolist(), times.tolist())):
             unit = f"u{u}"
-            group = fields.public[g % len(fields.public)] if fields.public else f"/g{g}"
-            event = {fields.unit: unit, fields.ts: t, fields.group: group}
+            # a public group is drawn whole (one value per group_by field); a made-up one repeats its name
+            key = fields.public[g % len(fields.public)] if fields.public else (f"/g{g}",) * len(fields.group_by)
+            event = {fields.unit: unit, fields.ts: t, **dict(zip(fields.group_by, key))}
             if fields.value:
                 event[fields.value] = v
             if fields.vector:
@@ -168,6 +172,12 @@ def run(args: argparse.Namespace) -> int:
         events = synthetic_events(args.synthetic, args.units, args.groups, fields, seed=args.seed, start_ms=start, step_ms=step)
         total = args.synthetic
     else:
+        try:  # before connecting: a missing file is the user's to fix, not a traceback after the broker's log
+            args.file.open("rb").close()
+        except OSError as exc:
+            print(f"cannot read {args.file} ({exc.strerror}); give a JSON lines file, one event per line",
+                  file=sys.stderr)
+            return 1
         events = file_events(args.file, fields)
         total = None
     if local is not None:

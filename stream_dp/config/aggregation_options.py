@@ -25,8 +25,8 @@ class _VectorAggregation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: ClassVar[str]
 
-    fields: list[str] = Field(min_length=1)
-    clip_norm: float
+    fields: list[str] = Field(min_length=1, examples=[["lat", "lon"]])
+    clip_norm: float = Field(examples=[10.0])
 
     @field_validator("fields")
     @classmethod
@@ -81,11 +81,12 @@ class SampleAggregateAggregation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     # No min_length: the path check below says how to write one, which a length bound would not.
-    function: str = Field(description="package.module:function, called with a block's values")
+    function: str = Field(description="package.module:function, called with a block's values",
+                          examples=["statistics:median"])
     # The event field the function is handed; `value`, as in the examples, unless named.
     field: str = Field("value", min_length=1)
-    blocks: int = Field(ge=2, le=MAX_BLOCKS)
-    output_range: tuple[float, float]
+    blocks: int = Field(ge=2, le=MAX_BLOCKS, examples=[50])
+    output_range: tuple[float, float] = Field(examples=[[-20, 50]])
     timeout_ms: Annotated[int, BeforeValidator(parse_duration_ms)] = Field(1_000, alias="timeout", ge=1, le=60_000)
     aggregate: Literal["mean", "median"] = "mean"
     bins: int = Field(64, ge=1, le=4096, description="aggregate: median only: candidates are the bins + 1 edges")
@@ -217,4 +218,5 @@ def check_option_query(query: Any) -> None:
     if "count" not in aggregations.names() and query.public_group_keys() is None:
         fixes.append("count: {} or groups.public (privately selected groups come from a count release)")
     if fixes:
-        raise ValueError(f"{kind} needs " + "; ".join(fixes))
+        # one line each: a fix may hold a "; " of its own (an example), and run into the next
+        raise ValueError("\n".join(f"{kind} needs {fix}" for fix in fixes))

@@ -8,14 +8,16 @@ clips one value field, once, before bounding).
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from stream_dp.config.aggregation_options import (
     CovarianceAggregation,
     MeanVectorAggregation,
     SampleAggregateAggregation,
 )
+from stream_dp.config.examples import refuse_empty_options
 from stream_dp.dp.quantiles import opendp_alpha, opendp_level
 from stream_dp.windows.specs import MAX_ABS_VALUE
 
@@ -29,8 +31,8 @@ class CountAggregation(_Strict):
 
 
 class SumAggregation(_Strict):
-    field: str = Field(min_length=1)
-    clip: tuple[float, float]
+    field: str = Field(min_length=1, examples=["value"])
+    clip: tuple[float, float] = Field(examples=[[0, 100]])
 
     @field_validator("clip")
     @classmethod
@@ -39,7 +41,7 @@ class SumAggregation(_Strict):
 
 
 class MeanAggregation(_Strict):
-    field: str = Field(min_length=1)
+    field: str = Field(min_length=1, examples=["value"])
 
 
 def _check_range(value: tuple[float, float], name: str) -> tuple[float, float]:
@@ -57,15 +59,15 @@ def _check_range(value: tuple[float, float], name: str) -> tuple[float, float]:
 class TopKAggregation(_Strict):
     """The ``k`` groups with the most bounded events of each window, best first (permute-and-flip)."""
 
-    k: int = Field(ge=1, le=1000)
+    k: int = Field(ge=1, le=1000, examples=[10])
 
 
 class QuantilesAggregation(_Strict):
     """Quantiles of ``field`` per group per window (exponential mechanism over ``bins`` candidates in ``bounds``)."""
 
-    field: str = Field(min_length=1)
-    q: list[float] = Field(min_length=1, max_length=20)
-    bounds: tuple[float, float]
+    field: str = Field(min_length=1, examples=["value"])
+    q: list[float] = Field(min_length=1, max_length=20, examples=[[0.5, 0.9, 0.99]])
+    bounds: tuple[float, float] = Field(examples=[[0, 500]])
     bins: int = Field(256, ge=2, le=4096)
 
     @field_validator("q")
@@ -95,6 +97,8 @@ class QuantilesAggregation(_Strict):
 
 
 class Aggregations(_Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra={"examples": [{"count": {}}]})
+
     count: CountAggregation | None = None
     sum: SumAggregation | None = None
     mean: MeanAggregation | None = None
@@ -103,6 +107,12 @@ class Aggregations(_Strict):
     mean_vector: MeanVectorAggregation | None = None
     covariance: CovarianceAggregation | None = None
     sample_aggregate: SampleAggregateAggregation | None = None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_empty_option(cls, value: Any, info: ValidationInfo) -> Any:
+        # `count:` is `count: {}`; `top_k:` with no settings is refused, not read as no top_k
+        return refuse_empty_options(cls, value, str(info.field_name))
 
     @model_validator(mode="after")
     def _consistent(self) -> Aggregations:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import difflib
 import functools
 import re
+import types
 import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ValidationError
+from pydantic import BaseModel, BeforeValidator, Tag, ValidationError
+from pydantic.fields import FieldInfo
 
 from stream_dp.config.durations import format_duration_ms, parse_duration_ms
+from stream_dp.config.examples import as_yaml, block_example, field_example, option_model
 from stream_dp.config.queries import PipelineConfig
 
 
@@ -103,17 +106,97 @@ def _choice(error: dict[str, Any], key: str) -> str:
 
 
 def _as_list(error: dict[str, Any], key: str) -> str:
-    given = error["input"]
-    if given.strip().startswith("[") and given.strip().endswith("]"):
-        return f"write a YAML list, not a quoted string: {key}: {given.strip()}"
+    given = error["input"].strip()
+    if given.startswith("[") and given.endswith("]"):
+        return f"write a YAML list, not a quoted string: {key}: {given}"
+    if given and all(part.strip() for part in given.split(",")):  # `page` or `a, b`: its items in brackets
+        return f"write a YAML list in brackets, e.g. {key}: [{', '.join(p.strip() for p in given.split(','))}]"
     return f"write a YAML list in brackets, e.g. {key}: [a, b]"
+
+
+def _branch_name(annotation: Any) -> str | None:
+    """A union branch's name in an error location: its tag, else its class's name."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        tag = next((m.tag for m in annotation.__metadata__ if isinstance(m, Tag)), None)
+        return tag or _branch_name(typing.get_args(annotation)[0])
+    return getattr(annotation, "__name__", None)
+
+
+def _below(annotation: Any, item: Any) -> tuple[Any, FieldInfo | None] | None:
+    """The type one step of an error location below ``annotation`` (a field, an item, a union branch)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _below(args[0], item)
+    if origin in (typing.Union, types.UnionType):
+        branches = [arg for arg in args if arg is not type(None)]
+        named = [arg for arg in branches if _branch_name(arg) == item]
+        if named:
+            return named[0], None
+        found = [step for arg in branches if (step := _below(arg, item)) is not None]
+        return found[0] if found else None
+    if origin in (list, tuple) and isinstance(item, int):
+        return (args[min(item, len(args) - 1)] if origin is tuple and args and args[-1] is not Ellipsis
+                else args[0] if args else Any), None
+    if origin is dict and args:
+        return args[1], None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel) and isinstance(item, str):
+        for name, field in annotation.model_fields.items():
+            if item in (name, field.alias):
+                return field.annotation, field
+    return None
+
+
+def _field_at(loc: tuple[Any, ...]) -> tuple[Any, FieldInfo | None]:
+    """The type and field an error location points at (None for the field when it is not one)."""
+    annotation: Any = PipelineConfig
+    field: FieldInfo | None = None
+    for item in loc:
+        step = _below(annotation, item)
+        if step is None:
+            return None, None
+        annotation, field = step
+    return annotation, field
+
+
+_KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "string": "a string"}
+
+
+def _form(error: dict[str, Any], key: str) -> str | None:
+    """How a value of the wrong type is written, from the model: a block's settings, a list, a number;
+    None when the model says nothing more than the error."""
+    kind, given = error["type"], error.get("input")
+    annotation, field = _field_at(tuple(error["loc"]))
+    example = field_example(field) if field is not None else None
+    if kind in ("model_type", "model_attributes_type", "dict_type") and not isinstance(given, dict):
+        model = option_model(annotation)
+        settings = block_example(model) if model is not None else None
+        shape = f"e.g. {key}: {settings}" if settings else "see deploy/queries.example.yaml"
+        if isinstance(error["loc"][-1], int):  # an item of a list of blocks (queries, budgets)
+            item = f"e.g. {settings}" if settings else "see deploy/queries.example.yaml"
+            return f"each item of {key} is a mapping of settings, got {_shown(given)}; {item}"
+        return f"{key} takes its settings as a mapping, got {_shown(given)}; write them under it, {shape}"
+    if kind in ("list_type", "tuple_type") and not isinstance(given, str):
+        fixed = typing.get_origin(annotation) is tuple and Ellipsis not in typing.get_args(annotation)
+        wrapped = given if isinstance(given, (int, float, dict)) and not isinstance(given, bool) else None
+        written = as_yaml(example) if fixed or wrapped is None else as_yaml([wrapped])
+        shape = f", e.g. {key}: {written}" if written != "null" else ""
+        return f"{key} is a list in brackets, got {_shown(given)}; write it as one{shape}"
+    word = next((w for prefix, w in _KIND_WORDS.items() if kind.startswith(prefix + "_")), None)
+    if word is None:
+        return None
+    shape = f"; write e.g. {key}: {as_yaml(example)}" if example is not None else ""
+    return f"{key} must be {word}, got {_shown(given)}{shape}"
 
 
 def _message(error: dict[str, Any]) -> str:
     kind = error["type"]
     msg = error["msg"].removeprefix("Value error, ")
-    key = next((item for item in reversed(error["loc"]) if isinstance(item, str)), "")
+    key = next((item for item in reversed(error["loc"]) if isinstance(item, str) and not item[:1].isupper()), "")
     if kind == "extra_forbidden":
+        given = error["loc"][-1]
+        near = _nearest(given, _settings_beside(tuple(error["loc"]))) if isinstance(given, str) else None
+        if near is not None:
+            return f"unknown field; did you mean {near}?"
         return "unknown field; remove it or check its spelling against deploy/queries.example.yaml"
     if kind == "missing":
         return "is required; add it (see deploy/queries.example.yaml)"
@@ -129,7 +212,10 @@ def _message(error: dict[str, Any]) -> str:
     if kind in ("literal_error", "enum"):
         return _choice(error, key)
     if kind in ("tuple_type", "list_type") and isinstance(error.get("input"), str):
-        return f"{msg}, got {_shown(error['input'])}; {_as_list(error, key)}"
+        return f"{key} is a list, got {_shown(error['input'])}; {_as_list(error, key)}"
+    form = _form(error, key) if key else None
+    if form is not None:
+        return form
     if kind.endswith(("_type", "_parsing")):
         return f"{msg}, got {_shown(error.get('input'))}"
     return msg
@@ -138,6 +224,35 @@ def _message(error: dict[str, Any]) -> str:
 def _not_a_branch_that_applies(error: dict[str, Any]) -> bool:
     return (isinstance(error.get("input"), (dict, list))
             and any(isinstance(item, str) and item in _SCALAR_BRANCHES for item in error["loc"]))
+
+
+def _misspellings(errors: list[dict[str, Any]]) -> dict[int, str]:
+    """Unknown keys that are a required sibling's name misspelt (``dleta`` for ``delta``): the unknown
+    key's error index -> the name meant; the sibling's "is required" is then that one mistake."""
+    missing: dict[tuple[Any, ...], list[str]] = {}
+    for error in errors:
+        if error["type"] == "missing" and isinstance(error["loc"][-1], str):
+            missing.setdefault(tuple(error["loc"][:-1]), []).append(error["loc"][-1])
+    meant = {}
+    for i, error in enumerate(errors):
+        if error["type"] == "extra_forbidden" and isinstance(error["loc"][-1], str):
+            near = _nearest(error["loc"][-1], missing.get(tuple(error["loc"][:-1]), []))
+            if near:
+                meant[i] = near
+    return meant
+
+
+def _nearest(key: str, names: list[str]) -> str | None:
+    """The name ``key`` is nearest to, ignoring case (``K`` for ``k``), or None."""
+    lowered = {name.lower(): name for name in names}
+    near = difflib.get_close_matches(key.lower(), list(lowered), n=1)
+    return lowered[near[0]] if near else None
+
+
+def _settings_beside(loc: tuple[Any, ...]) -> list[str]:
+    """The names of the settings of the block holding ``loc``'s last key."""
+    model = option_model(_field_at(loc[:-1])[0])
+    return [field.alias or name for name, field in model.model_fields.items()] if model is not None else []
 
 
 def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
@@ -149,13 +264,19 @@ def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
     except ValidationError as exc:
         lines = []
         seen = set()
-        for error in exc.errors():
-            if _not_a_branch_that_applies(error):
+        errors = exc.errors()
+        meant = _misspellings(errors)
+        covered = {(*errors[i]["loc"][:-1], name) for i, name in meant.items()}
+        for i, error in enumerate(errors):
+            if _not_a_branch_that_applies(error) or (error["type"] == "missing" and tuple(error["loc"]) in covered):
                 continue
-            line = f"{source}: {_location(data, tuple(error['loc']))}: {_message(error)}"
-            if line not in seen:
-                seen.add(line)
-                lines.append(line)
+            message = (f"unknown field; did you mean {meant[i]}? (required, see deploy/queries.example.yaml)"
+                       if i in meant else _message(error))
+            for part in message.split("\n"):  # a check that finds several problems gives one line each
+                line = f"{source}: {_location(data, tuple(error['loc']))}: {part}"
+                if line not in seen:
+                    seen.add(line)
+                    lines.append(line)
         if not lines:  # every error was a union branch's: show them rather than nothing
             lines = [f"{source}: {_location(data, tuple(e['loc']))}: {_message(e)}" for e in exc.errors()]
         raise ConfigError("\n".join(lines)) from None

@@ -10,17 +10,25 @@ from __future__ import annotations
 import collections
 import math
 import re
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stream_dp.budget.policy import MAX_HORIZONS, MAX_LIMIT_UNITS, MAX_THRESHOLDS, MICRO, to_units_down
 from stream_dp.config.aggregation_options import check_release_time_together
 from stream_dp.config.aggregations import Aggregations
+from stream_dp.config.examples import refuse_empty_options
 from stream_dp.config.query_checks import check_query_options
-from stream_dp.config.durations import parse_duration_ms
-
-DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
+from stream_dp.config.query_options import (
+    BoundsConfig,
+    ContinualConfig,
+    DurationMs,
+    Groups,
+    HierarchyConfig,
+    check_groups_form,
+    LocalDPConfig,
+    PublicGroups,
+)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -44,13 +52,14 @@ class HorizonBudget(_Strict):
     namespace.
     """
 
-    horizon_ms: DurationMs = Field(alias="horizon")
-    epsilon: float | None = Field(None, gt=0, allow_inf_nan=False)
-    rho: float | None = Field(None, gt=0, allow_inf_nan=False)
-    delta: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False)
+    horizon_ms: DurationMs = Field(alias="horizon", examples=["1h"])
+    epsilon: float | None = Field(None, gt=0, allow_inf_nan=False, examples=[1.0])
+    rho: float | None = Field(None, gt=0, allow_inf_nan=False, examples=[0.05])
+    delta: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False, examples=[1e-5])
     buckets: int = Field(12, ge=1, le=240)
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
+                              json_schema_extra={"examples": [{"horizon": "1h", "epsilon": 1.0}]})
 
     @field_validator("epsilon", "rho")
     @classmethod
@@ -131,11 +140,11 @@ class NamespaceConfig(_Strict):
 
 class PrivacyUnit(_Strict):
     namespace: str
-    field: str = Field(min_length=1)
+    field: str = Field(min_length=1, examples=["user_id"])
 
 
 class WindowConfig(_Strict):
-    size_ms: DurationMs = Field(alias="size")
+    size_ms: DurationMs = Field(alias="size", examples=["1m"])
     allowed_lateness_ms: DurationMs = Field(0, alias="allowed_lateness")
     offset_ms: DurationMs = Field(0, alias="offset")
     idle_timeout_ms: DurationMs = Field(30_000, alias="idle_timeout")
@@ -151,94 +160,22 @@ class WindowConfig(_Strict):
         return self
 
 
-class PublicGroups(_Strict):
-    public: list[Any] = Field(min_length=1)
-
-
-class SelectGroups(_Strict):
-    class Select(_Strict):
-        delta: float = Field(gt=0, lt=1e-3, allow_inf_nan=False)
-
-    select: Select
-
-
-class BoundsConfig(_Strict):
-    max_groups_per_unit: int = Field(ge=1, le=10_000)
-    max_events_per_group: int = Field(ge=1, le=10_000)
-
-
-class ContinualConfig(_Strict):
-    """Running totals since the start of each ``period``, released after every window (binary tree mechanism).
-
-    ``max_windows_per_unit``: in how many windows of one period a unit may contribute; its
-    contributions to later windows of the period are left out. The period's loss is charged once,
-    at the first window a unit contributes to.
-    """
-
-    period_ms: DurationMs = Field(alias="period")
-    max_windows_per_unit: int = Field(1, ge=1, le=10_000)
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class LocalDPConfig(_Strict):
-    """Reports randomized by their producer (``stream-dp produce --local-dp FIELD``): the worker never sees a
-    true value of ``field`` and releases debiased frequency estimates of the domain (``groups.public``)."""
-
-    field: str = Field(min_length=1)
-    mechanism: Literal["krr", "oue"] = "krr"
-    epsilon: float = Field(gt=0, le=20, allow_inf_nan=False)
-
-
-# A level with less than this share of the count-and-sum budget releases noise a million times that of the
-# whole budget: nothing but noise, and far smaller shares overflow the noise's calibration.
-MIN_LEVEL_SHARE = 1e-6
-
-
-class HierarchyConfig(_Strict):
-    """Release every prefix level of ``group_by``; ``split`` weighs each level's share of the budget (coarsest first)."""
-
-    split: list[float] | None = None
-
-    @field_validator("split")
-    @classmethod
-    def _weights(cls, value: list[float] | None) -> list[float] | None:
-        if value is None:
-            return value
-        if not all(math.isfinite(w) and w > 0 for w in value):
-            raise ValueError(f"hierarchy.split {value} must be positive weights, one per group_by level, e.g. [1, 1, 2]")
-        total = sum(value)
-        if not math.isfinite(total):
-            raise ValueError(f"hierarchy.split {value} sums to infinity; only the weights' ratios matter: use small "
-                             "numbers, e.g. [1, 1, 2]")
-        level, weight = min(enumerate(value), key=lambda item: item[1])
-        if weight / total < MIN_LEVEL_SHARE * (1 - 1e-4):  # not [1e-6, 0.5, 0.5], off by rounding
-            raise ValueError(
-                f"hierarchy.split {value} gives level {level} a share of {weight / total:.3g} of the count and sum "
-                f"budget: its noise would be {total / weight:.3g} times that of the whole budget (or overflow); give "
-                f"every level at least {MIN_LEVEL_SHARE:g} of the total, e.g. [1, 1, 2]"
-            )
-        return value
-
-
-
-
 class QueryConfig(_Strict):
     name: str
     input_topic: str
     output_topic: str
     privacy_unit: PrivacyUnit
-    timestamp_field: str = Field(min_length=1)
+    timestamp_field: str = Field(min_length=1, examples=["ts"])
     timestamp_format: Literal["auto", "epoch_s", "epoch_ms", "iso8601"] = "auto"
     window: WindowConfig
-    group_by: list[str] = Field(min_length=1)
-    groups: PublicGroups | SelectGroups
+    group_by: list[str] = Field(min_length=1, examples=[["page"]])
+    groups: Groups
     bounds: BoundsConfig
     aggregations: Aggregations
     # geometric names the discrete Laplace that laplace uses for counts; it is read as laplace.
     mechanism: Literal["laplace", "gaussian", "staircase", "geometric"] = "laplace"
-    epsilon: float = Field(gt=0, le=10, allow_inf_nan=False)
-    delta: float = Field(0.0, ge=0, lt=1e-3, allow_inf_nan=False)
+    epsilon: float = Field(gt=0, le=10, allow_inf_nan=False, examples=[0.5])
+    delta: float = Field(0.0, ge=0, lt=1e-3, allow_inf_nan=False, examples=[1e-7])
     max_future_skew_ms: DurationMs = Field(300_000, alias="max_future_skew")
     # How producers choose the partition of a key: Kafka's Java client, kafka-python and librdkafka's
     # murmur2_random use murmur2; librdkafka's default (consistent_random) uses CRC32.
@@ -260,6 +197,16 @@ class QueryConfig(_Strict):
     @classmethod
     def _alias(cls, value: str) -> str:
         return "laplace" if value == "geometric" else value
+
+    @field_validator("groups", mode="before")
+    @classmethod
+    def _groups_form(cls, value: Any) -> Any:
+        return check_groups_form(value)
+
+    @field_validator("continual", "local_dp", mode="before")
+    @classmethod
+    def _no_empty_option(cls, value: Any, info: Any) -> Any:
+        return refuse_empty_options(cls, value, info.field_name)
 
     @field_validator("hierarchy", mode="before")
     @classmethod

@@ -99,9 +99,12 @@ def _check_local_dp(query: Any, public: bool) -> None:
         fixes.append(f"no event field named {REPORT_TAG_FIELD!r} (it holds each report's randomizer tag)")
     if (query.bounds.max_groups_per_unit, query.bounds.max_events_per_group) != (1, 1):
         fixes.append("bounds: {max_groups_per_unit: 1, max_events_per_group: 1} (one report per unit per window)")
-    if query.epsilon != local.epsilon:
-        fixes.append(f"epsilon: {local.epsilon:g} (what a window costs a unit: its one report)")
     if query.mechanism != "laplace" or query.continual is not None or query.hierarchy:
         fixes.append("no mechanism, continual or hierarchy (no central noise is added)")
-    if fixes:
-        raise ValueError("local_dp needs " + "; ".join(fixes))
+    problems = ["local_dp needs " + "; ".join(fixes)] if fixes else []
+    if query.epsilon != local.epsilon:
+        # a window costs a unit its one report, randomized at local_dp.epsilon: the query charges that
+        problems.append(f"set the query's epsilon: {local.epsilon!r} to match local_dp.epsilon (what a window "
+                        f"costs a unit: its one report), not {query.epsilon!r}")
+    if problems:
+        raise ValueError("\n".join(problems))

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from stream_dp.dp.sample_aggregate import parse_function_path
-from stream_dp.worker.sandbox_child import ANSWER, STOP, decode
+from stream_dp.worker.sandbox_child import ANSWER, STOP, UnfitFunction, decode
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,9 @@ class FunctionSandbox:
             raise FunctionLoadError(f"function {self.function}: {detail}") from None
         if first.get("s") != "ready":
             self._restart()
+            unfit = f"{UnfitFunction.__name__}: "
+            if str(first.get("e")).startswith(unfit):  # it loads: its message says what to change in it
+                raise FunctionLoadError(f"function {str(first.get('e')).removeprefix(unfit)}")
             raise FunctionLoadError(
                 f"function {self.function} cannot be loaded: {first.get('e')}; make its module importable by the "
                 "worker (installed, or on PYTHONPATH) and name a function as package.module:function"

@@ -30,6 +30,7 @@ from __future__ import annotations
 import builtins
 import fcntl
 import importlib
+import inspect
 import numbers
 import math
 import os
@@ -50,6 +51,10 @@ STATUSES = ("ok", "error", "not_finite", "timeout", "crashed", "ready", "load_er
 ANSWER = struct.Struct("<Bd503s")  # 512 bytes: one write of at most PIPE_BUF, so never mixed with another's
 _COUNT = struct.Struct("<Q")
 _TAKEN = b"\x01"  # a block's process has read its whole request: its time limit starts
+
+
+class UnfitFunction(TypeError):
+    """The function loads, but no block could get a number from it; its message says how to fix it."""
 
 
 def encode(status: str, value: float = 0.0, text: str = "") -> bytes:
@@ -116,8 +121,29 @@ def _load(path: str) -> Any:
     for name in attribute.split("."):
         target = getattr(target, name)
     if not callable(target):
-        raise TypeError(f"{path} is a {type(target).__name__}, not a function")
+        raise UnfitFunction(f"{path} is a {type(target).__name__}, not a function; name a function that takes a "
+                            "block's values (one numpy array) and returns a number")
+    _check_takes_one_block(path, target)
     return target
+
+
+def _check_takes_one_block(path: str, target: Any) -> None:
+    """Refuse what no block could ever get a number from, when it is loaded (and so by ``check-config``),
+    rather than as a failed block at every release: a class (calling it makes an instance) and a function
+    that cannot be called with one argument, the block's values."""
+    if isinstance(target, type):
+        raise UnfitFunction(f"{path} is a class, and calling it makes an instance, not a number; name a function "
+                        "that takes a block's values (one numpy array) and returns a number")
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # no signature to read (some builtins and C functions): left to the calls
+        return
+    try:
+        signature.bind(np.empty(0))
+    except TypeError as exc:
+        raise UnfitFunction(f"{path}{signature} cannot be called with one argument, a block's values ({exc}); name a "
+                        "function of one argument, e.g. def f(values): return float(values.mean()), or give the "
+                        "others defaults") from None
 
 
 def _read_request(fd: int) -> np.ndarray | None:
@@ -246,6 +272,9 @@ def main(path: str, timeout_s: float) -> None:
         make_undumpable()
         drop_capabilities()
         function = _load(path)
+    except UnfitFunction as exc:
+        os.write(answers, encode("load_error", text=f"{UnfitFunction.__name__}: {exc}"))
+        return
     except BaseException as exc:  # anything the import does: report it, then stop
         os.write(answers, encode("load_error", text=f"{type(exc).__name__}: {exc}"))
         return

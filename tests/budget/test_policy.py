@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 
 from stream_dp.budget import BudgetPolicy, HorizonLimit, NamespacePolicy
-from stream_dp.budget.policy import format_duration_ms, to_units_down, to_units_up, zcdp_to_epsilon
+from stream_dp.budget.policy import (
+    format_duration_ms,
+    policy_from_config,
+    to_units_down,
+    to_units_up,
+    zcdp_to_epsilon,
+)
+from stream_dp.config import ConfigError, parse_config
 
 HOUR_MS = 3_600_000
 
@@ -134,3 +143,23 @@ def test_delta_limits_fit_the_ledger() -> None:
         HorizonLimit(3_600_000, 0.01, delta=True)
     with pytest.raises(ValueError, match="at least 1e-12"):
         HorizonLimit(3_600_000, 1e-13, delta=True)
+
+
+def test_the_readme_states_the_report_delta_a_rho_namespace_of_a_file_is_reported_at() -> None:
+    """The README's statement of how `budget show` reports a ρ namespace is what a loaded file gives: a fixed δ,
+    not a setting of the file (which refuses `report_delta` as an unknown field)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    stated = re.search(r"`budget show`\s+states the spend as \(ε, δ\) at δ = ([0-9e.-]+), fixed for every ρ namespace "
+                       r"\(not\s+a setting of the file\)", readme)
+    assert stated is not None, "the README no longer states the δ a ρ namespace is reported at"
+    document = {"namespaces": {"devices": {"budgets": [{"horizon": "1h", "rho": 0.5}]}},
+                "queries": [{"name": "q", "input_topic": "i", "output_topic": "o",
+                             "privacy_unit": {"namespace": "devices", "field": "d"}, "timestamp_field": "ts",
+                             "window": {"size": "1m"}, "group_by": ["g"], "groups": {"public": ["a"]},
+                             "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
+                             "aggregations": {"count": {}}, "epsilon": 0.5}]}
+    namespace = policy_from_config(parse_config(document)).namespace("devices")
+    assert namespace.to_epsilon_delta(0.5)[1] == float(stated.group(1))
+    document["namespaces"]["devices"]["report_delta"] = 1e-6
+    with pytest.raises(ConfigError, match=r"namespaces\.devices\.report_delta: unknown field"):
+        parse_config(document)

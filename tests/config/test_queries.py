@@ -80,7 +80,8 @@ def _error(data: dict) -> str:
         (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(bounds=[500, 0]), r"quantiles\.bounds: .*with lo < hi"),
         (lambda d: d["queries"][1]["aggregations"]["top_k"].update(k=10), r"top_k\.k is 10 but there are only 3 public groups"),
         (lambda d: d["queries"][1]["aggregations"].update(top_k={"k": 0}), r"top_k\.k"),
-        (lambda d: d["queries"][6].update(epsilon=1.0), r"local_dp needs epsilon: 2 \(what a window costs"),
+        (lambda d: d["queries"][6].update(epsilon=1.0), r"\(browsers_local\): set the query's epsilon: 2\.0 to match local_dp\.epsilon \(what a window costs a unit: its "
+         r"one report\), not 1\.0$"),
         (lambda d: d["queries"][6]["bounds"].update(max_events_per_group=3), r"one report per unit per window"),
         (lambda d: d["queries"][6].update(group_by=["os"]), r"local_dp needs group_by: \[browser\]"),
         (lambda d: d["queries"][6]["local_dp"].update(mechanism="rappor"), r"local_dp\.mechanism"),
@@ -109,7 +110,7 @@ def _error(data: dict) -> str:
          r"max_windows_per_unit: Input should be greater than or equal to 1, got 0; change it to a value in that range"),
         (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(bins=5000), r"bins: .*4096, got 5000; change it"),
         (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(q=[]), r"at least 1 item.*see deploy/queries"),
-        (lambda d: d["queries"][0].update(epsilon="lots"), r"\.epsilon: Input should be a valid number.*got 'lots'"),
+        (lambda d: d["queries"][0].update(epsilon="lots"), r"\.epsilon: epsilon must be a number, got 'lots'; write e\.g\. epsilon: 0\.5"),
         # a typo must not switch on every level's release
         (lambda d: d["queries"][4].update(hierarchy="yes"), r"hierarchy must be true, false or \{split.*got 'yes'"),
         (lambda d: d["queries"][4].update(hierarchy=1), r"hierarchy must be true, false or \{split.*got 1"),
@@ -315,3 +316,16 @@ def test_check_config_and_plan_state_the_worst_case_of_a_capped_selection(exampl
     assert ("sample_aggregate release time: at worst (every block running out its 1 s timeout) 3600 s per window "
             "(at most 72 released groups, max_released_groups: those with the largest noisy counts)"
             in capsys.readouterr().out)
+
+
+def test_each_requirement_of_an_option_is_its_own_line(example):
+    """A sample_aggregate over selected groups without a count misses two things: each is stated on its own line
+    with the query named, not run together into one sentence."""
+    query = example["queries"][9]
+    query["groups"] = SELECTED
+    lines = _error(example).splitlines()
+    assert [line.split(": sample_aggregate needs ")[0] for line in lines] == ["queries.yaml: queries[9] "
+                                                                              "(sensor_median_temp)"] * 2
+    assert lines[0].endswith("e.g. max_released_groups: 72 fits the 3600 s window at 50 blocks x timeout 1000 ms")
+    assert lines[1].endswith("sample_aggregate needs count: {} or groups.public (privately selected groups come "
+                             "from a count release)")

@@ -112,3 +112,23 @@ def counts_its_calls(values: np.ndarray) -> float:
     """How many blocks this process has seen: 1.0 in a process of its own."""
     _SEEN.append(0.0)
     return float(len(_SEEN))
+
+
+def needs_two(values: np.ndarray, other: np.ndarray) -> float:
+    return float(len(values) + len(other))
+
+
+def needs_a_keyword(values: np.ndarray, *, scale: float) -> float:
+    return float(len(values)) * scale
+
+
+def takes_nothing() -> float:
+    return 1.0
+
+
+class AnError(KeyError):
+    """Calling it with a block makes an exception instance, never a number."""
+
+
+def with_a_default(values: np.ndarray, scale: float = 2.0) -> float:
+    return float(len(values)) * scale

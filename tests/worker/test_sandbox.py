@@ -165,6 +165,37 @@ def test_a_function_that_cannot_be_loaded_is_refused_with_the_reason(path, messa
     assert sandbox.take_failures() == {"load_error": 2}
 
 
+@pytest.mark.parametrize(("path", "message"), [
+    ("tests.worker._functions:needs_two", r"^function tests\.worker\._functions:needs_two\(values: 'np\.ndarray', "
+                                          r"other: 'np\.ndarray'\) -> 'float' cannot be called with one argument, a "
+                                          r"block's values \(missing a required argument: 'other'\); name a function "
+                                          r"of one argument, e\.g\. def f\(values\)"),
+    ("tests.worker._functions:needs_a_keyword", r"needs_a_keyword\(.*\) -> 'float' cannot be called with one argument.*'scale'"),
+    ("tests.worker._functions:takes_nothing", r"takes_nothing\(\) -> 'float' cannot be called with one argument, "
+                                              r"a block's values \(too many positional arguments\)"),
+    ("tests.worker._functions:AnError", r"^function tests\.worker\._functions:AnError is a class, and calling it makes "
+                                        r"an instance, not a number; name a function"),
+])
+def test_a_function_no_block_could_get_a_number_from_is_refused_when_loaded(path, message):
+    """Each of these loads, and would fail every block of every release: refused before any block runs."""
+    sandbox = FunctionSandbox(path)
+    try:
+        with pytest.raises(FunctionLoadError, match=message):
+            sandbox.check()
+    finally:
+        sandbox.close()
+
+
+@pytest.mark.parametrize("path", ["tests.worker._functions:with_a_default", "statistics:median", "numpy:median",
+                                  "numpy:sqrt"])  # a ufunc has no signature to read: left to the calls
+def test_a_function_of_one_argument_and_optional_others_loads(path):
+    sandbox = FunctionSandbox(path)
+    try:
+        sandbox.check()
+    finally:
+        sandbox.close()
+
+
 @pytest.mark.parametrize("path", ["statistics.median", "a:", ":f", "a b:c", "x:1y"])
 def test_import_paths_are_checked_up_front(path):
     with pytest.raises(ValueError, match="package.module:function"):

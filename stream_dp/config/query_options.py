@@ -1,0 +1,128 @@
+"""The option blocks of a query: its groups, bounds, continual releases, local DP and hierarchy.
+
+Each field carries an example of how it is written (``examples``), which the messages refusing a value
+written otherwise show (``stream_dp.config.examples``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator
+
+from stream_dp.config.durations import parse_duration_ms
+
+DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PublicGroups(_Strict):
+    public: list[Any] = Field(min_length=1, examples=[["/", "/pricing", "/docs"]])
+
+
+class SelectGroups(_Strict):
+    class Select(_Strict):
+        delta: float = Field(gt=0, lt=1e-3, allow_inf_nan=False, examples=[1e-6])
+
+    select: Select
+
+
+_GROUPS_FORMS = "groups: {public: [a, b, ...]} (the groups released every window) or groups: {select: {delta: 1e-6}} " \
+                "(groups chosen privately from the data)"
+
+
+def check_groups_form(value: Any) -> Any:
+    """``groups`` holds one of ``public`` and ``select``: says which to give, before either is validated,
+    so that the settings of the one given are checked alone (not reported as unknown to the other)."""
+    if not isinstance(value, dict):
+        if isinstance(value, (PublicGroups, SelectGroups)):
+            return value
+        raise ValueError(f"groups takes its settings as a mapping, got {value!r}; write {_GROUPS_FORMS}")
+    given = {"public", "select"} & value.keys()
+    if given == {"public", "select"}:
+        raise ValueError("groups gives both public and select: give either public (the groups released every "
+                         "window) or select (groups chosen privately from the data), not both")
+    if not given:
+        keys = sorted(str(key) for key in value)
+        near = [m for key in keys for m in difflib.get_close_matches(key, ["public", "select"], n=1)]
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ValueError(f"groups needs public or select, got {keys or 'neither'}{hint}; write {_GROUPS_FORMS}")
+    return value
+
+
+def _groups_branch(value: Any) -> str:
+    if isinstance(value, dict):
+        return "Select" if "select" in value else "Public"
+    return "Select" if isinstance(value, SelectGroups) else "Public"
+
+
+# The branch is the key given (check_groups_form makes it one): a problem in it is reported alone. The tags
+# are capitalised, so that the loader's messages do not name them as fields.
+Groups = Annotated[
+    Union[Annotated[PublicGroups, Tag("Public")], Annotated[SelectGroups, Tag("Select")]],
+    Discriminator(_groups_branch),
+]
+
+
+class BoundsConfig(_Strict):
+    max_groups_per_unit: int = Field(ge=1, le=10_000, examples=[3])
+    max_events_per_group: int = Field(ge=1, le=10_000, examples=[2])
+
+
+class ContinualConfig(_Strict):
+    """Running totals since the start of each ``period``, released after every window (binary tree mechanism).
+
+    ``max_windows_per_unit``: in how many windows of one period a unit may contribute; its
+    contributions to later windows of the period are left out. The period's loss is charged once,
+    at the first window a unit contributes to.
+    """
+
+    period_ms: DurationMs = Field(alias="period", examples=["1d"])
+    max_windows_per_unit: int = Field(1, ge=1, le=10_000)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class LocalDPConfig(_Strict):
+    """Reports randomized by their producer (``stream-dp produce --local-dp FIELD``): the worker never sees a
+    true value of ``field`` and releases debiased frequency estimates of the domain (``groups.public``)."""
+
+    field: str = Field(min_length=1, examples=["browser"])
+    mechanism: Literal["krr", "oue"] = "krr"
+    epsilon: float = Field(gt=0, le=20, allow_inf_nan=False, examples=[2.0])
+
+
+# A level with less than this share of the count-and-sum budget releases noise a million times that of the
+# whole budget: nothing but noise, and far smaller shares overflow the noise's calibration.
+MIN_LEVEL_SHARE = 1e-6
+
+
+class HierarchyConfig(_Strict):
+    """Release every prefix level of ``group_by``; ``split`` weighs each level's share of the budget (coarsest first)."""
+
+    split: list[float] | None = Field(None, examples=[[1, 1, 2]])
+
+    @field_validator("split")
+    @classmethod
+    def _weights(cls, value: list[float] | None) -> list[float] | None:
+        if value is None:
+            return value
+        if not all(math.isfinite(w) and w > 0 for w in value):
+            raise ValueError(f"hierarchy.split {value} must be positive weights, one per group_by level, e.g. [1, 1, 2]")
+        total = sum(value)
+        if not math.isfinite(total):
+            raise ValueError(f"hierarchy.split {value} sums to infinity; only the weights' ratios matter: use small "
+                             "numbers, e.g. [1, 1, 2]")
+        level, weight = min(enumerate(value), key=lambda item: item[1])
+        if weight / total < MIN_LEVEL_SHARE * (1 - 1e-4):  # not [1e-6, 0.5, 0.5], off by rounding
+            raise ValueError(
+                f"hierarchy.split {value} gives level {level} a share of {weight / total:.3g} of the count and sum "
+                f"budget: its noise would be {total / weight:.3g} times that of the whole budget (or overflow); give "
+                f"every level at least {MIN_LEVEL_SHARE:g} of the total, e.g. [1, 1, 2]"
+            )
+        return value

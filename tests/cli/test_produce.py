@@ -1,0 +1,72 @@
+"""``stream-dp produce --synthetic --config --query``: the synthetic events are ones the query's worker takes.
+
+No broker: ``_send`` is replaced and what it is handed is decoded by the event decoder the worker builds for
+the query (``build_runtimes``), which is independent of how ``produce`` writes the events.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+
+from stream_dp.cli import produce
+from stream_dp.cli.main import main
+from stream_dp.config import parse_config
+from stream_dp.windows.decoding import EventDecoder
+from stream_dp.worker.app import build_runtimes
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "queries.example.yaml"
+
+
+def _sent(monkeypatch, argv: list[str]) -> list[tuple[bytes, bytes, int]]:
+    sent: list[tuple[bytes, bytes, int]] = []
+
+    def send(topic, events, *args, **kwargs):
+        sent.extend(events)
+        return 0
+
+    monkeypatch.setattr(produce, "_send", send)
+    assert main(["produce", "--quiet", *argv]) == 0
+    return sent
+
+
+def _decoder(name: str) -> EventDecoder:
+    """The decoder the worker builds for the example's query ``name``."""
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document["queries"] = [q for q in document["queries"] if q["name"] == name]
+    (runtime,) = build_runtimes(parse_config(document), secret=b"a test secret of enough bytes", clock_ms=lambda: 0)
+    return EventDecoder(runtime.engine.schema)
+
+
+@pytest.mark.parametrize(("name", "topic"), [
+    ("visits_by_place", "events.visits"),  # group_by [country, region, city]
+    ("pageviews_by_page", "events.pageviews"),  # group_by [page]
+])
+def test_synthetic_events_of_a_query_are_all_taken_by_its_decoder_in_its_public_groups(monkeypatch, name, topic):
+    sent = _sent(monkeypatch, ["--topic", topic, "--synthetic", "2000", "--config", str(EXAMPLE), "--query", name])
+    assert len(sent) == 2000
+    decoded, problems = _decoder(name).decode([value for _, value, _ in sent], now_ms=int(time.time() * 1000))
+    assert problems == [], problems[:3]
+    assert len(decoded) == 2000
+    query = parse_config(yaml.safe_load(EXAMPLE.read_text())).query(name)
+    public = set(query.public_group_keys())
+    keys = {key if isinstance(key, tuple) else (key,) for key in decoded.group_keys}
+    assert keys == public  # every event in a listed group, and every listed group drawn
+    # keyed by the unit, as the worker checks
+    assert all(key == orjson.loads(value)[query.privacy_unit.field].encode() for key, value, _ in sent)
+
+
+@pytest.mark.parametrize("what", ["missing", "directory"])
+def test_an_unreadable_file_is_refused_before_connecting(monkeypatch, tmp_path, capsys, what):
+    path = tmp_path / "nonexist.jsonl"
+    if what == "directory":
+        path.mkdir()
+    monkeypatch.setattr(produce, "_send", lambda *a, **k: pytest.fail("connected with no file to read"))
+    assert main(["produce", "--topic", "events.pageviews", "--file", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"cannot read {path} (")
+    assert "Traceback" not in err
