@@ -231,9 +231,12 @@ def dependencies() -> list[Panel]:
         Panel("Budget charge latency", "Time to check and charge one window's units in Redis, retries included.",
               quantiles("stream_dp_budget_charge_seconds", "namespace", NS, "{{namespace}}"), unit="s", width=8),
         Panel("Internal errors", "Unexpected internal records or failures per second, by worker and kind "
-              "(ledger_unavailable is the release ledger in Redis).",
+              "(ledger_unavailable is the release ledger in Redis); and checks that found Redis unanswering or "
+              "not the store the group charged on (StreamDpStoreUnverified).",
               (Target("sum by (instance, kind) (rate(stream_dp_internal_errors_total[$__rate_interval]))",
-                      "{{instance}} {{kind}}"),), unit="ops", width=8),
+                      "{{instance}} {{kind}}"),
+               Target('sum by (instance, outcome) (rate(stream_dp_store_checks_total{outcome!="verified"}'
+                      "[$__rate_interval]))", "{{instance}} store {{outcome}}")), unit="ops", width=8),
         Panel("Scrape health", "1 when Prometheus scraped the worker, 0 when it could not (StreamDpWorkerDown).",
               (Target(f"min by (instance) (up{{{JOB}}})", "{{instance}}"),), width=8),
         Panel("Consumer lag by partition", "Records between each input partition's end and the consumer "

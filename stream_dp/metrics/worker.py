@@ -47,7 +47,9 @@ class WorkerMetrics:
         )
         self.budget_failures = Counter(
             "stream_dp_budget_failures_total",
-            "Window charges that failed (store unavailable, conflict, out of range); nothing was released for them.",
+            "Window charges that failed (unavailable: the store did not answer; conflict; rejected: out of range; "
+            "store_unverified: held because the store is not verified yet, counted at most every "
+            "retry_backoff_max_s); nothing was released for them.",
             ["query", "kind"],
             registry=registry,
         )

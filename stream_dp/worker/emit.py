@@ -77,6 +77,7 @@ class Emitter:
         self.held: list[HeldPartial] = []
         self._charge_attempts = 0
         self._next_charge_s = 0.0
+        self._next_unverified_count_s = 0.0
 
     async def emit(self) -> bool:
         """Charge and publish the held partials (see the module docstring); whether any went out."""
@@ -84,6 +85,12 @@ class Emitter:
             self.set_pending_gauge()
             return False
         if self.store is not None and not self.store.ready():
+            self.set_pending_gauge()  # held, waiting for the store (StreamDpBudgetStoreUnavailable)
+            now_s = time.monotonic()
+            if now_s >= self._next_unverified_count_s:  # counted at the pace of the slowest retries
+                self._next_unverified_count_s = now_s + self.retry_backoff_max_s
+                for name in sorted({h.query.name for h in self.held}):
+                    self.metrics.budget_failures.labels(name, "store_unverified").inc()
             return False
         now_s = time.monotonic()
         if now_s < self._next_charge_s:

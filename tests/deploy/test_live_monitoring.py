@@ -191,7 +191,8 @@ def test_dashboard_queries_return_data_and_alerts_fire(
                 ("StreamDpRejectedEventsHigh", {"query": healthy_name}),
                 ("StreamDpInternalErrors", {"kind": "corrupt_internal_record"}),
                 ("StreamDpBudgetStoreUnavailable", {"query": broken_name}),
-                ("StreamDpBudgetStoreErrors", {"namespace": broken_ns, "operation": "charge"}),
+                # It never verifies its store, so it never sends a charge that could fail.
+                ("StreamDpStoreUnverified", {"instance": f"127.0.0.1:{broken_port}", "outcome": "unanswered"}),
                 ("StreamDpReleasesStalled", {"query": broken_name}),
                 # The broken worker cannot read the release ledger when it is assigned the partials topic.
                 ("StreamDpReleaseLedgerUnavailable", {"instance": f"127.0.0.1:{broken_port}"}),

@@ -25,7 +25,7 @@ SEVERITIES = {"info", "warning", "critical"}
 # Labels a rule may keep that could never identify a person: the worker's metrics
 # carry no unit ids, and grouping only by these keeps it so in alerts.
 ALLOWED_ALERT_LABELS = {
-    "query", "namespace", "horizon", "threshold", "topic", "kind", "operation", "reason", "instance", "job",
+    "query", "namespace", "horizon", "threshold", "topic", "kind", "operation", "reason", "outcome", "instance", "job",
 }
 
 
