@@ -7,9 +7,9 @@ by ``stream-dp produce``:
   per hour, so the units active in every 2 s window pass 80% of their budget at
   the third window (0.9) and are refused from the fourth. Invalid, late and one
   corrupt internal record are added to it.
-* **broken**: its REDIS_URL points at a closed port, so every window charge
-  fails (windows are held, nothing is released: fail closed) and the release
-  ledger cannot be read.
+* **broken**: its REDIS_URL points at a closed port, so it can never verify
+  its store: every closed window is held uncharged, nothing is released (fail
+  closed), and the release ledger cannot be read.
 
 A private Prometheus (the Debian binary) scrapes both every second and
 evaluates the repository's rules with every ``for:`` shortened to 3 s (only
