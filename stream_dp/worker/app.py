@@ -30,7 +30,7 @@ from stream_dp.windows import BoundingSpec, EventSchema, WindowEngine, WindowSpe
 from stream_dp.worker.clients import kafka_clients
 from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.ingest import IngestStage
-from stream_dp.worker.kafka_admin import read_commit_metadata
+from stream_dp.worker.kafka_admin import read_commit_metadata, read_group_metadata
 from stream_dp.worker.ledger import RedisReleaseLedger, ReleaseLedger
 from stream_dp.worker.store_guard import StoreGuard
 from stream_dp.worker.periods import MemoryPeriodRegister, PeriodRegister, RedisPeriodRegister
@@ -308,7 +308,9 @@ class Worker:
                                 limits=limits, session_timeout_ms=settings.consumer_session_timeout_ms)
         noise_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="noise")
         # Checked at every input assignment, before anything is charged or released.
-        store = StoreGuard(self.ledger.store_markers())
+        input_topics = {q.config.input_topic for q in self.runtimes}
+        store = StoreGuard(self.ledger.store_markers(),
+                           lambda: read_group_metadata(options, settings.group_id, input_topics))
         ingest = IngestStage(
             self.runtimes, clients.ingest_consumer, clients.producer, self.budget, self.ledger, self.metrics,
             partials_topic=settings.partials_topic, partials_partitions=partials_partitions,

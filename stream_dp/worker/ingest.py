@@ -30,7 +30,7 @@ from stream_dp.budget import BudgetStore
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import RejectReason
 from stream_dp.worker.background import BackgroundRounds
-from stream_dp.worker.commit_metadata import committed_store, restored_partitions
+from stream_dp.worker.commit_metadata import restored_partitions
 from stream_dp.worker.commit_plan import committable_offsets
 from stream_dp.worker.consumed import raw_batch
 from stream_dp.worker.dead_letters import DeadLetters
@@ -114,7 +114,6 @@ class IngestStage:
         self._sent_progress: dict[tuple[str, int], int] = {}
         self.positions = PartitionPositions(consumer)
         self._joined = False  # an assignment (possibly empty) arrived from the group
-        self._committed_store: dict[TopicPartition, str] = {}  # the store token each partition's last commit named
         # Charging and publishing closed windows waits mostly on Redis: it runs beside the loop.
         self._rounds = BackgroundRounds(self._emit_round, name="ingest-emit")
 
@@ -137,10 +136,7 @@ class IngestStage:
             metadata: dict[TopicPartition, str] = {}
             if assigned:
                 metadata = await self._read_commit_metadata(assigned)
-            for tp, text in metadata.items():
-                if (token := committed_store(text)) is not None:
-                    self._committed_store[tp] = token
-            self.store.note_committed(committed_store(text) for text in metadata.values())
+            self.store.note_assignment()
             await self._verify_store()
             for topic, queries in self.by_topic.items():
                 partitions = [tp.partition for tp in assigned if tp.topic == topic]
@@ -200,8 +196,6 @@ class IngestStage:
                 ]
             self.emitter.set_pending_gauge()
             self.positions.forget(revoked)
-            for tp in revoked:
-                self._committed_store.pop(tp, None)
             for tp in revoked:
                 try:
                     self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
@@ -380,10 +374,12 @@ class IngestStage:
         return committable_offsets(
             self.by_topic, self.emitter.held, self.consumer.assignment(),
             position=self.positions.position, progress_through=self._progress_through,
-            store=lambda tp: self.store.token_to_commit(self._committed_store.get(tp)),
+            store=lambda tp: self.store.token,
         )
 
     async def _commit(self, *, force: bool = False) -> None:
+        if not self.store.ready():
+            return  # nothing was charged meanwhile, and the commits keep naming the store they were made with
         now_s = time.monotonic()
         if not force and now_s - self._last_commit_s < self.commit_interval_s:
             return

@@ -88,6 +88,18 @@ def read_commit_metadata(options: dict[str, Any], group_id: str, partitions: lis
     }
 
 
+def read_group_metadata(options: dict[str, Any], group_id: str, topics: set[str]) -> list[str]:
+    """The metadata strings committed with every partition of ``topics`` the group ever committed (not only
+    the ones this worker is assigned). Raises when the broker does not answer."""
+    admin = _admin(options)
+    try:
+        offsets = admin.list_group_offsets({group_id: None}).get(group_id, {})
+    finally:
+        admin.close()
+    return [meta.metadata for tp, meta in offsets.items()
+            if tp.topic in topics and meta is not None and meta.offset >= 0 and meta.metadata]
+
+
 RETENTION_CONFIGS = ("cleanup.policy", "retention.ms", "segment.ms")
 CHECKED_CONFIGS = (*RETENTION_CONFIGS, "min.insync.replicas", "max.message.bytes")
 

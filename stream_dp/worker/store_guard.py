@@ -1,19 +1,20 @@
 """Refuse to charge or release on a Redis that lost what it acknowledged.
 
 The budget bound and "released once" both rest on Redis keeping its data. A
-Redis restarted without its append-only file, flushed, restored from an old
-backup, a cluster master that came back empty, or a ``REDIS_URL`` pointed at
-another server would otherwise go unnoticed: every unit would get its whole
-budget back, and a replayed window could be noised a second time.
+Redis restarted without its append-only file, flushed, a cluster master that
+came back empty, or a ``REDIS_URL`` pointed at another server would otherwise
+go unnoticed: every unit would get its whole budget back, and a replayed
+window could be noised a second time.
 
 So the store carries a token, written once (``SET`` if absent, no expiry) to
-``MARKERS`` keys whose hash tags spread over the cluster's slot space (see
-``stream_dp.budget.keys.group_tags``): every master of a cluster of up to
-``MARKERS`` masters holds some of them, whatever the slot layout. The token
-goes with every input offset the worker commits (``commit_metadata``), so
-Kafka remembers which store the group's progress was made with. At each
-partition assignment the worker reads the markers and the committed tokens
-before it charges or releases anything:
+``MARKERS`` keys whose hash tags fall one in each 64-slot band of the
+cluster's slot space (see ``stream_dp.budget.keys.group_tags``): every master
+serving 128 contiguous slots or more holds some. The token goes with every
+input offset the worker commits (``commit_metadata``), so Kafka remembers
+which store the group's progress was made with. Before it charges, releases
+or commits anything, and again after each partition assignment, the worker
+reads the markers and the tokens committed on every input partition of its
+group (not only its own: a worker without partitions must find them too):
 
 * every marker holds the same token, and every committed token is it: go on;
 * no marker and no committed token: a new deployment; write the markers;
@@ -24,27 +25,36 @@ before it charges or releases anything:
   the store is not the one the progress was made with. Stop, and say how
   to fix it.
 
-Not covered: a group whose consumer offsets were deleted too (or a new group
-id) together with the store is a new deployment; it reads what the input
-topics retain and releases it again, to the output topics it is given.
+Commits that cannot be read are no evidence of a new deployment: nothing is
+verified until they are. A verified worker reads the markers again every
+``recheck_s`` and after any failed Redis call.
+
+Not covered: a Redis restored from a snapshot taken after the first start
+holds the token and passes, though it lacks what was charged since (restore
+the append-only file, never an older snapshot); a group whose consumer
+offsets were deleted too (or a new group id) together with the store is a
+new deployment, which reads what the input topics retain and releases it
+again, to the output topics it is given.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stream_dp.budget.keys import group_tags
 from stream_dp.budget.redis_nodes import Call, NodeRunner, ReplicaWait
+from stream_dp.worker.commit_metadata import committed_store
 
 log = logging.getLogger(__name__)
-MARKERS = 64
+MARKERS = 256  # one per 64-slot band: every master serving 128 contiguous slots or more holds one
 
 _MARK_ONCE = """
 local stored = redis.call('GET', KEYS[1])
@@ -73,7 +83,7 @@ class RedisStoreMarkers:
     def __init__(self, client: Any, *, prefix: str, wait: ReplicaWait | None = None) -> None:
         self._client = client
         self._wait = wait
-        self.keys = [f"{prefix}:store:{{{tag}}}" for tag in group_tags(f"{prefix}:store", MARKERS)]
+        self.keys = _marker_keys(prefix)
 
     def read(self) -> list[str | None]:
         pipe = self._client.pipeline(transaction=False)
@@ -150,8 +160,8 @@ def check(markers: StoreMarkers, committed: Iterable[str], *, redis_hint: str = 
     if verdict.problem is not None:
         raise StoreReplaced(
             f"The Redis at {redis_hint} is not the store this consumer group's progress was made with: "
-            f"{verdict.problem}. It lost its data (restarted without its append-only file, flushed, restored from "
-            "an older backup, a master back empty) or the URL points at another Redis. Charging on it would give "
+            f"{verdict.problem}. It lost its data (restarted without its append-only file, flushed, a master back "
+            "empty) or the URL points at another Redis. Charging on it would give "
             "every unit its whole budget again, and a replayed window could be noised a second time, so nothing "
             f"is charged or released. Fix: restore that Redis's data (its appendonly directory or a current "
             f"backup) or point {redis_hint} at the right server. To start over deliberately, run with a new "
@@ -161,6 +171,11 @@ def check(markers: StoreMarkers, committed: Iterable[str], *, redis_hint: str = 
     return verdict.token
 
 
+@functools.lru_cache(maxsize=16)
+def _marker_keys(prefix: str) -> list[str]:
+    return [f"{prefix}:store:{{{tag}}}" for tag in group_tags(f"{prefix}:store", MARKERS)]
+
+
 def _text(value: Any) -> str | None:
     if value is None:
         return None
@@ -168,16 +183,25 @@ def _text(value: Any) -> str | None:
 
 
 class StoreGuard:
-    """The worker's view of its store: verified (``token``), not yet (``ready()`` false: nothing is charged
-    or released), or replaced (``failure``: the worker stops). Shared by the ingest and release stages."""
+    """The worker's view of its store: verified (``token``), not yet (``ready()`` false: nothing is charged,
+    released or committed), or replaced (``failure``: the worker stops). Shared by the ingest and release stages.
 
-    def __init__(self, markers: StoreMarkers, *, redis_hint: str = "REDIS_URL", retry_s: float = 2.0,
-                 recheck_s: float = 5.0) -> None:
+    ``read_committed``: the commit metadata of every input partition the consumer group ever committed
+    (not only this worker's: a worker without partitions must find the group's token too). It is read
+    at the first check and again after each assignment; until it has been read once, nothing is verified
+    (an unreadable metadata is no evidence of a new deployment).
+    """
+
+    def __init__(self, markers: StoreMarkers, read_committed: Callable[[], Iterable[str]] | None = None, *,
+                 redis_hint: str = "REDIS_URL", retry_s: float = 2.0, recheck_s: float = 5.0) -> None:
         self._markers = markers
+        self._read_committed = read_committed
         self._redis_hint = redis_hint
         self._retry_s = retry_s
         self._recheck_s = recheck_s
         self._committed: set[str] = set()
+        self._committed_read = read_committed is None
+        self._assignments = 0
         self._next_try_s = 0.0
         self._next_recheck_s = 0.0
         self._lock = threading.Lock()
@@ -192,6 +216,17 @@ class StoreGuard:
         under a running worker is caught by the next one)."""
         return self.failure is None and (self.token is None or time.monotonic() >= self._next_recheck_s)
 
+    def note_assignment(self) -> None:
+        """Partitions moved: the group's commits are read again before anything more is charged."""
+        with self._lock:
+            self._assignments += 1
+            if self._read_committed is not None:
+                self._committed_read = False
+            if self.token is not None:
+                self._committed.add(self.token)
+            self.token = None
+            self._next_try_s = 0.0
+
     def suspect(self) -> None:
         """Redis failed a call: it may come back as another (restarted without its data). Nothing more is
         charged until the markers are checked again."""
@@ -201,26 +236,9 @@ class StoreGuard:
                 self.token = None
                 self._next_try_s = 0.0
 
-    def note_committed(self, tokens: Iterable[str | None]) -> None:
-        """Tokens found in the commit metadata of newly assigned partitions: a new one is checked before
-        anything more is charged."""
-        with self._lock:
-            new = {token for token in tokens if token is not None} - self._committed
-            if new:
-                self._committed |= new
-                if self.token not in new or len(new) > 1:
-                    self.token = None
-                    self._next_try_s = 0.0
-
-    def token_to_commit(self, committed_before: str | None) -> str | None:
-        """The token to write beside a partition's committed offset: the verified one, else the one its
-        earlier commit named (never dropped, so a worker stopped before it could verify leaves the
-        evidence in place)."""
-        return self.token if self.ready() else committed_before
-
     def verify(self) -> bool:
         """Check the store now (blocking; run it off the event loop). True when verified; False when Redis
-        did not answer (tried again after ``retry_s``); raises ``StoreReplaced``."""
+        or the broker did not answer (tried again after ``retry_s``); raises ``StoreReplaced``."""
         with self._lock:
             if self.failure is not None:
                 raise self.failure
@@ -232,25 +250,27 @@ class StoreGuard:
             elif now_s < self._next_try_s:
                 return False
             self._next_try_s = now_s + self._retry_s
-            committed = set(self._committed)
+            committed, read, assignments = set(self._committed), self._committed_read, self._assignments
         try:
+            if not read:
+                assert self._read_committed is not None
+                committed |= {token for text in self._read_committed() if (token := committed_store(text))}
             token = check(self._markers, committed, redis_hint=self._redis_hint)
         except StoreReplaced as exc:
             with self._lock:
                 self.failure = exc
             log.error("%s", exc)
             raise
-        except Exception as exc:  # Redis down or failing over: nothing is charged until it answers
-            log.warning("cannot check the store's markers (%s: %s); charging and releasing wait",
-                        type(exc).__name__, exc)
+        except Exception as exc:  # Redis or the broker down: nothing is charged until they answer
+            log.warning("cannot check the store (%s: %s); charging and releasing wait", type(exc).__name__, exc)
             with self._lock:
                 self.token = None
             return False
         with self._lock:
-            if committed != self._committed:  # an assignment named more tokens meanwhile: check again
-                self.token = None
-                self._next_try_s = 0.0
+            self._committed |= committed
+            if assignments != self._assignments:  # partitions moved meanwhile: read the group again
                 return False
+            self._committed_read = True
             self.token = token
             self._next_recheck_s = time.monotonic() + self._recheck_s
         return True

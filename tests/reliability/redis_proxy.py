@@ -87,6 +87,7 @@ def is_ledger_claim(command: Command) -> bool:
         and command[0].upper() in (b"EVALSHA", b"EVAL")
         and command[3].startswith(b"stream-dp:ledger:")
         and b"released-through" not in command[3]
+        and not command[3].startswith(b"stream-dp:ledger:store:")  # the store markers (store_guard), written once
     )
 
 

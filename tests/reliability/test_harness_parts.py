@@ -37,6 +37,8 @@ def test_step_predicates_and_trigger_counting():
     mark = [b"HSET", b"stream-dp:ledger:{q}:100", b"state", b"published"]
     assert is_budget_charge(charge) and not is_budget_charge(claim)
     assert is_ledger_claim(claim) and not is_ledger_claim(raise_mark) and not is_ledger_claim(charge)
+    marker = [b"EVALSHA", b"sha", b"1", b"stream-dp:ledger:store:{stream-dp:ledger:store.0.12}", b"token"]
+    assert not is_ledger_claim(marker)  # the store markers are written once, not a window's claim
     assert is_mark_published(mark) and not is_mark_published(claim)
     trigger = Trigger(is_budget_charge, occurrence=2)
     assert not trigger.count(charge, 1) and trigger.count(charge, 2) and not trigger.count(charge, 3)

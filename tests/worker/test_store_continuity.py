@@ -13,12 +13,18 @@ nothing twice (the control).
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+
 import pytest
+from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
+from stream_dp.worker import app as worker_app
 from stream_dp.worker.commit_metadata import committed_store
 from stream_dp.worker.kafka_admin import read_commit_metadata
-from stream_dp.worker.store_guard import StoreReplaced
+from stream_dp.worker.store_guard import MARKERS, StoreReplaced
 from tests.worker.test_release_once import _by_window, _Deployment, _first_release, _metric, _wall_ms
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -80,7 +86,7 @@ def test_a_restart_on_a_store_that_lost_its_data_releases_nothing(deployment):
     assert set(_committed_tokens(d).values()) == {token}, "the evidence in the commits must survive the refusal"
 
 
-MARKERS_AT_LEAST = 64  # the markers alone, besides the ledger entries and budgets
+MARKERS_AT_LEAST = MARKERS  # the markers alone, besides the ledger entries and budgets
 
 
 def test_a_store_emptied_under_a_running_worker_stops_it(deployment):
@@ -99,4 +105,77 @@ def test_a_store_emptied_under_a_running_worker_stops_it(deployment):
     with pytest.raises(StoreReplaced, match="holds no store token"):
         d.run(wipe_once_running, clock_ms=_wall_ms, timeout_s=40)
     assert wiped and wiped[0] >= MARKERS_AT_LEAST
-    assert d.ledger.store_markers().read() == [None] * 64, "nothing may be written into the emptied store"
+    assert d.ledger.store_markers().read() == [None] * MARKERS, "nothing may be written into the emptied store"
+
+
+def _hold_partitions(d: _Deployment, members: int, stop: threading.Event) -> threading.Thread:
+    """Consumers of the worker's group that take every input partition (their client ids sort first, so the
+    range assignor hands them the partitions): the worker joins with none."""
+
+    async def main() -> None:
+        consumers = [AIOKafkaConsumer(bootstrap_servers=d.bootstrap, group_id=d.settings.group_id,
+                                      client_id=f"0holder{i}", enable_auto_commit=False) for i in range(members)]
+        for consumer in consumers:
+            await consumer.start()
+            consumer.subscribe([d.input_topic])
+        try:
+            while not stop.is_set():
+                for consumer in consumers:
+                    await consumer.getmany(timeout_ms=100)
+            assert all(consumer.assignment() for consumer in consumers), "a holder ended without a partition"
+        finally:
+            for consumer in consumers:
+                await consumer.stop()
+
+    thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_worker_without_input_partitions_finds_the_groups_store_too(deployment):
+    """More workers than input partitions: one holds only release homes. It must read the store the group's
+    commits name (on every partition, not only its own), or it would take the emptied Redis for a new one and
+    noise the re-read partials again."""
+    d = deployment
+    first, data_windows, _ = _first_release(d)
+    (token,) = set(d.ledger.store_markers().read())
+    before = d.releases()
+    _wipe_store(d)
+    d.reset_release_group()
+    stop = threading.Event()
+    holder = _hold_partitions(d, 2, stop)
+    try:
+        time.sleep(8)  # the holders own both input partitions
+        with pytest.raises(StoreReplaced, match=token):
+            d.run(lambda r: False, clock_ms=_wall_ms, timeout_s=40)
+    finally:
+        stop.set()
+        holder.join(20)
+    assert len(d.releases()) == len(before)
+    assert d.ledger.store_markers().read() == [None] * MARKERS
+
+
+def test_unreadable_commits_hold_everything_until_they_are_read(deployment, monkeypatch):
+    """The group coordinator does not answer (it is moving): no commit could be read, which is no evidence
+    of a new deployment. Nothing is released, no marker written; once the commits are read, the emptied
+    Redis is refused."""
+    d = deployment
+    first, data_windows, _ = _first_release(d)
+    (token,) = set(d.ledger.store_markers().read())
+    before = d.releases()
+    _wipe_store(d)
+    d.reset_release_group()
+
+    def coordinator_moving(*args, **kwargs):
+        raise RuntimeError("NotCoordinatorForGroup (the group coordinator is moving)")
+
+    monkeypatch.setattr(worker_app, "read_commit_metadata", coordinator_moving)
+    monkeypatch.setattr(worker_app, "read_group_metadata", coordinator_moving)
+    registry = d.run(lambda r: False, clock_ms=_wall_ms, timeout_s=25)
+    assert len(d.releases()) == len(before)
+    assert d.ledger.store_markers().read() == [None] * MARKERS
+    assert (registry.get_sample_value("stream_dp_store_checks_total", {"outcome": "unanswered"}) or 0) > 0
+    monkeypatch.undo()
+    with pytest.raises(StoreReplaced, match=token):
+        d.run(lambda r: False, clock_ms=_wall_ms, timeout_s=30)
+    assert len(d.releases()) == len(before)

@@ -13,6 +13,7 @@ import pytest
 
 from stream_dp.budget.redis_nodes import ReplicaWait
 from stream_dp.budget.redis_url import client_from_url
+from stream_dp.worker.commit_metadata import encode_commit_metadata
 from stream_dp.worker.store_guard import (
     MARKERS,
     MemoryStoreMarkers,
@@ -64,6 +65,10 @@ def test_refusal_says_what_happened_and_how_to_fix_it():
     assert markers.read() == NONE  # refusing writes nothing
 
 
+def _metadata(token: str | None) -> str:
+    return encode_commit_metadata({}, {}, 0, None, store=token)
+
+
 def test_guard_waits_for_redis_then_refuses_a_store_that_lost_what_it_acknowledged():
     class Flaky(MemoryStoreMarkers):
         down = True
@@ -74,23 +79,45 @@ def test_guard_waits_for_redis_then_refuses_a_store_that_lost_what_it_acknowledg
             return super().read()
 
     markers = Flaky()
-    guard = StoreGuard(markers, retry_s=0.0)
+    group: list[str] = []  # the commit metadata of every partition of the group
+    guard = StoreGuard(markers, lambda: list(group), retry_s=0.0)
     assert not guard.verify() and not guard.ready()  # no answer: nothing charged, no failure either
     markers.down = False
     assert guard.verify() and guard.ready()
     token = guard.token
-    assert guard.token_to_commit(None) == token and markers.read() == [token] * MARKERS
+    assert markers.read() == [token] * MARKERS
 
-    guard.note_committed([token, None])  # the same store named again: still verified
-    assert guard.ready()
-    guard.note_committed([U])  # a partition committed with another store
+    group[:] = [_metadata(token), _metadata(None), "not json"]
+    guard.note_assignment()  # the same store named again: verified again
+    assert not guard.ready() and guard.verify() and guard.token == token
+    group.append(_metadata(U))  # a partition committed with another store
+    guard.note_assignment()
     assert not guard.ready()
-    assert guard.token_to_commit(U) == U  # until checked, each partition's evidence is written back unchanged
-    with pytest.raises(StoreReplaced):
+    with pytest.raises(StoreReplaced, match=U):
         guard.verify()
     with pytest.raises(StoreReplaced):
         guard.verify()  # and stays refused
     assert not guard.ready()
+
+
+def test_a_group_whose_commits_cannot_be_read_is_not_taken_for_a_new_deployment():
+    """Unreadable commits are no evidence that none names a store: nothing is verified (and no marker
+    written) until they are read."""
+    markers = MemoryStoreMarkers()
+    broker_up = False
+
+    def read_group():
+        if not broker_up:
+            raise TimeoutError("group coordinator not available")
+        return [_metadata(T)]
+
+    guard = StoreGuard(markers, read_group, retry_s=0.0)
+    assert not guard.verify() and not guard.ready()
+    assert markers.read() == NONE
+    broker_up = True
+    with pytest.raises(StoreReplaced, match=T):  # the group's commits name a store this empty Redis is not
+        guard.verify()
+    assert markers.read() == NONE
 
 
 URL_FIXTURES = {"redis": "redis_url", "redis-cluster": "redis_cluster_url"}
@@ -126,7 +153,7 @@ def test_a_lost_node_is_caught_once_progress_names_the_store(markers):
         markers._held[3] = None
     else:
         markers.client.delete(markers.keys[3])
-    with pytest.raises(StoreReplaced, match="1 of 64 store markers are gone"):
+    with pytest.raises(StoreReplaced, match=f"1 of {MARKERS} store markers are gone"):
         check(markers, [token])
 
 
@@ -166,3 +193,13 @@ def test_after_a_failed_call_nothing_is_charged_until_the_markers_are_read_again
     markers._held = list(NONE)  # ... or it came back empty
     with pytest.raises(StoreReplaced):
         guard.verify()
+
+
+def test_every_64_slot_band_holds_a_marker():
+    """So any master serving 128 contiguous slots holds at least one whole band, and a marker (slots
+    computed here with redis-py's own CRC16, not the project's helper)."""
+    from redis.crc import key_slot
+
+    keys = RedisStoreMarkers(None, prefix="stream-dp:ledger").keys
+    bands = sorted(key_slot(key.encode()) // 64 for key in keys)
+    assert bands == list(range(16384 // 64)) and len(keys) == MARKERS
