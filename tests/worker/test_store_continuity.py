@@ -108,6 +108,17 @@ def test_a_store_emptied_under_a_running_worker_stops_it(deployment):
     assert d.ledger.store_markers().read() == [None] * MARKERS, "nothing may be written into the emptied store"
 
 
+def _release_then_empty_the_store(d: _Deployment) -> tuple[str, list[dict]]:
+    """Release two windows, then lose the store and the release group's offsets: the store's token and the
+    records released."""
+    _first_release(d)
+    (token,) = set(d.ledger.store_markers().read())
+    before = d.releases()
+    _wipe_store(d)
+    d.reset_release_group()
+    return token, before
+
+
 def _hold_partitions(d: _Deployment, members: int, stop: threading.Event) -> threading.Thread:
     """Consumers of the worker's group that take every input partition (their client ids sort first, so the
     range assignor hands them the partitions): the worker joins with none."""
@@ -137,11 +148,7 @@ def test_a_worker_without_input_partitions_finds_the_groups_store_too(deployment
     commits name (on every partition, not only its own), or it would take the emptied Redis for a new one and
     noise the re-read partials again."""
     d = deployment
-    first, data_windows, _ = _first_release(d)
-    (token,) = set(d.ledger.store_markers().read())
-    before = d.releases()
-    _wipe_store(d)
-    d.reset_release_group()
+    token, before = _release_then_empty_the_store(d)
     stop = threading.Event()
     holder = _hold_partitions(d, 2, stop)
     try:
@@ -160,11 +167,7 @@ def test_unreadable_commits_hold_everything_until_they_are_read(deployment, monk
     of a new deployment. Nothing is released, no marker written; once the commits are read, the emptied
     Redis is refused."""
     d = deployment
-    first, data_windows, _ = _first_release(d)
-    (token,) = set(d.ledger.store_markers().read())
-    before = d.releases()
-    _wipe_store(d)
-    d.reset_release_group()
+    token, before = _release_then_empty_the_store(d)
 
     def coordinator_moving(*args, **kwargs):
         raise RuntimeError("NotCoordinatorForGroup (the group coordinator is moving)")
