@@ -87,11 +87,16 @@ def test_wrong_redis_password_releases_nothing(tmp_path, kafka_bootstrap, acl_re
     try:
         s.produce([s.event(u, 0) for u in _units(10)] + [s.closer(0)])
         s.start_worker()
+        # Refused at its first call, the store check: nothing is charged (or even sent) until it passes.
+        def held() -> bool:
+            return (s.metric("stream_dp_store_checks_total", outcome="unanswered") >= 2
+                    and s.metric("stream_dp_budget_failures_total", kind="store_unverified") >= 1
+                    and s.metric("stream_dp_pending_charges") >= 1)
+
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and s.metric("stream_dp_budget_failures_total", kind="unavailable") < 2:
+        while time.monotonic() < deadline and not held():
             time.sleep(0.5)
-        assert s.metric("stream_dp_budget_failures_total", kind="unavailable") >= 2, "the charge was not refused"
-        assert s.metric("stream_dp_pending_charges") >= 1, "the window is not held"
+        assert held(), "the store check was not refused, or the window is not held"
         assert s.worker.alive, f"the worker died; see {s.worker.log_path}"
         assert not read_topic(s.bootstrap, s.output_topic), "something was released without a budget charge"
         assert not read_topic(s.bootstrap, f"{s.prefix}partials") or all(
