@@ -32,7 +32,6 @@ from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.ingest import IngestStage
 from stream_dp.worker.kafka_admin import read_commit_metadata, read_group_metadata
 from stream_dp.worker.ledger import RedisReleaseLedger, ReleaseLedger
-from stream_dp.worker.store_guard import StoreGuard
 from stream_dp.worker.periods import MemoryPeriodRegister, PeriodRegister, RedisPeriodRegister
 from stream_dp.worker.process_tuning import tune_process
 from stream_dp.worker.query_costs import (
@@ -46,6 +45,7 @@ from stream_dp.worker.release import ReleaseStage
 from stream_dp.worker.release_build import privacy_statement
 from stream_dp.worker.runtime import ContinualCharging, QueryRuntime
 from stream_dp.worker.sandbox import FunctionSandbox
+from stream_dp.worker.store_guard import StoreGuard
 from stream_dp.worker.topic_setup import TopicLimits, prepare_topics
 from stream_dp.worker.topics import TopicSettingsError
 
@@ -327,7 +327,7 @@ class Worker:
             output_batch_bytes=limits.output_batch_bytes, clock_ms=self.clock_ms, store_ready=store.ready,
         )
         clients.release_consumer.subscribe([settings.partials_topic], listener=release.rebalance_listener())
-        clients.ingest_consumer.subscribe(sorted({q.config.input_topic for q in self.runtimes}),
+        clients.ingest_consumer.subscribe(sorted(input_topics),
                                           listener=ingest.rebalance_listener())
         await clients.start()
         log.info("worker running: %d queries, group %s", len(self.runtimes), settings.group_id)

@@ -28,13 +28,13 @@ def committable_offsets(
     *,
     position: Callable[[TopicPartition], int | None],
     progress_through: Callable[[QueryRuntime, int], int | None],
-    store: Callable[[TopicPartition], str | None],
+    store: str | None,
 ) -> tuple[Offsets, Closures]:
     """Offsets (with metadata) safe to commit: nothing before them is still needed;
     and the (query, partition, closed through) that the metadata makes durable.
 
     ``position``: where reading a partition stands; ``progress_through``: how far a query's
-    windows on a partition are closed and not held; ``store``: the store token to name.
+    windows on a partition are closed and not held; ``store``: the store token every commit names.
     """
     offsets: Offsets = {}
     closures: Closures = []
@@ -74,7 +74,7 @@ def committable_offsets(
                 {q.name: q.engine.closure_steps.get(partition, ()) for q in queries},
                 min((o for o in processed if o is not None), default=offset),
                 max((c for c in clocks if c is not None), default=None),
-                store=store(tp),
+                store=store,
             )
             offsets[tp] = (offset, metadata)
     return offsets, closures

@@ -84,15 +84,14 @@ class Emitter:
         if not self.held:
             self.set_pending_gauge()
             return False
+        now_s = time.monotonic()
         if self.store is not None and not self.store.ready():
             self.set_pending_gauge()  # held, waiting for the store (StreamDpBudgetStoreUnavailable)
-            now_s = time.monotonic()
             if now_s >= self._next_unverified_count_s:  # counted at the pace of the slowest retries
                 self._next_unverified_count_s = now_s + self.retry_backoff_max_s
                 for name in sorted({h.query.name for h in self.held}):
                     self.metrics.budget_failures.labels(name, "store_unverified").inc()
             return False
-        now_s = time.monotonic()
         if now_s < self._next_charge_s:
             return False
         still_held: list[HeldPartial] = []

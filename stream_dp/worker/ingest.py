@@ -374,7 +374,7 @@ class IngestStage:
         return committable_offsets(
             self.by_topic, self.emitter.held, self.consumer.assignment(),
             position=self.positions.position, progress_through=self._progress_through,
-            store=lambda tp: self.store.token,
+            store=self.store.token,
         )
 
     async def _commit(self, *, force: bool = False) -> None:

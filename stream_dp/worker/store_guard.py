@@ -154,7 +154,8 @@ def check(markers: StoreMarkers, committed: Iterable[str], *, redis_hint: str = 
     committed = list(committed)
     verdict = judge(markers.read(), committed)
     if verdict.fill:
-        verdict = judge(markers.fill(verdict.token or secrets.token_hex(16)), committed)
+        assert verdict.token is not None  # a new token, or the one the markers already hold
+        verdict = judge(markers.fill(verdict.token), committed)
         if verdict.fill:
             raise StoreReplaced("store markers still missing right after writing them; is the Redis read-only?")
     if verdict.problem is not None:
