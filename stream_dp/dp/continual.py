@@ -60,7 +60,7 @@ from stream_dp.dp.inputs import as_counts, as_sums
 from stream_dp.dp.laplace_sums import count_total_accuracy, sum_total_accuracy
 from stream_dp.dp.loss import PrivacyLoss
 from stream_dp.dp.noise import NoiseSource
-from stream_dp.dp.plan import _components, _positive_finite
+from stream_dp.dp.plan_budgets import needed_components, positive_finite
 from stream_dp.dp.release import ReleaseAccuracy
 from stream_dp.dp.sensitivity import count_sensitivity, sum_sensitivity
 from stream_dp.dp.tree_state import TreeState, max_popcount, positive_int, set_bits, tree_depth
@@ -160,7 +160,7 @@ class ContinualPlan:
                 f"continual releases use the binary tree mechanism with Laplace noise (pure DP), got "
                 f"mechanism={mechanism!r}; pass mechanism='laplace'"
             )
-        total = _positive_finite("epsilon", epsilon, "pass the budget of one unit for the whole period, e.g. epsilon=1.0")
+        total = positive_finite("epsilon", epsilon, "pass the budget of one unit for the whole period, e.g. epsilon=1.0")
         if not isinstance(bounds, ContributionBounds):
             raise TypeError("bounds must be ContributionBounds(max_groups_per_unit=..., max_events_per_group=...)")
         if clip is not None and not isinstance(clip, ClipRange):
@@ -175,7 +175,7 @@ class ContinualPlan:
                 f"lower it to at most windows_per_period={periods}"
             )
         groups = positive_int("max_groups", max_groups, "e.g. max_groups=1_000_000")
-        chosen, needs_count, needs_sum = _components(aggregations, clip)
+        chosen, needs_count, needs_sum = needed_components(aggregations, clip)
         components = tuple(c for c, wanted in (("count", needs_count), ("sum", needs_sum)) if wanted)
         shares = resolve_budget_split(components, budget_split)
         budgets = {c: total * _CALIBRATION_MARGIN * shares[c] for c in components}

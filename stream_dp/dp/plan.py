@@ -26,7 +26,6 @@ Bun & Steinke 2016 Lemma 2.3 (zCDP).
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -40,112 +39,29 @@ from stream_dp.dp.accuracy import mean_with_ci
 from stream_dp.dp.bounds import ClipRange, ContributionBounds
 from stream_dp.dp.calibration import CalibratedNoise, calibrate_counts, calibrate_sums, resolve_budget_split
 from stream_dp.dp.inputs import as_counts, as_distinct_units, as_sums
-from stream_dp.dp.loss import PrivacyLoss, zcdp_rho
+from stream_dp.dp.loss import PrivacyLoss
 from stream_dp.dp.measurements import NoiseKind
 from stream_dp.dp.noise import NoiseSource
+from stream_dp.dp.plan_budgets import (
+    AGGREGATIONS,
+    CALIBRATION_MARGIN,
+    check_within_request,
+    gaussian_budgets,
+    laplace_budgets,
+    needed_components,
+    positive_finite,
+)
 from stream_dp.dp.release import NoisyRelease, ReleaseAccuracy, scatter, take
 from stream_dp.dp.selection import PartitionSelection
 from stream_dp.dp.sensitivity import count_sensitivity, sum_sensitivity
 from stream_dp.dp.staircase import CalibratedStaircase, calibrate_staircase_counts, calibrate_staircase_sums
 
-AGGREGATIONS = frozenset({"count", "sum", "mean"})
+__all__ = ["AGGREGATIONS", "MECHANISMS", "Noise", "ReleasePlan"]
+
 MECHANISMS = ("laplace", "gaussian", "staircase", "geometric")
 """``geometric`` names the discrete Laplace that ``laplace`` already uses for counts (an alias)."""
 Noise = CalibratedNoise | CalibratedStaircase
-# Every component is calibrated to this fraction of its share, so that the
-# conservatively rounded costs OpenDP certifies add up to no more than the request.
-_CALIBRATION_MARGIN = 1.0 - 1e-9
 
-
-def _positive_finite(name: str, value: object, hint: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {value!r}; {hint}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}; {hint}")
-    return float(value)
-
-
-def _check_aggregations(aggregations: Iterable[str]) -> frozenset[str]:
-    if isinstance(aggregations, str) or not isinstance(aggregations, Iterable):
-        raise TypeError(f"aggregations must be a set such as {{'count', 'sum'}}, got {aggregations!r}")
-    chosen = frozenset(aggregations)
-    unknown = sorted(chosen - AGGREGATIONS)
-    if not chosen or unknown:
-        raise ValueError(
-            f"aggregations must be a non-empty subset of {sorted(AGGREGATIONS)}, got {sorted(chosen, key=str)}"
-        )
-    return chosen
-
-
-def _components(aggregations: Iterable[str], clip: ClipRange | None) -> tuple[frozenset[str], bool, bool]:
-    """The checked aggregations, and whether they need a count and a sum (a mean needs both; a sum a clip)."""
-    chosen = _check_aggregations(aggregations)
-    needs_count = bool(chosen & {"count", "mean"})
-    needs_sum = bool(chosen & {"sum", "mean"})
-    if needs_sum and clip is None:
-        raise ValueError(
-            f"aggregations {sorted(chosen & {'sum', 'mean'})} need clip=ClipRange(lo, hi): "
-            "the clip range bounds what one event can add to a sum"
-        )
-    return chosen, needs_count, needs_sum
-
-
-def _check_within_request(
-    loss: PrivacyLoss, epsilon: float | None, rho: float | None, delta: float, selection_delta: float | None
-) -> None:
-    """The certified loss may never exceed what was asked for."""
-    over = (
-        (epsilon is not None and loss.epsilon > epsilon)
-        or (rho is not None and (loss.rho is None or loss.rho > rho))
-        or loss.delta > delta + (selection_delta or 0.0)
-    )
-    if over:
-        raise RuntimeError(
-            f"the certified loss {loss} exceeds the requested budget "
-            f"(epsilon={epsilon}, rho={rho}, delta={delta}, selection_delta={selection_delta}); nothing is released"
-        )
-
-
-def _laplace_budgets(
-    epsilon: object, delta: object, rho: object, noise_shares: Mapping[str, float]
-) -> tuple[float, dict[str, float]]:
-    """Validated epsilon and the epsilon of each noise component."""
-    if rho is not None:
-        raise ValueError("rho is the zCDP budget of mechanism='gaussian'; for laplace pass epsilon=... instead")
-    total = _positive_finite("epsilon", epsilon, "pass the per-window budget, e.g. epsilon=1.0")
-    if delta != 0.0:
-        raise ValueError(
-            f"mechanism='laplace' is pure DP and uses no delta, got delta={delta!r}; set delta=0.0 "
-            "(partition selection takes its delta from selection_delta) or use mechanism='gaussian'"
-        )
-    return total, {c: total * _CALIBRATION_MARGIN * share for c, share in noise_shares.items()}
-
-
-def _gaussian_budgets(
-    epsilon: object, delta: object, rho: object, selection_delta: float | None, noise_shares: Mapping[str, float]
-) -> tuple[float | None, float, dict[str, float]]:
-    """Validated epsilon (None in rho mode), delta, and the rho of each noise component."""
-    if (epsilon is None) == (rho is None):
-        raise ValueError("mechanism='gaussian' needs either epsilon=... with delta=..., or rho=..., not both")
-    if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not 0.0 < delta < 1.0:
-        raise ValueError(
-            f"mechanism='gaussian' needs 0 < delta < 1, got delta={delta!r}: Gaussian noise has no "
-            "pure-DP guarantee. Pass e.g. delta=1e-6 (well below 1/number-of-units), or use mechanism='laplace'"
-        )
-    noise_total = sum(noise_shares.values())
-    total: float | None = None
-    if rho is not None:
-        if selection_delta is not None:
-            raise ValueError(
-                "partition selection spends epsilon: with selection_delta set, give epsilon=... and "
-                "delta=... instead of rho, or use public group keys (selection_delta=None)"
-            )
-        noise_rho = _positive_finite("rho", rho, "pass the per-window zCDP budget, e.g. rho=0.05")
-    else:
-        total = _positive_finite("epsilon", epsilon, "pass the per-window budget, e.g. epsilon=1.0")
-        noise_rho = zcdp_rho(total * noise_total, float(delta))
-    budgets = {c: noise_rho * _CALIBRATION_MARGIN * share / noise_total for c, share in noise_shares.items()}
-    return total, float(delta), budgets
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,9 +122,9 @@ class ReleasePlan:
             raise TypeError("bounds must be ContributionBounds(max_groups_per_unit=..., max_events_per_group=...)")
         if clip is not None and not isinstance(clip, ClipRange):
             raise TypeError("clip must be ClipRange(lo, hi) or None for count-only queries")
-        chosen, needs_count, needs_sum = _components(aggregations, clip)
+        chosen, needs_count, needs_sum = needed_components(aggregations, clip)
         if selection_delta is not None:
-            selection_delta = _positive_finite(
+            selection_delta = positive_finite(
                 "selection_delta", selection_delta, "pass e.g. 1e-6, or None for public group keys"
             )
         components = tuple(
@@ -218,15 +134,15 @@ class ReleasePlan:
         shares = resolve_budget_split(components, budget_split)
         noise_shares = {c: shares[c] for c in ("count", "sum") if c in shares}
         if kind == "laplace":
-            epsilon, noise_budget = _laplace_budgets(epsilon, delta, rho, noise_shares)
+            epsilon, noise_budget = laplace_budgets(epsilon, delta, rho, noise_shares)
         else:
-            epsilon, delta, noise_budget = _gaussian_budgets(epsilon, delta, rho, selection_delta, noise_shares)
+            epsilon, delta, noise_budget = gaussian_budgets(epsilon, delta, rho, selection_delta, noise_shares)
 
         selection: PartitionSelection | None = None
         if selection_delta is not None:
             assert epsilon is not None  # guaranteed above: selection is refused with rho
             selection = PartitionSelection.calibrate(
-                epsilon=epsilon * _CALIBRATION_MARGIN * shares["selection"], delta=selection_delta, bounds=bounds
+                epsilon=epsilon * CALIBRATION_MARGIN * shares["selection"], delta=selection_delta, bounds=bounds
             )
         count_noise: Noise | None = None
         sum_noise: Noise | None = None
@@ -263,7 +179,7 @@ class ReleasePlan:
         loss = PrivacyLoss.pure(noise_cost) if kind == "laplace" else PrivacyLoss.from_zcdp(noise_cost, delta)
         if selection is not None:
             loss = loss + selection.loss
-        _check_within_request(loss, epsilon, rho, delta, selection_delta)
+        check_within_request(loss, epsilon, rho, delta, selection_delta)
         return cls(
             mechanism=mechanism,
             bounds=bounds,

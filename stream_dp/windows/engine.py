@@ -25,6 +25,7 @@ from stream_dp.windows.batch import BatchResult, RawBatch
 from stream_dp.windows.bounding import ContributionRows
 from stream_dp.windows.bulk_decoding import BulkEventDecoder
 from stream_dp.windows.decoding import DecodedEvents
+from stream_dp.windows.engine_state import EngineState
 from stream_dp.windows.hashing import ContributionHasher
 from stream_dp.windows.interning import GroupTable
 from stream_dp.windows.open_window import OffsetStats, OpenWindow
@@ -47,7 +48,7 @@ from stream_dp.windows.watermarks import PartitionProgress, combined_watermark_m
 _ALWAYS = np.iinfo(np.int64).max  # "every offset was processed before" when the replay point is unknown
 
 
-class WindowEngine:
+class WindowEngine(EngineState):
     """Tumbling windows with watermarks and user-level contribution bounding, for one query.
 
     ``compact_min_rows`` is how many new rows an open window collects before
@@ -142,14 +143,6 @@ class WindowEngine:
             if not window.offsets:
                 del self._windows[start]
 
-    @property
-    def partitions(self) -> list[int]:
-        return sorted(self._progress)
-
-    @property
-    def partition_count(self) -> int | None:
-        return self._partition_count
-
     def set_partition_count(self, count: int) -> bool:
         """The input topic's current partition count, which placement is checked against.
 
@@ -167,78 +160,6 @@ class WindowEngine:
                 window.partition_count_changed = True
         self._partition_count = count
         return changed
-
-    # -- progress ---------------------------------------------------------------------
-
-    @property
-    def watermark_ms(self) -> int | None:
-        """The engine watermark at the last ``process`` or ``tick`` (see ``watermarks`` for the rule)."""
-        return self._watermark_ms
-
-    @property
-    def closed_through_ms(self) -> dict[int, int]:
-        """Per owned partition: its part of every window ending at or before this is closed
-        (omitted while none is). Never goes back."""
-        return {p: pr.closed_through_ms for p, pr in self._progress.items() if pr.closed_through_ms is not None}
-
-    @property
-    def record_clock_ms(self) -> dict[int, int]:
-        """Per owned partition, the newest record timestamp read (capped at the wall clock; omitted before any)."""
-        return {p: pr.max_record_ms for p, pr in self._progress.items() if pr.max_record_ms is not None}
-
-    def committable_offsets(self) -> dict[int, int]:
-        """Per owned partition, the offset to commit: the first one an open window still needs,
-        else the one after the last processed (omitted for a partition with nothing processed)."""
-        out: dict[int, int] = {}
-        for p, progress in self._progress.items():
-            firsts = [w.offsets[p][0] for w in self._windows.values() if p in w.offsets]
-            if firsts:
-                out[p] = min(firsts)
-            elif progress.next_offset is not None:
-                out[p] = progress.next_offset
-        return out
-
-    @property
-    def next_offsets(self) -> dict[int, int]:
-        """Per owned partition, the offset after the last one processed (omitted before any)."""
-        return {p: pr.next_offset for p, pr in self._progress.items() if pr.next_offset is not None}
-
-    @property
-    def closure_steps(self) -> dict[int, list[tuple[int, int]]]:
-        """Per owned partition, its closure raises a next owner's replay must take at the same
-        offsets: (first offset read under it, boundary), oldest first (omitted when none)."""
-        return {p: steps for p, pr in self._progress.items() if (steps := pr.pending_steps())}
-
-    @property
-    def replay_until_offsets(self) -> dict[int, int]:
-        """Per owned partition restored with one, the first offset its earlier owner had not processed."""
-        return {p: pr.replay_until_offset for p, pr in self._progress.items() if pr.replay_until_offset is not None}
-
-    @property
-    def open_windows(self) -> list[tuple[int, int]]:
-        return sorted((w.start_ms, w.end_ms) for w in self._windows.values())
-
-    @property
-    def open_rows(self) -> int:
-        """Contribution rows held by open windows: a cheap upper bound of ``open_pairs * max_events_per_group``
-        plus rows not yet compacted."""
-        return sum(w.rows for w in self._windows.values())
-
-    @property
-    def open_pairs(self) -> int:
-        """Distinct (unit, group) pairs held by open windows; compacts pending rows first."""
-        for window in self._windows.values():
-            window.compact(self.bounding, self._groups)
-        return sum(w.pair_count() for w in self._windows.values())
-
-    def state_nbytes(self) -> dict[str, int]:
-        """Bytes held: open-window contribution ``rows``, ``unit_ids`` kept for them, ``group_table`` (approximate)."""
-        held = [w.nbytes() for w in self._windows.values()]
-        return {
-            "rows": sum(r for r, _ in held),
-            "unit_ids": sum(u for _, u in held),
-            "group_table": self._groups.nbytes(),
-        }
 
     # -- processing ---------------------------------------------------------------
 

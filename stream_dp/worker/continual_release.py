@@ -21,6 +21,7 @@ another W and epsilon; a group list of another length would not even fit.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +30,10 @@ import numpy as np
 import orjson
 
 from stream_dp.dp.continual import TreeState
+from stream_dp.wire import WireFormatError
 from stream_dp.worker.runtime import settings_fingerprint
 from stream_dp.worker.records import iso_utc
-from stream_dp.worker.release_entry import ReleaseEntry, build_entry
+from stream_dp.worker.release_entry import ReleaseEntry, build_entry, decode_entry
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,42 @@ def opens_period(ledger: Any, query: Any, window_start_ms: int) -> bool:
         return True
     through = ledger.released_through(query.name, query.combiner.home(window_start_ms))
     return through is None or through <= period_start
+
+
+class PreviousTrees:
+    """The tree state each continual query's next window continues: the one stored with its latest
+    published window, else (after a restart or a rebalance) the one the ledger stores."""
+
+    def __init__(self, ledger: Any) -> None:
+        self.ledger = ledger
+        self._latest: dict[str, tuple[int, Any]] = {}  # per query: (window start, tree state after it)
+
+    def published(self, query_name: str, window_start_ms: int, state: Any) -> None:
+        """What the ledger holds for this window, which an earlier run may have drawn."""
+        self._latest[query_name] = (window_start_ms, state)
+
+    async def before(self, query: Any, window_start_ms: int) -> Any:
+        """The binary tree state stored with the previous window of this window's period, or None.
+
+        None starts the period's tree at this window: at the period's first window, or when the
+        previous window was never released (it expired). A restarted tree stays within the period's
+        loss: a unit still contributes to at most ``max_windows_per_unit`` windows of the period,
+        and the new tree has no more levels than the period's.
+        """
+        period_start, _ = period_of(query, window_start_ms)
+        if window_start_ms == period_start:
+            return None
+        previous = window_start_ms - query.config.window.size_ms
+        cached = self._latest.get(query.name)
+        if cached is not None and cached[0] == previous:
+            return cached[1]
+        stored = await asyncio.to_thread(self.ledger.get, query.name, previous)  # LedgerUnavailable: held
+        if stored is None:
+            return None
+        try:
+            return decode_entry(stored.payload).state
+        except WireFormatError:
+            return None
 
 
 def _resumed(query: Any, window: Any, previous: Any, settings: str, period_start: int) -> tuple[Any, Any] | None:

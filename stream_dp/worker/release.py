@@ -32,17 +32,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
-from aiokafka.structs import TopicPartition
 
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.wire import WireFormatError
 from stream_dp.worker.combiner import CombinedWindow
-from stream_dp.worker.continual_release import opens_period
+from stream_dp.worker.continual_release import PreviousTrees, opens_period
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.output import publish_release
+from stream_dp.worker.partials_commits import PartialsCommits
 from stream_dp.worker.partials_in import PartialsIntake, too_old_to_release
 from stream_dp.worker.records import PartialAggregate
 from stream_dp.worker.release_draw import draw_payload
@@ -104,14 +103,12 @@ class ReleaseStage:
         self.release_age_limit_ms = release_age_limit_ms
         self.clock_ms = clock_ms
         self.poll_timeout_ms = poll_timeout_ms
-        self.commit_interval_s = commit_interval_s
         self.retry_backoff_s = retry_backoff_s
         self.retry_backoff_max_s = retry_backoff_max_s
         self._unpublished: list[_Unpublished] = []
-        self._positions: dict[int, int] = {}
-        self._last_commit_s = 0.0
+        self.commits = PartialsCommits(consumer, partials_topic, interval_s=commit_interval_s)
         self._lock = asyncio.Lock()
-        self._trees: dict[str, tuple[int, Any]] = {}  # continual queries: (window start, tree state after it)
+        self.trees = PreviousTrees(ledger)
         self._next_start_lookup_s = 0.0
         # The output producer's batch size: it fits every output topic's record limit (see ``topic_setup``).
         self.output_batch_bytes = output_batch_bytes
@@ -158,8 +155,7 @@ class ReleaseStage:
             # replays their partials and publishes (the ledger's stored values if any).
             self._unpublished = [u for u in self._unpublished if u.query.combiner.home(u.window_start_ms) not in homes]
             self.intake.forget(homes)
-            for home in homes:
-                self._positions.pop(home, None)
+            self.commits.forget(homes)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -180,7 +176,7 @@ class ReleaseStage:
             for record in records:
                 await self._take_record(tp.partition, record.offset, record.value, now_ms, record.timestamp)
             if records:
-                self._positions[tp.partition] = records[-1].offset + 1
+                self.commits.read_through(tp.partition, records[-1].offset)
         for query in self.queries.values():
             expired: list[int] = []
             for start in query.combiner.ready(now_ms, owned):
@@ -283,7 +279,7 @@ class ReleaseStage:
             assert window is not None
             previous = None
             if query.plan.continual is not None:
-                previous = await self._tree_state(query, item.window_start_ms)
+                previous = await self.trees.before(query, item.window_start_ms)
                 # Asked before this window's own publish raises the ledger's released-through past it.
                 item.opens_period = previous is None and await asyncio.to_thread(
                     opens_period, self.ledger, query, item.window_start_ms)  # LedgerUnavailable: held
@@ -312,7 +308,7 @@ class ReleaseStage:
             return
         if query.plan.continual is not None:
             # What the ledger holds, which an earlier run may have drawn: the next window continues from it.
-            self._trees[query.name] = (item.window_start_ms, release.state)
+            self.trees.published(query.name, item.window_start_ms, release.state)
         topic = query.config.output_topic
 
         def too_large(size: int) -> None:
@@ -347,30 +343,6 @@ class ReleaseStage:
             if window.closed_at_ms is not None:
                 self.metrics.release_latency.labels(query.name).observe(max(0.0, (self.clock_ms() - window.closed_at_ms) / 1000))
 
-    async def _tree_state(self, query: QueryRuntime, window_start_ms: int) -> Any:
-        """The binary tree state stored with the previous window of this window's period, or None.
-
-        None starts the period's tree at this window: at the period's first window, or when the
-        previous window was never released (it expired). A restarted tree stays within the period's
-        loss: a unit still contributes to at most ``max_windows_per_unit`` windows of the period,
-        and the new tree has no more levels than the period's.
-        """
-        period_ms, offset_ms = query.combiner.period  # type: ignore[misc]
-        period_start = offset_ms + (window_start_ms - offset_ms) // period_ms * period_ms
-        if window_start_ms == period_start:
-            return None
-        previous = window_start_ms - query.config.window.size_ms
-        cached = self._trees.get(query.name)
-        if cached is not None and cached[0] == previous:
-            return cached[1]
-        stored = await asyncio.to_thread(self.ledger.get, query.name, previous)  # LedgerUnavailable: held
-        if stored is None:
-            return None
-        try:
-            return decode_entry(stored.payload).state
-        except WireFormatError:
-            return None
-
     def _holds(self) -> dict[int, int]:
         """Lowest partials-topic offset per partition that an unreleased window still needs."""
         holds: dict[int, int] = {}
@@ -382,21 +354,4 @@ class ReleaseStage:
         return holds
 
     async def _commit(self, *, force: bool = False) -> None:
-        now_s = time.monotonic()
-        if not force and now_s - self._last_commit_s < self.commit_interval_s:
-            return
-        holds = self._holds()
-        assigned = {tp.partition for tp in self.consumer.assignment()}
-        offsets = {}
-        for partition, position in self._positions.items():
-            if partition in assigned:
-                offsets[TopicPartition(self.partials_topic, partition)] = min(position, holds.get(partition, position))
-        if not offsets:
-            return
-        try:
-            await self.consumer.commit(offsets)
-        except Exception as exc:
-            log.warning("partials offset commit failed (%s); will retry", exc)
-            return
-        self._last_commit_s = now_s
-
+        await self.commits.commit(self._holds, force=force)
