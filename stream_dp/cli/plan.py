@@ -7,7 +7,7 @@ import json
 import sys
 
 from stream_dp.config import ConfigError, format_duration_ms, load_config
-from stream_dp.cli.plan_options import continual_summary, fmt, option_lines
+from stream_dp.cli.plan_options import continual_summary, fmt, option_lines, vector_summary
 
 EXAMPLE_COUNTS = (10, 100, 1_000, 10_000)
 
@@ -81,6 +81,8 @@ def plan_config(config) -> list[dict]:
             "charged_per": "period" if query.continual is not None else "window",
             "period": None if query.continual is None else format_duration_ms(query.continual.period_ms),
             "continual": None if plan.continual is None else continual_summary(plan.continual),
+            # mean_vector / covariance: sensitivity, noise sd and the 95% errors the text line prints
+            "vector": None if plan.vector is None else vector_summary(plan.vector),
             "options": option_lines(query, plan, described),
         })
     return out

@@ -13,6 +13,9 @@ TOP_K_BETA = 0.05
 """`plan` states the lead at which top_k ranks the top group first with probability 1 - TOP_K_BETA."""
 TOP_K_EXAMPLE_CANDIDATES = (10, 1_000, 100_000)
 """Released groups per window at which `plan` states that lead for a query with partition selection."""
+VECTOR_UNITS = (100, 10_000, 1_000_000)
+"""Units per group at which `plan` states a vector aggregation's 95% errors."""
+_VECTOR_ERRORS = {"mean": "mean_coordinate", "covariance": "covariance_entry"}  # ``VectorPlan.errors_at``'s names
 
 
 def _largest_with_bits(limit: int, bits: int) -> int | None:
@@ -86,6 +89,17 @@ def continual_summary(continual) -> dict:
             "error_table": rows, "tree_better": tree_crossover(continual)}
 
 
+def vector_summary(vector) -> dict:
+    """A vector aggregation's statement (``VectorPlan.describe``) and, per example count of units, the
+    first-order 95% half-widths of a mean coordinate and (covariance) a covariance entry: ``near_0`` for
+    vectors near 0, ``worst`` for any data within norm C (a mean at norm C along a field), as ``plan --json``
+    gives them and its text line prints them."""
+    errors = [{"units": n, **{_VECTOR_ERRORS[name]: {"near_0": near_0, "worst": worst}
+                              for name, (near_0, worst) in vector.errors_at(n).items()}}
+              for n in VECTOR_UNITS]
+    return {**vector.describe(), "ci95": errors}
+
+
 def option_lines(query, plan, described) -> list[str]:
     """One line per query option: its mechanism, what it costs and how accurate it is."""
     lines = []
@@ -145,18 +159,20 @@ def option_lines(query, plan, described) -> list[str]:
         c = float(v.features.clip_norm)
         # first-order errors: data near 0 and the worst inside the clip ball (a mean at norm C along a
         # field's axis), which is up to sqrt(6) times larger for a covariance entry (vectors.py docstring)
-        errors = {n: v.errors_at(n) for n in (100, 10_000, 1_000_000)}
+        errors = vector_summary(v)["ci95"]
 
         def at(name: str) -> str:
-            return ", ".join(f"{n:,} units ±{fmt(e[name][0])} up to ±{fmt(e[name][1])}" for n, e in errors.items())
+            return ", ".join(f"{e['units']:,} units ±{fmt(e[name]['near_0'])} up to ±{fmt(e[name]['worst'])}"
+                             for e in errors)
 
         where = "95% errors (delta method) for vectors near 0, up to those of any data within norm C (a mean at norm C)"
         if kind == "mean_vector":
             how = "Gaussian vector mechanism on each group's sum of (vector, C)"
-            examples = f"{where}: a mean coordinate {at('mean')}"
+            examples = f"{where}: a mean coordinate {at('mean_coordinate')}"
         else:
             how = "Analyze Gauss on each group's augmented second-moment matrix, PSD-projected"
-            examples = f"{where}: a covariance entry {at('covariance')}; a mean coordinate {at('mean')}"
+            examples = (f"{where}: a covariance entry {at('covariance_entry')}; a mean coordinate "
+                        f"{at('mean_coordinate')}")
         lines.append(f"{kind}: {d} fields {list(v.fields)} clipped to l2 norm C={c:g} per unit and group; {how}; "
                      f"l2 sensitivity {fmt(v.sensitivity)}, noise sd {fmt(v.sigma)} per coordinate, epsilon "
                      f"{v.loss.epsilon:.4g} at delta {v.loss.delta:.3g} (rho {v.loss.rho:.4g}); {examples}")

@@ -8,13 +8,18 @@ about 1.5%: the 10% tolerance against the reference is over 6 sd (failing by
 chance with probability below 1e-9), and so is every bound (the nearest: at
 0.8 C a mean coordinate's reference, sqrt(1.64) = 1.28, is 10% under the worst
 case sqrt(2)).
+
+``plan --json`` states the same errors: they are checked against the README's formulas from the
+config alone (the largest rho of the aggregation's share, the l2 sensitivity, the worst-case factors).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -85,6 +90,67 @@ def test_printed_vector_errors_hold_for_a_mean_near_0_and_bound_a_mean_near_norm
         if centre:
             more = 1.5 if name == "covariance" else 1.1
             assert seen > more * near_0, f"{name}: 95% |error| {seen:.4g} not above {more} x {near_0:.4g}"
+
+
+def _zcdp_delta(rho: float, epsilon: float) -> float:
+    """The delta at ``epsilon`` that ``rho``-zCDP implies (Canonne, Kamath & Steinke 2020, Cor. 13):
+    the least of ``exp((a - 1)(a rho - epsilon)) / (a - 1) * (1 - 1/a)^a`` over a dense grid of ``a > 1``."""
+    a = 1.0 + np.logspace(-8, 8, 400_001)
+    log = (a - 1) * (a * rho - epsilon) + a * np.log1p(-1 / a) - np.log(a - 1)
+    return float(np.exp(log.min()))
+
+
+def _largest_rho(epsilon: float, delta: float) -> float:
+    """The largest rho whose (epsilon, delta) statement fits the budget (README: Gaussian budgets), by bisection."""
+    lo, hi = 0.0, epsilon
+    while _zcdp_delta(hi, epsilon) <= delta:
+        lo, hi = hi, 2 * hi
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _zcdp_delta(mid, epsilon) <= delta else (lo, mid)
+    return lo
+
+
+@pytest.mark.parametrize("query", ["sensor_means", "sensor_covariance"])
+def test_json_vector_errors_follow_the_gaussian_vector_mechanism(query, capsys):
+    """``plan --json`` states a vector aggregation's 95% errors as the README derives them from the config alone:
+    the aggregation's equal share of (epsilon, delta) as the largest rho that fits; l2 sensitivity
+    ``sqrt(2 L0) C`` (mean_vector) or ``sqrt(3 L0) C^2`` (covariance); noise sd ``sigma = Delta_2 / sqrt(2 rho)``;
+    near 0 ``z sigma / n`` for a mean vector's coordinate and a covariance entry and ``z sigma / (C n)`` for a
+    covariance's mean coordinate, at worst ``sqrt(2)`` (a mean coordinate) and ``sqrt(6)`` (a covariance entry)
+    times as much. The float grid adds about 1e-10 of the sensitivity: 1e-6 is the tolerance. The text line
+    prints the same numbers (to its 3 significant digits)."""
+    (config,) = [q for q in yaml.safe_load(EXAMPLE.read_text())["queries"] if q["name"] == query]
+    kind = "mean_vector" if "mean_vector" in config["aggregations"] else "covariance"
+    c = float(config["aggregations"][kind]["clip_norm"])
+    l0 = config["bounds"]["max_groups_per_unit"]
+    share = 1 / len(config["aggregations"])  # the count beside a covariance takes an equal share
+    rho = _largest_rho(config["epsilon"] * share, config["delta"] * share)
+    sensitivity = math.sqrt(2 * l0) * c if kind == "mean_vector" else math.sqrt(3 * l0) * c**2
+    sigma = sensitivity / math.sqrt(2 * rho)
+    z = NormalDist().inv_cdf(0.975)
+
+    assert main(["plan", str(EXAMPLE), "--json"]) == 0
+    (stated,) = [p["vector"] for p in json.loads(capsys.readouterr().out) if p["query"] == query]
+    assert stated["aggregation"] == kind
+    assert stated["l2_sensitivity"] == pytest.approx(sensitivity, rel=1e-12)
+    assert stated["noise_sd"] == pytest.approx(sigma, rel=1e-6)
+    assert [row["units"] for row in stated["ci95"]] == [100, 10_000, 1_000_000]
+    for row in stated["ci95"]:
+        n = row["units"]
+        expected = {"mean_coordinate": (z * sigma / n / (1 if kind == "mean_vector" else c), math.sqrt(2))}
+        if kind == "covariance":
+            expected["covariance_entry"] = (z * sigma / n, math.sqrt(6))
+        assert set(row) - {"units"} == set(expected)
+        for name, (near_0, worst_factor) in expected.items():
+            assert row[name]["near_0"] == pytest.approx(near_0, rel=1e-6), (n, name)
+            assert row[name]["worst"] == pytest.approx(near_0 * worst_factor, rel=1e-6), (n, name)
+
+    printed = _printed(capsys, query)
+    (at_most,) = [row for row in stated["ci95"] if row["units"] == UNITS]
+    for name, key in (("mean", "mean_coordinate"), ("covariance", "covariance_entry")):
+        if key in at_most:
+            assert printed[name] == pytest.approx((at_most[key]["near_0"], at_most[key]["worst"]), rel=5e-3)
 
 
 def test_hierarchy_levels_state_their_sum_scale_when_the_query_sums(tmp_path, capsys):
