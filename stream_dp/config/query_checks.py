@@ -58,10 +58,14 @@ def check_query_options(query: Any) -> None:
         raise ValueError("quantiles are released with a 95% interval sized by the group's noisy count: add count: {} "
                          "beside them (it takes an equal share of epsilon)")
     top_k, public_keys = query.aggregations.top_k, query.public_group_keys()
-    if top_k is not None and public_keys is not None and top_k.k > len(public_keys):
-        # Each of the k picks is charged: asking for more picks than there are groups overcharges every unit.
-        raise ValueError(f"top_k.k is {top_k.k} but there are only {len(public_keys)} public groups, and every pick "
-                         f"is charged; set k to at most {len(public_keys)}")
+    if top_k is not None and public_keys is not None and top_k.k >= len(public_keys):
+        # Each of the k picks is charged, and a pick with one group left is forced (it tells nothing): k = m
+        # charges every unit a pick that says nothing, more would charge picks that are never made.
+        m = len(public_keys)
+        fix = (f"set k to at most {m - 1}: the group the top {m - 1} leave out is the last" if m > 1
+               else "list at least two public groups: over one group the ranking is known in advance")
+        raise ValueError(f"top_k.k is {top_k.k} but there are only {m} public groups, every pick is charged and "
+                         f"the last one left is forced; {fix}")
     if query.hierarchy:
         if len(query.group_by) < 2:
             raise ValueError(f"hierarchy needs at least two group_by fields (coarsest first), got {query.group_by}")

@@ -94,7 +94,8 @@ class LocalDPConfig(_Strict):
 
     field: str = Field(min_length=1, examples=["browser"])
     mechanism: Literal["krr", "oue"] = "krr"
-    epsilon: float = Field(gt=0, le=20, allow_inf_nan=False, examples=[2.0])
+    # at most the query epsilon's limit: the two must be equal (a window costs a unit one report's epsilon)
+    epsilon: float = Field(gt=0, le=10, allow_inf_nan=False, examples=[2.0])
 
 
 # A level with less than this share of the count-and-sum budget releases noise a million times that of the

@@ -63,7 +63,7 @@ from stream_dp.dp.noise import NoiseSource
 from stream_dp.dp.plan_budgets import needed_components, positive_finite
 from stream_dp.dp.release import ReleaseAccuracy
 from stream_dp.dp.sensitivity import count_sensitivity, sum_sensitivity
-from stream_dp.dp.tree_state import TreeState, max_popcount, positive_int, set_bits, tree_depth
+from stream_dp.dp.tree_state import TreeState, max_popcount, positive_int, saturating_total, set_bits, tree_depth
 
 __all__ = ["ContinualPlan", "ContinualRelease", "TreeState", "max_popcount", "tree_depth"]
 
@@ -302,7 +302,7 @@ class ContinualPlan:
         p = len(levels)
         count = total = mean = mean_ci = None
         if state.count_noisy is not None:
-            running = sum((state.count_noisy[j] for j in levels), np.zeros(state.n_groups, dtype=np.int64))
+            running = saturating_total([state.count_noisy[j] for j in levels], state.n_groups)
             count = np.maximum(running, 0)  # clamping is post-processing
         if state.sum_noisy is not None:
             total = sum((state.sum_noisy[j] for j in levels), np.zeros(state.n_groups))

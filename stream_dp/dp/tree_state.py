@@ -48,6 +48,25 @@ def max_popcount(t: int) -> int:
     return (int(t) + 1).bit_length() - 1
 
 
+def saturating_total(nodes: list[NDArray[np.int64]], n_groups: int) -> NDArray[np.int64]:
+    """The elementwise sum of int64 node releases, saturating at the int64 bounds as each node's noise does.
+
+    A node drawn at a huge scale may itself sit at a bound; numpy would wrap two of them around to a
+    wrong sign. Columns where a partial sum could leave int64 are added exactly on Python ints.
+    """
+    total = np.zeros(n_groups, dtype=np.int64)
+    if not nodes:
+        return total
+    stacked = np.stack(nodes)
+    safe = _INT64.max // len(nodes)
+    risky = ((stacked > safe) | (stacked < -safe)).any(axis=0)
+    total[~risky] = stacked[:, ~risky].sum(axis=0)
+    for column in np.flatnonzero(risky).tolist():
+        exact = sum(int(v) for v in stacked[:, column].tolist())
+        total[column] = min(max(exact, _INT64.min), _INT64.max)
+    return total
+
+
 def positive_int(name: str, value: object, hint: str) -> int:
     """``value`` as an int ``>= 1``, or an error that ends with ``hint`` on how to fix it."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

@@ -79,6 +79,11 @@ def _error(data: dict) -> str:
         (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(q=[0.5, 1.5]), r"quantile 1\.5 is not strictly between 0 and 1"),
         (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(bounds=[500, 0]), r"quantiles\.bounds: .*with lo < hi"),
         (lambda d: d["queries"][1]["aggregations"]["top_k"].update(k=10), r"top_k\.k is 10 but there are only 3 public groups"),
+        (lambda d: d["queries"][1]["aggregations"]["top_k"].update(k=3),
+         r"top_k\.k is 3 but there are only 3 public groups, .* forced; set k to at most 2"),
+        (lambda d: (d["queries"][1]["aggregations"]["top_k"].update(k=1), d["queries"][1]["groups"].update(public=["/"])),
+         r"top_k\.k is 1 .* only 1 public groups.*list at least two public groups"),
+        (lambda d: d["queries"][6]["local_dp"].update(epsilon=15.0), r"local_dp\.epsilon: .*less than or equal to 10"),
         (lambda d: d["queries"][1]["aggregations"].update(top_k={"k": 0}), r"top_k\.k"),
         (lambda d: d["queries"][6].update(epsilon=1.0), r"\(browsers_local\): set the query's epsilon: 2\.0 to match local_dp\.epsilon \(what a window costs a unit: its "
          r"one report\), not 1\.0$"),
