@@ -221,9 +221,10 @@ def local_reports(args: argparse.Namespace) -> LocalReports | None:
             raise ValueError("--local-dp needs --config and --query naming a query with local_dp on that field")
         return None
     config = load_config(args.config)
-    query = chosen_query(args, config)
+    # without --query no one query is chosen: the topic check below covers every query reading --topic
+    query = chosen_query(args, config) if args.query else None
     if not args.local_dp:
-        if query.local_dp is not None:
+        if query is not None and query.local_dp is not None:
             raise ValueError(f"query {query.name!r} has local_dp on {query.local_dp.field!r}: its producers must "
                              f"randomize that field, and without --local-dp every event's true value would be sent; "
                              f"add --local-dp {query.local_dp.field}")
@@ -234,7 +235,7 @@ def local_reports(args: argparse.Namespace) -> LocalReports | None:
                              f"on {other.local_dp.field!r}: without --local-dp every event's true value would "
                              f"be sent there; add --query {other.name} --local-dp {other.local_dp.field}")
         return None
-    if not args.query:
+    if query is None:
         raise ValueError("--local-dp needs --query naming a query with local_dp on that field")
     if query.local_dp is not None and query.local_dp.field != args.local_dp:
         raise ValueError(f"query {args.query!r} has its local_dp on field {query.local_dp.field!r}, not "

@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 
 from stream_dp.cli.local_reports import chosen_query, local_reports
-from stream_dp.config import ConfigError, Settings
+from stream_dp.config import ConfigError, QueryConfig, Settings, load_config
 from stream_dp.windows.timestamps import to_epoch_ms
 
 
@@ -65,29 +65,58 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 class _Fields:
     """The event fields synthetic events fill: ``group_by`` holds every grouping field, and ``public`` whole
-    group keys (one value per grouping field), so that every event carries a field of each."""
+    group keys (one value per grouping field), so that every event carries a field of each; ``values`` the
+    numeric fields, ``vector`` the fields of a mean vector or covariance (correlated readings)."""
 
     def __init__(self, unit: str = "user_id", ts: str = "ts", group_by: tuple[str, ...] = ("page",),
-                 value: str | None = "value", public: list[tuple] | None = None, timestamp_format: str = "auto",
-                 partitioner: str = "murmur2", vector: tuple[str, ...] = ()) -> None:
-        self.unit, self.ts, self.group_by, self.value, self.public = unit, ts, group_by, value, public
+                 values: tuple[str, ...] = ("value",), public: list[tuple] | None = None,
+                 timestamp_format: str = "auto", partitioner: str = "murmur2", vector: tuple[str, ...] = ()) -> None:
+        self.unit, self.ts, self.group_by, self.values, self.public = unit, ts, group_by, values, public
         self.timestamp_format, self.partitioner, self.vector = timestamp_format, partitioner, vector
+
+
+# What every query reading one topic must agree on for one synthetic event to fit them all.
+_SHARED = {"privacy_unit.field": lambda q: q.privacy_unit.field, "timestamp_field": lambda q: q.timestamp_field,
+           "timestamp_format": lambda q: q.timestamp_format, "group_by": lambda q: tuple(q.group_by),
+           "groups.public": lambda q: q.public_group_keys(), "partitioner": lambda q: q.partitioner}
+
+
+def _queries_filled(args: argparse.Namespace) -> list[QueryConfig]:
+    """The --query, or without it every query of --config reading --topic: synthetic events fit them all."""
+    if args.query:
+        return [chosen_query(args)]
+    config = load_config(args.config)
+    queries = [q for q in config.queries if q.input_topic == args.topic]
+    if not queries:
+        topics = sorted({q.input_topic for q in config.queries})
+        raise ValueError(f"no query of {args.config} reads --topic {args.topic!r}; give one of its input topics "
+                         f"({', '.join(topics)}) or name the query whose fields to fill with --query")
+    first = queries[0]
+    for other in queries[1:]:
+        for setting, read in _SHARED.items():
+            if read(other) != read(first):
+                raise ValueError(f"queries {first.name!r} and {other.name!r} both read {args.topic!r} but differ "
+                                 f"in {setting} ({read(first)!r} and {read(other)!r}): one synthetic event cannot "
+                                 f"fit both; name the query whose fields to fill with --query")
+    return queries
 
 
 def _fields(args: argparse.Namespace) -> _Fields:
     if not args.config:
         return _Fields()
-    query = chosen_query(args)
-    public = query.public_group_keys()
+    queries = _queries_filled(args)
+    query = queries[0]
+    values = dict.fromkeys(q.aggregations.value_field for q in queries if q.aggregations.value_field is not None)
+    vector = dict.fromkeys(f for q in queries if q.aggregations.vector is not None for f in q.aggregations.vector.fields)
     return _Fields(
         unit=query.privacy_unit.field,
         ts=query.timestamp_field,
         group_by=tuple(query.group_by),
-        value=query.aggregations.value_field,
-        public=public or None,
+        values=tuple(v for v in values if v not in vector),  # a vector field gets its correlated reading
+        public=query.public_group_keys() or None,
         timestamp_format=query.timestamp_format,
         partitioner=query.partitioner,
-        vector=tuple(query.aggregations.vector.fields) if query.aggregations.vector is not None else (),
+        vector=tuple(vector),
     )
 
 
@@ -110,8 +139,8 @@ def synthetic_events(n: int, units: int, groups: int, fields: _Fields, *, seed: 
             # a public group is drawn whole (one value per group_by field); a made-up one repeats its name
             key = fields.public[g % len(fields.public)] if fields.public else (f"/g{g}",) * len(fields.group_by)
             event = {fields.unit: unit, fields.ts: t, **dict(zip(fields.group_by, key))}
-            if fields.value:
-                event[fields.value] = v
+            for name in fields.values:
+                event[name] = v
             if fields.vector:
                 event.update(zip(fields.vector, vectors[i].tolist()))
             yield unit.encode(), orjson.dumps(event), t

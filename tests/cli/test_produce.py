@@ -70,3 +70,30 @@ def test_an_unreadable_file_is_refused_before_connecting(monkeypatch, tmp_path, 
     err = capsys.readouterr().err
     assert err.startswith(f"cannot read {path} (")
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("topic", "names"), [
+    ("events.sensors", ["sensor_means", "sensor_covariance", "sensor_median_temp"]),  # vectors, covariance, a value
+    ("events.pageviews", ["pageviews_by_page", "top_pages", "value_quantiles", "pageviews_today"]),
+])
+def test_without_query_synthetic_events_fit_every_query_reading_the_topic(monkeypatch, topic, names):
+    document = yaml.safe_load(EXAMPLE.read_text())
+    assert sorted(q["name"] for q in document["queries"] if q["input_topic"] == topic) == sorted(names)
+    sent = _sent(monkeypatch, ["--topic", topic, "--synthetic", "500", "--config", str(EXAMPLE)])
+    assert len(sent) == 500
+    for name in names:
+        decoded, problems = _decoder(name).decode([value for _, value, _ in sent], now_ms=int(time.time() * 1000))
+        assert problems == [] and len(decoded) == 500, (name, problems[:3])
+
+
+def test_without_query_a_topic_whose_queries_disagree_is_refused_with_the_fix(monkeypatch, tmp_path, capsys):
+    document = yaml.safe_load(EXAMPLE.read_text())
+    (means,) = [q for q in document["queries"] if q["name"] == "sensor_means"]
+    means["groups"] = {"public": ["east", "west"]}
+    path = tmp_path / "queries.yaml"
+    path.write_text(yaml.safe_dump(document))
+    monkeypatch.setattr(produce, "_send", lambda *a, **k: pytest.fail("sent events that fit one query only"))
+    assert main(["produce", "--quiet", "--topic", "events.sensors", "--synthetic", "10", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "queries 'sensor_means' and 'sensor_covariance' both read 'events.sensors' but differ in groups.public" in err
+    assert "name the query whose fields to fill with --query" in err

@@ -153,9 +153,13 @@ def test_a_local_query_without_local_dp_is_refused_before_sending(tmp_path, monk
                  "--query", "browsers_local"]) == 1
     err = capsys.readouterr().err
     assert "query 'browsers_local' has local_dp on 'browser'" in err and "add --local-dp browser" in err
-    # without --query, produce takes the file's first query: refused alike when that one is local
-    assert main(["produce", "--topic", "t", "--synthetic", "10", "--config", str(_config(tmp_path, local_first=True))]) == 1
-    assert "add --local-dp browser" in capsys.readouterr().err
+    # without --query, produce fills the queries reading --topic: refused alike when one of them is local
+    config = _config(tmp_path, local_first=True)
+    assert main(["produce", "--topic", "events.browsers", "--synthetic", "10", "--config", str(config)]) == 1
+    assert "add --query browsers_local --local-dp browser" in capsys.readouterr().err
+    # and a topic no query reads is no way around it either
+    assert main(["produce", "--topic", "t", "--synthetic", "10", "--config", str(config)]) == 1
+    assert "reads --topic 't'" in capsys.readouterr().err
 
 
 def test_local_dp_on_another_field_names_the_field_the_query_randomizes(tmp_path, monkeypatch, capsys):
