@@ -7,6 +7,7 @@ import json
 import sys
 
 from stream_dp.config import ConfigError, format_duration_ms, load_config
+from stream_dp.cli.plan_namespaces import namespace_lines, namespace_summaries
 from stream_dp.cli.plan_options import continual_summary, fmt, option_lines, vector_summary
 
 EXAMPLE_COUNTS = (10, 100, 1_000, 10_000)
@@ -16,7 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan", help="show noise scales, accuracy and budget use of each query",
         description="Per query: noise scales, 95% CI half-widths at example counts, per-window loss, and how many "
-        "windows per horizon a fully active unit can join before it is excluded.",
+        "windows per horizon a fully active unit can join before this query alone excludes it; per namespace: "
+        "what a unit active in every window of all its queries spends per horizon, and when that exhausts a limit.",
     )
     parser.add_argument("config", metavar="FILE", help="query configuration YAML")
     parser.add_argument("--json", action="store_true", help="print JSON")
@@ -153,8 +155,11 @@ def _period_horizon(budget, cost: float, delta: float, period_ms: int, accountin
     }
 
 
-def _horizon_line(p: dict, h: dict) -> str:
+def _horizon_line(p: dict, h: dict, others: int) -> str:
+    """One horizon of one query; ``others``: how many other queries draw on the same namespace's budget."""
     accounting = p["accounting"]
+    shared = ("" if not others else f"; {others} other quer{'y' if others == 1 else 'ies'} of namespace "
+              f"{p['namespace']} draw on the same limit: see the namespace's lines")
     limits = f"{h['limit']:g}" + (f" (delta {h['delta_limit']:g})" if h["delta_limit"] is not None else "")
     if p["charged_per"] == "window":
         joinable = h["windows_a_unit_can_join"]
@@ -163,9 +168,9 @@ def _horizon_line(p: dict, h: dict) -> str:
         windows = h["windows_in_horizon"]
         join = (f"a unit can join {joinable} of {windows} windows" if joinable < windows
                 else f"a unit can join all {windows} windows, and the limit would afford {joinable}")
-        return (f"{limits} per {h['horizon']}: {join} "
-                f"(a unit active in every window is {note}; it spends {spends[accounting]:.6g} "
-                f"{accounting}, delta {spends['delta']:.3g} per {h['horizon']})")
+        return (f"{limits} per {h['horizon']}, counting this query alone: {join} "
+                f"(a unit active in every window is {note} by this query alone; it spends {spends[accounting]:.6g} "
+                f"{accounting}, delta {spends['delta']:.3g} per {h['horizon']} on it){shared}")
     charge = f"{p['per_window_cost']:.6g} {accounting}" + (f" and delta {p['per_window_delta']:.3g}"
                                                           if p["per_window_delta"] else "")
     horizon, period = h["horizon"], p["period"]
@@ -185,7 +190,8 @@ def _horizon_line(p: dict, h: dict) -> str:
     return (f"{limits} per {horizon}{shorter}: a unit is charged {charge} once per {period} period, at the end of "
             f"its first window of the period; any {horizon} overlaps at most {overlapped} periods, so holds at "
             f"most {overlapped} charges ({full} for a unit active in every window, charged {period} apart), at "
-            f"most {most[accounting]:.6g} {accounting}, delta {most['delta']:.3g} of this query; {checked}: {note}")
+            f"most {most[accounting]:.6g} {accounting}, delta {most['delta']:.3g} of this query; {checked}: {note}"
+            + shared)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -198,9 +204,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{args.config}: {exc}", file=sys.stderr)
         return 1
+    namespaces = namespace_summaries(config, plans)
     if args.json:
-        print(json.dumps(plans, indent=2, default=str))
+        print(json.dumps({"queries": plans, "namespaces": namespaces}, indent=2, default=str))
         return 0
+    sharing = {n["namespace"]: len(n["queries"]) - 1 for n in namespaces}
     for p in plans:
         loss = p["per_window_loss"]
         how = p["mechanism_label"] if p["trust_model"] == "local" else p["mechanism"]
@@ -224,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
             for a in p["accuracy"]:
                 print(f"  {int(a['count']):>10,} " + " ".join(f"{fmt(a.get(c)):>{w}}" for c, w in zip(columns, (11, 10, 10))))
         for h in p["horizons"]:
-            print("  " + _horizon_line(p, h))
+            print("  " + _horizon_line(p, h, sharing[p["namespace"]]))
         for line in p["options"]:
             print("  " + line)
         if p["charged_per"] == "period":
@@ -234,4 +242,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"  windows are charged at their end: an interval of event time of one horizon may also overlap "
                   f"{p['interval_slack_windows']} window of this query straddling its end, beyond the limit")
+    for summary in namespaces:
+        for line in namespace_lines(summary):
+            print(line)
     return 0

@@ -29,6 +29,8 @@ from stream_dp.config.query_options import (
     LocalDPConfig,
     PublicGroups,
 )
+from stream_dp.config.shared_topics import check_shared_topics
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -303,6 +305,7 @@ class PipelineConfig(_Strict):
     @classmethod
     def _release_time(cls, value: list[QueryConfig]) -> list[QueryConfig]:
         check_release_time_together(value)
+        check_shared_topics(value)
         return value
 
     @model_validator(mode="after")

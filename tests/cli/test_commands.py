@@ -40,7 +40,7 @@ def test_check_config_ok_and_failing(tmp_path, capsys):
 
 def test_plan_json_states_loss_scales_and_budget_use(capsys):
     assert main(["plan", str(EXAMPLE), "--json"]) == 0
-    plan = json.loads(capsys.readouterr().out)[0]
+    plan = json.loads(capsys.readouterr().out)["queries"][0]
     assert plan["per_window_loss"]["epsilon"] == pytest.approx(0.1, rel=1e-6)
     assert plan["count_scale"] > 0 and plan["sum_scale"] > 0
     hour = plan["horizons"][0]
@@ -56,7 +56,7 @@ def test_plan_shows_the_delta_a_fully_active_unit_spends(tmp_path, capsys):
     assert "select: {delta: 1.0e-6}" in text
     selecting.write_text(text)
     assert main(["plan", str(selecting), "--json"]) == 0
-    (plan,) = json.loads(capsys.readouterr().out)
+    (plan,) = json.loads(capsys.readouterr().out)["queries"]
     assert 0.99e-6 < plan["per_window_delta"] <= 1e-6  # the selection threshold may spend a little less
     hour, day = plan["horizons"]
     # epsilon 0.1 per window: 10 windows fit 1.0 per hour; delta 1e-6 per window: 10 fit 1e-5
@@ -94,10 +94,13 @@ def _number(text: str) -> float:
 
 
 def _plan_blocks(args: list[str], capsys) -> dict[str, list[str]]:
-    """``stream-dp plan`` text output, per query: its header, then its lines without their indent."""
+    """``stream-dp plan`` text output, per query: its header, then its lines without their indent (the
+    namespaces' lines, after the queries', are left out)."""
     assert main(["plan", *args]) == 0
     blocks: dict[str, list[str]] = {}
     for line in capsys.readouterr().out.splitlines():
+        if line.startswith("namespace "):
+            break
         if line.startswith("query "):
             blocks[line.split()[1]] = [line]
         else:
@@ -155,7 +158,8 @@ def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
     m = _one(lines, r"1 \(delta 1e-05\) per 1h, shorter than the 1d period: a unit is charged 0\.5 epsilon once per "
                     r"1d period, .*any 1h overlaps at most 2 periods, so holds at most 2 charges \(1 for a unit active "
                     r"in every window, charged 1d apart\), at most 1 epsilon, .*the limit affords 2 charges.*: "
-                    r"this query alone never excludes a unit")
+                    r"this query alone never excludes a unit; 4 other queries of namespace users draw on the same "
+                    r"limit: see the namespace's lines")
     assert not any(re.search(r"\d+ of \d+ periods", line) for line in lines)
 
     # hierarchy: split [1, 1, 2] of epsilon 0.1, finest level twice the coarser ones' epsilon
@@ -256,7 +260,7 @@ def test_plan_of_a_local_query_states_its_accuracy_per_number_of_reports(capsys)
     assert _number(m.group(2)) > 9 * half_width(100, 100)  # a value counted 100 times among 10,000 reports
 
     assert main(["plan", str(EXAMPLE), "--json"]) == 0
-    (local,) = [p for p in json.loads(capsys.readouterr().out) if p["query"] == "browsers_local"]
+    (local,) = [p for p in json.loads(capsys.readouterr().out)["queries"] if p["query"] == "browsers_local"]
     assert all("count" not in a for a in local["accuracy"]), local["accuracy"]
     for a in local["accuracy"]:
         n = int(a["reports"])
@@ -340,7 +344,7 @@ def test_plan_states_what_a_continual_query_charges_per_horizon(tmp_path, capsys
     tight.write_text(text.replace("epsilon: 0.5                        # per unit per period",
                                   "epsilon: 0.6                        # per unit per period"))
     assert main(["plan", str(tight), "--json"]) == 0
-    plan = next(p for p in json.loads(capsys.readouterr().out) if p["query"] == "pageviews_today")
+    plan = next(p for p in json.loads(capsys.readouterr().out)["queries"] if p["query"] == "pageviews_today")
     assert plan["charged_per"] == "period" and plan["period"] == "1d"
     hour, day = plan["horizons"]
     assert hour["horizon_shorter_than_period"] and not day["horizon_shorter_than_period"]

@@ -131,7 +131,7 @@ def test_json_vector_errors_follow_the_gaussian_vector_mechanism(query, capsys):
     z = NormalDist().inv_cdf(0.975)
 
     assert main(["plan", str(EXAMPLE), "--json"]) == 0
-    (stated,) = [p["vector"] for p in json.loads(capsys.readouterr().out) if p["query"] == query]
+    (stated,) = [p["vector"] for p in json.loads(capsys.readouterr().out)["queries"] if p["query"] == query]
     assert stated["aggregation"] == kind
     assert stated["l2_sensitivity"] == pytest.approx(sensitivity, rel=1e-12)
     assert stated["noise_sd"] == pytest.approx(sigma, rel=1e-6)
