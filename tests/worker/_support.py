@@ -43,3 +43,18 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def page_query(name: str, topic: str, output: str, namespace: str, *, pages, window: str, release_timeout: str,
+               **options) -> dict:
+    """A query of ``user_id`` units grouped by ``page`` over the public ``pages``: the option tests' base."""
+    return {
+        "name": name, "input_topic": topic, "output_topic": output,
+        "privacy_unit": {"namespace": namespace, "field": "user_id"},
+        "timestamp_field": "ts",
+        "window": {"size": window, "allowed_lateness": "1s", "idle_timeout": "2s"},
+        "group_by": ["page"], "groups": {"public": list(pages)},
+        "bounds": {"max_groups_per_unit": 3, "max_events_per_group": 3},
+        "release_timeout": release_timeout,
+        **options,
+    }

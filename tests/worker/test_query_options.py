@@ -34,7 +34,7 @@ from scipy import stats
 from stream_dp.budget import RedisBudgetStore, policy_from_config
 from stream_dp.config import load_config
 from stream_dp.windows.hashing import derive_key, siphash_reference
-from tests.worker._support import consume_all, free_port
+from tests.worker._support import consume_all, free_port, page_query
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -63,16 +63,8 @@ RARE_TAG = "rare"
 
 
 def _query(name: str, topic: str, output: str, namespace: str, **options) -> dict:
-    return {
-        "name": name, "input_topic": topic, "output_topic": output,
-        "privacy_unit": {"namespace": namespace, "field": "user_id"},
-        "timestamp_field": "ts",
-        "window": {"size": "5s", "allowed_lateness": "1s", "idle_timeout": "2s"},
-        "group_by": ["page"], "groups": {"public": list(PAGE_EVENTS)},
-        "bounds": {"max_groups_per_unit": 3, "max_events_per_group": 3},
-        "release_timeout": "30s",
-        **options,
-    }
+    return page_query(name, topic, output, namespace, pages=PAGE_EVENTS, window="5s", release_timeout="30s",
+                      **options)
 
 
 def _config(tmp_path: Path, topic: str, outputs: dict[str, str], namespace: str, tag: str) -> Path:

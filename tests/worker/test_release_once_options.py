@@ -30,6 +30,7 @@ from kafka import KafkaProducer
 
 from stream_dp.cli.local_reports import local_reports
 from tests.worker._release_once import Deployment, by_window, metric, wall_ms
+from tests.worker._support import page_query
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -47,16 +48,8 @@ OPTIONS = ("top", "quantiles", "places", "today", "stairs", "vec", "cov", "media
 
 
 def _query(name: str, topic: str, output: str, namespace: str, **options) -> dict:
-    return {
-        "name": name, "input_topic": topic, "output_topic": output,
-        "privacy_unit": {"namespace": namespace, "field": "user_id"},
-        "timestamp_field": "ts",
-        "window": {"size": "1m", "allowed_lateness": "1s", "idle_timeout": "2s"},
-        "group_by": ["page"], "groups": {"public": list(PAGE_EVENTS)},
-        "bounds": {"max_groups_per_unit": 3, "max_events_per_group": 3},
-        "release_timeout": "20s", "epsilon": 2.0,
-        **options,
-    }
+    return page_query(name, topic, output, namespace, pages=PAGE_EVENTS, window="1m", release_timeout="20s",
+                      **{"epsilon": 2.0, **options})
 
 
 def _config(path: Path, names: dict[str, str], outputs: dict[str, str], topic: str, local_topic: str,
