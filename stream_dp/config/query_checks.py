@@ -10,7 +10,8 @@ from stream_dp.config.aggregation_options import check_option_query
 from stream_dp.dp.local import REPORT_TAG_FIELD
 
 MAX_WINDOWS_PER_PERIOD = 1 << 20
-MAX_UNARY_DOMAIN = 4096  # an oue report is kept as one 8-byte number per value of the domain
+# an oue report is kept as one bit per value of the domain, and a window releases one record per value
+MAX_UNARY_DOMAIN = 4096
 
 
 def check_query_options(query: Any) -> None:

@@ -163,24 +163,68 @@ def report_tag(randomizer: LocalRandomizer, domain: Sequence[str | int]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class UnaryReports:
-    """How the worker adds up unary (``oue``) reports: each kept report is a 0/1 row over the domain,
-    and a group's feature sum is the support count of every value (what ``estimate`` debiases).
+    """How the worker holds and adds up unary (``oue``) reports.
+
+    A kept report is held as its bits over the domain, packed eight to a byte (value ``v`` is bit ``v % 8``
+    of byte ``v // 8``): ``ceil(k / 8)`` bytes whatever the report lists (at most ``k`` values), 512 at a
+    4,096-value domain where a float per value would take 32 KiB. A group's feature sum is the support
+    count of every value (what ``estimate`` debiases).
 
     The partials' ``features`` interface (as ``stream_dp.dp.vectors.FeatureSpec``): one report per
-    unit and window is kept, so a pair's mean row is its report.
+    unit and window is kept, so a pair's row is its report, and its group's sums are counts.
     """
 
     width: int
     kind: str = "oue_reports"
+    #: Reports unpacked at a time when they are added up: a few MiB however many there are.
+    chunk_rows: int = 1024
 
     @property
     def dimensions(self) -> int:
         return self.width
 
-    def of_means(self, means: NDArray[np.float64]) -> NDArray[np.float64]:
-        return np.asarray(means, dtype=np.float64).reshape(-1, self.width)
+    @property
+    def packed_width(self) -> int:
+        return (self.width + 7) // 8
 
-    def group_sums(self, pair_group: NDArray[np.int64], features: NDArray[np.float64], n_groups: int) -> NDArray[np.float64]:
-        from stream_dp.dp.vectors import group_row_sums
+    def pack(self, rows: NDArray[np.int64], values: NDArray[np.int64], n: int) -> NDArray[np.uint8]:
+        """``n`` packed reports, report ``rows[i]`` supporting value ``values[i]`` (each pair listed once)."""
+        rows, values = np.asarray(rows, dtype=np.int64), np.asarray(values, dtype=np.int64)
+        packed = np.zeros(n * self.packed_width, dtype=np.uint8)
+        bits = np.left_shift(np.uint8(1), (values & 7).astype(np.uint8))
+        np.bitwise_or.at(packed, rows * self.packed_width + (values >> 3), bits)
+        return packed.reshape(n, self.packed_width)
 
-        return group_row_sums(pair_group, features, n_groups, self.width)
+    def unpack(self, packed: NDArray[np.uint8]) -> NDArray[np.uint8]:
+        """The 0/1 rows ``(n, width)`` of packed reports."""
+        return np.unpackbits(packed, axis=1, count=self.width, bitorder="little")
+
+    def group_sums(
+        self, reports: NDArray[np.uint8], pair_count: NDArray[np.int64], pair_group: NDArray[np.int64],
+        n_groups: int, keep: NDArray[np.bool_] | None = None,
+    ) -> NDArray[np.float64]:
+        """``(n_groups, width)`` support counts of the packed ``reports`` of pairs (``keep``: those kept).
+
+        Counts are integers, so they are exact and the same in any order of addition; they are returned
+        as the float64 sums a vector query's features are.
+        """
+        if reports.dtype != np.uint8 or reports.ndim != 2 or reports.shape[1] != self.packed_width:
+            raise ValueError(
+                f"unary reports are held as ({self.packed_width},) packed bytes each, got {reports.dtype} of shape "
+                f"{reports.shape}; build the partial with an engine reading the query's report field"
+            )
+        if len(pair_count) != len(reports) or (pair_count != 1).any():
+            raise ValueError(
+                "a unary report is kept whole, one per unit and window: the query needs bounds "
+                "{max_groups_per_unit: 1, max_events_per_group: 1}"
+            )
+        rows = np.arange(len(reports)) if keep is None else np.flatnonzero(keep)
+        counts = np.zeros((n_groups, self.width), dtype=np.int64)
+        for first in range(0, len(rows), self.chunk_rows):
+            chunk = rows[first:first + self.chunk_rows]
+            group = np.asarray(pair_group)[chunk]
+            order = np.argsort(group, kind="stable")
+            starts = np.flatnonzero(np.r_[True, group[order][1:] != group[order][:-1]])
+            bits = self.unpack(reports[chunk[order]])
+            counts[group[order][starts]] += np.add.reduceat(bits, starts, axis=0, dtype=np.int64)
+        return counts.astype(np.float64)

@@ -33,7 +33,7 @@ class ContributionRows:
     pair_rank: np.ndarray  # uint32, pair hash >> 32
     partition: np.ndarray  # int32
     event_hash: np.ndarray  # uint64
-    value: np.ndarray  # float64, clipped; (rows, d) for a vector query
+    value: np.ndarray  # float64, clipped; (rows, d) for a vector query; packed uint8 bits for unary reports
 
     def __len__(self) -> int:
         return len(self.unit)

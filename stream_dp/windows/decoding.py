@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
+from stream_dp.dp.local import UnaryReports
 from stream_dp.windows.classify import check_report, classify_message
 from stream_dp.windows.rejections import RejectReason
 from stream_dp.windows.specs import EventSchema
@@ -100,11 +101,13 @@ class EventDecoder:
             fields.append((attr, Annotated[float, msgspec.Meta(ge=-limit, le=limit)]))
             rename[attr] = name
         self._report_index: dict[Any, int] | None = None
+        self._unary: UnaryReports | None = None
         if schema.report_field is not None:  # a unary report: the list of its 1-bits' values
             domain = schema.report_domain
             fields.append(("r", Annotated[list[str | _BoundedInt], msgspec.Meta(max_length=len(domain))]))
             rename["r"] = schema.report_field
             self._report_index = {(type(v), v): i for i, v in enumerate(domain)}
+            self._unary = UnaryReports(len(domain))
         if schema.report_tag_field is not None:
             # A literal: a missing or other tag fails the typed decoder, so valid batches pay nothing per event
             # for the check, and classify_message names the reason.
@@ -117,10 +120,11 @@ class EventDecoder:
         self._vector_width = len(schema.vector_fields)
 
     def reports_of(self, events: list[Any]) -> tuple[np.ndarray, dict[int, tuple[RejectReason, str]]]:
-        """Unary reports as a (n, domain) 0/1 matrix, and why some rows are not valid reports."""
-        assert self._report_index is not None
+        """Unary reports packed one bit per value (``UnaryReports.pack``), and why some rows are not valid reports."""
+        assert self._report_index is not None and self._unary is not None
         index, name = self._report_index, self.schema.report_field
-        matrix = np.zeros((len(events), len(index)), dtype=np.float64)
+        lengths = np.zeros(len(events), dtype=np.int64)
+        values: list[int] = []
         bad: dict[int, tuple[RejectReason, str]] = {}
         for row, event in enumerate(events):
             positions = [index.get((type(v), v), -1) for v in event.r]
@@ -128,8 +132,10 @@ class EventDecoder:
                 bad[row] = check_report(str(name), list(event.r), self.schema) or (
                     RejectReason.VALUE_OUT_OF_RANGE, f"field {name!r} reports a value outside the domain")
                 continue
-            matrix[row, positions] = 1.0
-        return matrix, bad
+            lengths[row] = len(positions)
+            values.extend(positions)
+        rows = np.repeat(np.arange(len(events), dtype=np.int64), lengths)
+        return self._unary.pack(rows, np.array(values, dtype=np.int64), len(events)), bad
 
     def values_of(self, events: list[Any]) -> np.ndarray | None:
         """The events' value column (n,), their vectors (n, d), or None for a query without values."""

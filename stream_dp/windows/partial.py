@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from stream_dp.dp.local import UnaryReports
 from stream_dp.dp.sample_aggregate import block_of
 from stream_dp.dp.vectors import FeatureSpec
 from stream_dp.windows.bounding import ContributionRows, unit_starts
@@ -128,7 +129,7 @@ class WindowPartial:
 
     def aggregate(
         self, excluded_units: np.ndarray | None = None, *, histogram: HistogramSpec | None = None,
-        features: FeatureSpec | None = None, blocks: int | None = None,
+        features: FeatureSpec | UnaryReports | None = None, blocks: int | None = None,
     ) -> GroupTotals:
         """Per-group count, sum and distinct units, leaving out ``excluded_units``.
 
@@ -189,8 +190,13 @@ class WindowPartial:
             row_group, values = row_group[kept_rows], values[kept_rows]
         return SparseHistogram.from_cells(len(self.groups), spec.bins, row_group, spec.bin_of(values))
 
-    def _features(self, keep: np.ndarray | None, spec: FeatureSpec) -> np.ndarray:
+    def _features(self, keep: np.ndarray | None, spec: FeatureSpec | UnaryReports) -> np.ndarray:
         """Per-group sums of the kept pairs' feature vectors (groups as in ``self.groups``)."""
+        if isinstance(spec, UnaryReports):  # packed bits, counted without a float per value (see UnaryReports)
+            if self.row_value is None:
+                raise ValueError("this partial was built without its reports; build it with build_partial "
+                                 "from an engine reading the query's report field")
+            return spec.group_sums(self.row_value, self.pair_count, self.pair_group, len(self.groups), keep)
         if self.row_value is None or self.row_value.ndim != 2 or self.row_value.shape[1] != spec.dimensions:
             shape = None if self.row_value is None else self.row_value.shape
             raise ValueError(
@@ -207,7 +213,7 @@ class WindowPartial:
         if keep is not None:
             means, group = means[keep], group[keep]
         features = spec.of_means(means)
-        if isinstance(spec, FeatureSpec):  # (unary reports are 0/1 rows: their sums are exact already)
+        if isinstance(spec, FeatureSpec):
             # on a grid, so that the group sums are exact (stream_dp.windows.exact_sums)
             features = truncate_features(features, spec.norm_bound)
         return spec.group_sums(group, features, len(self.groups))

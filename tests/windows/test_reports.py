@@ -1,4 +1,4 @@
-"""Local-DP reports in the window engine: unary (oue) ones, a set of domain values per event, kept as a 0/1 row;
+"""Local-DP reports in the window engine: unary (oue) ones, a set of domain values per event, kept as a row of bits;
 and of either mechanism, only those tagged as made by the query's own randomizer.
 
 The expected rows are written from the README's definition (a 1 for every
@@ -19,7 +19,8 @@ from stream_dp.windows import EventSchema
 from stream_dp.windows.bulk_decoding import BulkEventDecoder
 from stream_dp.windows.classify import classify_message
 from stream_dp.windows.decoding import EventDecoder, RejectReason
-from tests.windows._support import NOW_MS, batch_of, make_engine
+from tests.reliability.model import Hashes
+from tests.windows._support import NOW_MS, SECRET, batch_of, make_engine
 
 DOMAIN = ("chrome", "safari", 7, "edge")
 EPSILON = 2.0
@@ -161,3 +162,42 @@ def test_a_batch_of_tagged_reports_takes_the_fast_path_and_an_untagged_event_the
     assert [(i, r) for i, r, _ in problems] == [(50, RejectReason.NOT_RANDOMIZED),
                                                 (51, RejectReason.RANDOMIZER_MISMATCH)]
     assert problems == EventDecoder(SCHEMA).decode(mixed, NOW_MS)[1]
+
+
+@pytest.mark.parametrize("domain_size", [37, 4096])
+def test_support_counts_are_those_of_each_units_kept_report_bit_for_bit(domain_size):
+    """The counts a partial hands on, against the README's oue semantics computed here from the secret alone:
+    per value, how many kept reports list it, a unit's kept report being its event with the smallest keyed
+    event hash (README "Bounding, precisely"), with or without excluded units. A random batch, over
+    batches that are compacted, so packed reports are concatenated, pruned and taken as the engine goes."""
+    rng = np.random.default_rng(domain_size)
+    domain = tuple(f"v{i}" for i in range(domain_size))
+    tag = report_tag(LocalRandomizer.build("oue", EPSILON, domain_size), domain)
+    schema = EventSchema(unit_field="user_id", timestamp_field="ts", report_field="browser", report_domain=domain,
+                         report_tag_field=REPORT_TAG_FIELD, report_tag=tag)
+    units = [f"u{i}" for i in rng.integers(0, 200, 400)]  # most units send two reports or more
+    reports = [np.flatnonzero(rng.random(domain_size) < rng.choice([0.0, 0.02, 0.12, 0.9])) for _ in units]
+    values = [_report(u, [domain[v] for v in r.tolist()], i, tag) for i, (u, r) in enumerate(zip(units, reports))]
+    engine, clock = make_engine(schema=schema, max_groups=1, max_events=1, compact_min_rows=32)
+    for first in range(0, len(values), 50):
+        batch = values[first:first + 50]
+        assert engine.process(batch_of(batch, first_offset=first)).accepted == len(batch)
+    partial = _close(engine, clock)
+
+    hashes = Hashes(SECRET)
+    group_hash = hashes.group(())  # a query without group_by: every event is of the one group ()
+    kept: dict[str, tuple[int, int]] = {}  # unit -> (smallest event hash, its report's position)
+    for offset, unit in enumerate(units):
+        event_hash = hashes.event(hashes.unit(unit), group_hash, 0, offset)
+        kept[unit] = min(kept.get(unit, (event_hash, offset)), (event_hash, offset))
+    excluded = set(rng.choice(sorted(kept), 40, replace=False).tolist())
+    spec = UnaryReports(domain_size)
+    for leave_out in (set(), excluded):
+        expected = np.zeros((1, domain_size), dtype=np.float64)
+        for unit, (_, position) in kept.items():
+            if unit not in leave_out:
+                expected[0, reports[position]] += 1.0
+        totals = partial.aggregate(partial.unit_mask(leave_out) if leave_out else None, features=spec)
+        assert totals.features.dtype == np.float64 and totals.features.shape == expected.shape
+        assert totals.features.tobytes() == expected.tobytes()
+        assert totals.distinct_units.tolist() == [len(kept) - len(leave_out)]
