@@ -218,3 +218,8 @@ def print_report(result: dict[str, Any], out=sys.stdout) -> None:
         r = memory["redis"]
         w(f"  Redis, {r['units']:,} units charged once: {r['used_memory_per_unit']:.1f} bytes/unit (used_memory), "
           f"{r['state_bytes_per_unit']:.1f} (state hashes)")
+        if memory.get("local_dp"):
+            from bench_local_dp import describe
+
+            for line in describe(memory["local_dp"]):
+                w(f"  {line}")

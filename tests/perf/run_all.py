@@ -20,7 +20,8 @@ Needs the local services (``bash deploy/services.sh start all`` and
 2. **Peers** on the largest topic: faust-streaming and PipelineDP (``bench_peers.py``).
 3. **Release latency** for 1k, 10k, 100k and 1M groups per window (``bench_release.py``).
 4. **Budget store** (``bench_budget.py``) and **noise** (``bench_noise.py``).
-5. **Memory** per open (unit, group) pair and per budgeted unit (``bench_memory.py``).
+5. **Memory** per open (unit, group) pair and per budgeted unit (``bench_memory.py``), and per
+   local-DP report of either mechanism in one window (``bench_local_dp.py``).
 6. **Latency at a fixed offered rate** (``bench_latency.py``): half the median
    end-to-end rate of one worker on the largest topic (``--latency-rate``
    overrides), for ``--latency-minutes`` one-minute windows (``--full``: 10),
@@ -46,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_budget  # noqa: E402
 import bench_consume  # noqa: E402
 import bench_latency  # noqa: E402
+import bench_local_dp  # noqa: E402
 import bench_memory  # noqa: E402
 import bench_noise  # noqa: E402
 import bench_peers  # noqa: E402
@@ -176,7 +178,8 @@ def main() -> None:
     if "memory" not in skip:
         part("memory", lambda: {"engine": bench_memory.engine_memory(pairs),
                                 "engine_default_allocator": bench_memory.engine_memory(pairs, default_allocator=True),
-                                "redis": bench_memory.redis_memory(services.redis_url, args.units)})
+                                "redis": bench_memory.redis_memory(services.redis_url, args.units),
+                                "local_dp": bench_local_dp.measure()})
     if "latency" not in skip:
         rate = args.latency_rate or results_table.half_of_one_worker(result)
         part("latency", lambda: bench_latency.measure(services, rate=rate, minutes=minutes, units=args.units,
