@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import math
 
-from stream_dp.config.aggregation_options import worst_case_release_ms
+from stream_dp.config.release_time import (
+    capped_option,
+    cost_basis,
+    group_release_ms,
+    window_release_ms,
+    worst_case_release_ms,
+)
 
 CONTINUAL_WINDOWS = (1, 10, 100, 1_000)
 """Windows after which `plan` compares a continual query's running total with naive summation."""
@@ -176,6 +182,8 @@ def option_lines(query, plan, described) -> list[str]:
         lines.append(f"{kind}: {d} fields {list(v.fields)} clipped to l2 norm C={c:g} per unit and group; {how}; "
                      f"l2 sensitivity {fmt(v.sensitivity)}, noise sd {fmt(v.sigma)} per coordinate, epsilon "
                      f"{v.loss.epsilon:.4g} at delta {v.loss.delta:.3g} (rho {v.loss.rho:.4g}); {examples}")
+    if plan.quantiles is not None or plan.vector is not None:
+        lines.append(_release_time_line(query))
     if plan.sample_aggregate is not None:
         sa = plan.sample_aggregate
         field = query.aggregations.sample_aggregate.field
@@ -206,6 +214,21 @@ def option_lines(query, plan, described) -> list[str]:
     if plan.continual is not None:
         lines.extend(_continual_lines(plan))
     return lines
+
+
+def _release_time_line(query) -> str:
+    """A quantiles or vector query's estimated release time per window, over its most released groups."""
+    kind, options = capped_option(query)
+    public = query.public_group_keys()
+    basis = f"{cost_basis(kind, options)} per group"
+    if public is not None:
+        worst = f"about {window_release_ms(query) / 1000:.4g} s per window ({len(public)} groups x {basis})"
+    elif options.max_released_groups is not None:
+        worst = (f"about {window_release_ms(query) / 1000:.4g} s per window at most ({options.max_released_groups} "
+                 f"released groups, max_released_groups: those with the largest noisy counts, x {basis})")
+    else:  # check-config refuses selected groups without a cap
+        worst = f"about {group_release_ms(kind, options) * 1000:.4g} us per released group ({basis})"
+    return f"{kind} release time: {worst}; measured on a 2-core machine, a slower or busier CPU takes longer"
 
 
 def top_k_lead(scale: float, candidates: int, beta: float = TOP_K_BETA) -> float:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 from stream_dp.config.durations import parse_duration_ms
+from stream_dp.config.release_time import MAX_RELEASED_GROUPS, release_time_fixes
 from stream_dp.dp.sample_aggregate import MAX_BLOCKS, check_output_range, parse_function_path
 from stream_dp.dp.vectors import MAX_DIMENSIONS
 from stream_dp.windows.specs import MAX_ABS_VALUE
@@ -27,6 +28,8 @@ class _VectorAggregation(BaseModel):
 
     fields: list[str] = Field(min_length=1, examples=[["lat", "lon"]])
     clip_norm: float = Field(examples=[10.0])
+    # With privately selected groups: the most groups a window releases (``stream_dp.config.release_time``).
+    max_released_groups: int | None = Field(None, ge=1, le=MAX_RELEASED_GROUPS)
 
     @field_validator("fields")
     @classmethod
@@ -92,8 +95,9 @@ class SampleAggregateAggregation(BaseModel):
     bins: int = Field(64, ge=1, le=4096, description="aggregate: median only: candidates are the bins + 1 edges")
     # With privately selected groups, a window releases at most this many of the groups selection keeps
     # (those with the largest noisy counts): it bounds the function's work, which nothing else bounds when
-    # a producer can make up any number of groups. Required then; public groups are bounded by their list.
-    max_released_groups: int | None = Field(None, ge=1, le=1_000_000)
+    # a producer can make up any number of groups. Required then; public groups are bounded by their list
+    # (``stream_dp.config.release_time``; quantiles and vectors hold the same option).
+    max_released_groups: int | None = Field(None, ge=1, le=MAX_RELEASED_GROUPS)
 
     @field_validator("function")
     @classmethod
@@ -114,81 +118,6 @@ class SampleAggregateAggregation(BaseModel):
             )
         check_output_range(lo, hi)
         return value
-
-
-def worst_case_release_ms(sa: Any, groups: int) -> int:
-    """How long a window's blocks take if every one runs out its timeout (each runs in turn, in the sandbox)."""
-    return groups * sa.blocks * sa.timeout_ms
-
-
-def _released_groups(query: Any, sa: Any) -> int | None:
-    """The most groups a window releases: the public list's length, else ``max_released_groups``."""
-    public = query.public_group_keys()
-    return len(public) if public is not None else sa.max_released_groups
-
-
-def check_release_time_together(queries: list[Any]) -> None:
-    """The sample_aggregate queries of one file, taken together: raises ``ValueError`` saying what to lower.
-
-    One worker runs the whole file, and its release stage releases every query's windows one after
-    another, so a window's blocks hold up every other query's releases while they run: at worst (every
-    block running out its timeout) the windows of all sample_aggregate queries ending together must be
-    released within the shortest of their windows, or releases fall further behind with every window.
-    Each query's own bound (``_check_release_time``) is this one for a file holding it alone."""
-    parts = []
-    for query in queries:
-        sa = query.aggregations.sample_aggregate
-        groups = _released_groups(query, sa) if sa is not None else None
-        if groups is not None:  # None: the query is refused on its own (no max_released_groups)
-            parts.append((query, worst_case_release_ms(sa, groups)))
-    if len(parts) < 2:
-        return
-    total_ms = sum(worst for _, worst in parts)
-    shortest = min(parts, key=lambda part: part[0].window.size_ms)[0]
-    window_ms = shortest.window.size_ms
-    if total_ms <= window_ms:
-        return
-    each = ", ".join(f"{query.name} {worst / 1000:g} s" for query, worst in parts)
-    raise ValueError(
-        f"the sample_aggregate queries take, at worst (every block running out its timeout), {total_ms / 1000:g} s "
-        f"of release time together ({each}; each is its released groups x blocks x timeout), more than the "
-        f"{window_ms / 1000:g} s window of {shortest.name}: one worker releases every query of the file one "
-        "after another, so every query's releases could wait longer than that window, and fall further behind "
-        "with every window; lower their timeout, blocks or max_released_groups, or use longer windows"
-    )
-
-
-def _check_release_time(query: Any, sa: Any, fixes: list[str]) -> None:
-    """The function runs on every released group, so their number must be bounded: by the public list, or
-    with selected groups by ``max_released_groups``; and at worst (every block running out its timeout) a
-    window's release must fit the window, or releases fall further behind with every window."""
-    public = query.public_group_keys()
-    cap = sa.max_released_groups
-    window_ms = query.window.size_ms
-    if public is not None and cap is not None:
-        fixes.append("no max_released_groups with groups.public (every listed group is released; the list bounds "
-                     "the function's work)")
-        return
-    if public is None and cap is None:
-        fits = window_ms // (sa.blocks * sa.timeout_ms)
-        example = (f"e.g. max_released_groups: {fits} fits the {window_ms / 1000:g} s window at {sa.blocks} blocks "
-                   f"x timeout {sa.timeout_ms} ms" if fits else
-                   f"not one group fits the {window_ms / 1000:g} s window at {sa.blocks} blocks x timeout "
-                   f"{sa.timeout_ms} ms: lower timeout or blocks too")
-        fixes.append("max_released_groups with privately selected groups: the most groups a window releases (those "
-                     "with the largest noisy counts), which bounds the function's work: a producer can make up any "
-                     f"number of groups; {example}")
-        return
-    groups = len(public) if public is not None else cap
-    worst_ms = worst_case_release_ms(sa, groups)
-    if worst_ms > window_ms:
-        # Blocks run one after another with a fixed time each (a shared deadline would let one unit's slow
-        # block fail the blocks after it); at worst every block runs out its timeout.
-        what = f"{groups} groups" if public is not None else f"max_released_groups {groups}"
-        lower = "timeout or blocks" if public is not None else "max_released_groups, timeout or blocks"
-        fixes.append(f"a worst-case release time within the window: {what} x {sa.blocks} blocks "
-                     f"x timeout {sa.timeout_ms} ms = {worst_ms / 1000:g} s per window of "
-                     f"{window_ms / 1000:g} s; lower {lower}, or use longer windows")
 
 
 def check_option_query(query: Any) -> None:
@@ -212,7 +141,10 @@ def check_option_query(query: Any) -> None:
             fixes.append("mechanism: laplace with aggregate: median (its exponential mechanism is pure DP)")
         if sa.aggregate == "mean" and "bins" in sa.model_fields_set:
             fixes.append("aggregate: median with bins (the mean has no bins)")
-        _check_release_time(query, sa, fixes)
+    if kind == "sample_aggregate":
+        fixes += release_time_fixes(query, kind, aggregations.sample_aggregate)
+    else:
+        fixes += release_time_fixes(query, kind, aggregations.vector)
     if query.continual is not None or query.hierarchy or query.local_dp is not None:
         fixes.append("no continual, hierarchy or local_dp")
     if "count" not in aggregations.names() and query.public_group_keys() is None:

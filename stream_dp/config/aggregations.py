@@ -18,6 +18,7 @@ from stream_dp.config.aggregation_options import (
     SampleAggregateAggregation,
 )
 from stream_dp.config.examples import refuse_empty_options
+from stream_dp.config.release_time import MAX_RELEASED_GROUPS
 from stream_dp.dp.quantiles import opendp_alpha, opendp_level
 from stream_dp.windows.specs import MAX_ABS_VALUE
 
@@ -69,6 +70,9 @@ class QuantilesAggregation(_Strict):
     q: list[float] = Field(min_length=1, max_length=20, examples=[[0.5, 0.9, 0.99]])
     bounds: tuple[float, float] = Field(examples=[[0, 500]])
     bins: int = Field(256, ge=2, le=4096)
+    # With privately selected groups: the most groups a window releases, those with the largest noisy
+    # counts; required then, as each group takes an OpenDP draw per q (``stream_dp.config.release_time``).
+    max_released_groups: int | None = Field(None, ge=1, le=MAX_RELEASED_GROUPS)
 
     @field_validator("q")
     @classmethod

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stream_dp.budget.policy import MAX_HORIZONS, MAX_LIMIT_UNITS, MAX_THRESHOLDS, MICRO, to_units_down
-from stream_dp.config.aggregation_options import check_release_time_together
+from stream_dp.config.release_time import check_release_time_together
 from stream_dp.config.aggregations import Aggregations
 from stream_dp.config.examples import refuse_empty_options
 from stream_dp.config.query_checks import check_query_options

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from stream_dp.config.aggregation_options import check_option_query
+from stream_dp.config.release_time import release_time_fixes
 from stream_dp.dp.local import REPORT_TAG_FIELD
 
 MAX_WINDOWS_PER_PERIOD = 1 << 20
@@ -18,6 +19,9 @@ def check_query_options(query: Any) -> None:
     """Continual releases, hierarchies and local DP: what they can be combined with."""
     public = query.public_group_keys() is not None
     check_option_query(query)
+    quantiles = query.aggregations.quantiles
+    if quantiles is not None and (fixes := release_time_fixes(query, "quantiles", quantiles)):
+        raise ValueError("\n".join(f"quantiles needs {fix}" for fix in fixes))
     if query.local_dp is not None:
         _check_local_dp(query, public)
     if query.continual is not None:

@@ -19,6 +19,7 @@ from stream_dp.budget import BudgetPolicy, BudgetStore, NamespacePolicy, RedisBu
 from stream_dp.budget.redis_nodes import ping as redis_ping
 from stream_dp.budget.redis_url import client_from_url
 from stream_dp.config import ConfigError, PipelineConfig, QueryConfig, Settings
+from stream_dp.config.release_time import together_release_ms
 from stream_dp.dp import noise_source
 from stream_dp.dp.local import REPORT_TAG_FIELD, report_tag
 from stream_dp.metrics.budget import BudgetMetrics
@@ -27,7 +28,7 @@ from stream_dp.metrics.health import watch as watch_health
 from stream_dp.metrics.http import serve as serve_http
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import BoundingSpec, EventSchema, WindowEngine, WindowSpec
-from stream_dp.worker.clients import kafka_clients
+from stream_dp.worker.clients import kafka_clients, release_poll_interval_ms
 from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.ingest import IngestStage
 from stream_dp.worker.kafka_admin import read_commit_metadata, read_group_metadata
@@ -304,8 +305,10 @@ class Worker:
             runtime.combiner.partials_partitions = partials_partitions
         if self.serve_metrics:
             self._metrics_server = serve_http(settings.metrics_port, settings.metrics_host, self.registry, self.health)
+        together_ms = together_release_ms([runtime.config for runtime in self.runtimes])
         clients = kafka_clients(settings.aiokafka_options(), client_id=self.client_id, group_id=settings.group_id,
-                                limits=limits, session_timeout_ms=settings.consumer_session_timeout_ms)
+                                limits=limits, session_timeout_ms=settings.consumer_session_timeout_ms,
+                                max_poll_interval_ms=release_poll_interval_ms(together_ms))
         noise_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="noise")
         # Checked at every input assignment, before anything is charged or released.
         input_topics = {q.config.input_topic for q in self.runtimes}

@@ -34,9 +34,25 @@ class KafkaClients:
             await client.stop()
 
 
+#: aiokafka's own default of ``max_poll_interval_ms``: the least the release consumer is given.
+DEFAULT_MAX_POLL_INTERVAL_MS = 300_000
+
+
+def release_poll_interval_ms(together_release_ms: float) -> int:
+    """The release consumer's ``max_poll_interval_ms``: the release stage polls between steps only, and one
+    step releases every window that ended, so at the end of the longest window every group-by-group
+    release of the file runs before the next poll (``release_time.together_release_ms``). A consumer
+    silent for longer leaves its group, and the rebalance drops every unpublished window of its homes: the
+    interval covers twice that estimate and a minute for the ledger and the output topics. A longer
+    interval also lets a rebalance wait that long for this worker to rejoin."""
+    return max(DEFAULT_MAX_POLL_INTERVAL_MS, int(2 * together_release_ms) + 60_000)
+
+
 def kafka_clients(aio: dict[str, Any], *, client_id: str, group_id: str, limits: TopicLimits,
-                  session_timeout_ms: int = 10_000) -> KafkaClients:
-    """``aio``: connection options in aiokafka's terms (``Settings.aiokafka_options``)."""
+                  session_timeout_ms: int = 10_000,
+                  max_poll_interval_ms: int = DEFAULT_MAX_POLL_INTERVAL_MS) -> KafkaClients:
+    """``aio``: connection options in aiokafka's terms (``Settings.aiokafka_options``);
+    ``max_poll_interval_ms``: the release consumer's (``release_poll_interval_ms``)."""
     group = {"session_timeout_ms": session_timeout_ms, "heartbeat_interval_ms": min(3_000, session_timeout_ms // 3)}
     return KafkaClients(
         producer=AIOKafkaProducer(**aio, client_id=f"{client_id}-producer", acks="all", enable_idempotence=True,
@@ -56,6 +72,7 @@ def kafka_clients(aio: dict[str, Any], *, client_id: str, group_id: str, limits:
         # Partial chunks are up to the partials topic's record limit: a fetch takes several.
         release_consumer=AIOKafkaConsumer(
             **aio, client_id=f"{client_id}-release", group_id=f"{group_id}-release", enable_auto_commit=False,
-            auto_offset_reset="earliest", max_partition_fetch_bytes=FETCH_PARTITION_BYTES, **group,
+            auto_offset_reset="earliest", max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
+            max_poll_interval_ms=max_poll_interval_ms, **group,
         ),
     )

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from stream_dp.config.release_time import capped_option
 from stream_dp.dp.quantiles import COUNT_BETA
 from stream_dp.windows.histogram import SparseHistogram
 from stream_dp.worker.records import iso_utc, release_id
@@ -135,7 +136,7 @@ def build_release(query: Any, window: Any, noise: Any, released_at_ms: int, prev
         # rows only to carry quantiles or vectors; a top_k-only query publishes its list alone
         rows = plan.quantiles is not None or plan.vector is not None or plan.sample_aggregate is not None
         noisy = _Placeholder(keep=np.full(len(window.groups), rows, dtype=bool))
-    if plan.sample_aggregate is not None and base is not None and base.selection is not None:
+    if base is not None and base.selection is not None:
         noisy = _cap_released_groups(query, window, noisy)
     extras: list[tuple[bytes, bytes]] = []
     if plan.hierarchy:
@@ -216,12 +217,14 @@ def _positions(n_groups: int, index: np.ndarray) -> np.ndarray:
 def _cap_released_groups(query: Any, window: Any, noisy: Any) -> Any:
     """At most ``max_released_groups`` of the groups selection kept: those with the largest noisy counts.
 
-    The user function runs on every released group, and a producer can make up any number of groups that
-    pass selection, so the cap is what bounds the release's work (check-config holds it, times blocks and
-    timeout, within the window). The choice reads only the released noisy counts and the released groups'
-    keys (ties broken by key): post-processing of the release, which costs no privacy.
+    Quantiles, vectors and the user function of sample_aggregate work group by group, and a producer can
+    make up any number of groups that pass selection, so the cap is what bounds the release's work
+    (check-config holds it, times one group's release time, within the window). The choice reads only
+    the released noisy counts and the released groups' keys (ties broken by key): post-processing of the
+    release, which costs no privacy. The groups left out are left out of the whole window's release.
     """
-    cap = query.config.aggregations.sample_aggregate.max_released_groups
+    capped = capped_option(query.config)
+    cap = None if capped is None else capped[1].max_released_groups
     kept = np.flatnonzero(np.asarray(noisy.keep, dtype=bool))
     if cap is None or len(kept) <= cap:
         return noisy
@@ -230,8 +233,8 @@ def _cap_released_groups(query: Any, window: Any, noisy: Any) -> Any:
     keep = np.zeros(len(window.groups), dtype=bool)
     keep[ranked[:cap]] = True
     log.warning("window %s of %s: %d groups passed selection; the %d with the largest noisy counts are released "
-                "(sample_aggregate.max_released_groups), the other %d left out", window.window_start_ms, query.name,
-                len(kept), cap, len(kept) - cap)
+                "(%s.max_released_groups), the other %d left out", window.window_start_ms, query.name,
+                len(kept), cap, capped[0], len(kept) - cap)
     return dataclasses.replace(noisy, keep=keep)
 
 

@@ -141,7 +141,8 @@ def test_a_vector_window_of_more_groups_than_max_groups_is_released(groups):
     n = MAX_GROUPS + 1
     selected = groups == "selected"
     runtime = _with_max_groups(_runtime(
-        {"count": {}, "mean_vector": {"fields": ["vx", "vy"], "clip_norm": 4.0}},
+        {"count": {}, "mean_vector": {"fields": ["vx", "vy"], "clip_norm": 4.0,
+                                      **({"max_released_groups": 10} if selected else {})}},
         groups=SELECT if selected else {"public": [f"p{i}" for i in range(n)]}, mechanism="gaussian", delta=1e-5,
     ), MAX_GROUPS)
     units = _made_up(3, n) if selected else [KEPT_UNITS] * n
@@ -171,7 +172,8 @@ def test_a_sample_aggregate_window_of_more_groups_than_max_groups_is_released(gr
 
 
 def test_the_release_stage_publishes_a_window_of_more_groups_than_max_groups(monkeypatch):
-    runtime = _with_max_groups(_runtime({"count": {}, "covariance": {"fields": ["vx"], "clip_norm": 4.0}},
+    runtime = _with_max_groups(_runtime({"count": {}, "covariance": {"fields": ["vx"], "clip_norm": 4.0,
+                                                                     "max_released_groups": 10}},
                                         mechanism="gaussian", delta=1e-5), MAX_GROUPS)
     units = _made_up(3, MAX_GROUPS + 1)
     features = np.array([[u * 1.0, u * 4.0, u * 16.0] for u in units])
@@ -250,7 +252,7 @@ def test_quantiles_are_drawn_for_the_kept_groups_only_in_bounded_memory():
     bins, candidates, kept = 4096, 10_000, 3
     # one event per unit and group: rank noise of scale 0.6 (median) and 1.1 (0.9) values
     runtime = _runtime({"count": {}, "quantiles": {"field": "value", "q": [0.5, 0.9], "bounds": [0, 100],
-                                                   "bins": bins}}, linf=1)
+                                                   "bins": bins, "max_released_groups": 10}}, linf=1)
     units = _made_up(kept, candidates)
     # every group has values: the kept ones spread over the bins, each made-up one a value of its own
     group = np.concatenate([np.repeat(np.arange(kept), KEPT_UNITS), np.arange(kept, candidates)])
