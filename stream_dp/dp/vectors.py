@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -85,11 +86,12 @@ WORST_COVARIANCE_ENTRY = math.sqrt(6.0)
 WORST_MEAN_COORDINATE = math.sqrt(2.0)
 
 
-def clip_l2(vectors: NDArray[np.float64], clip_norm: float) -> NDArray[np.float64]:
-    """Each row scaled down to l2 norm at most ``clip_norm`` (rows already inside are unchanged)."""
+def clip_l2(vectors: NDArray[np.float64], clip_norm: float, out: NDArray[np.float64] | None = None) -> NDArray[np.float64]:
+    """Each row scaled down to l2 norm at most ``clip_norm`` (rows already inside are unchanged), into ``out``
+    if given (an array of the same shape)."""
     norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))
     factor = np.minimum(1.0, clip_norm / np.maximum(norms, np.finfo(np.float64).tiny))
-    return vectors * factor[:, None]
+    return np.multiply(vectors, factor[:, None], out=out)
 
 
 def _upper(d: int) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
@@ -102,6 +104,43 @@ def group_row_sums(group: NDArray[Any], rows: NDArray[np.float64], n_groups: int
     if len(group):
         for column in range(width):  # bincount adds in index order: bit-identical on every replay
             out[:, column] = np.bincount(group, weights=rows[:, column], minlength=n_groups)
+    return out
+
+
+#: Feature coordinates computed at once when summing a window's pairs (32 MB of float64): peak memory
+#: stays at a few blocks of this size however many pairs a window holds.
+FEATURE_BLOCK_ELEMENTS = 1 << 22
+
+
+def group_row_sums_in_blocks(
+    group: NDArray[Any], n_groups: int, width: int, rows_of: Callable[[NDArray[np.intp]], NDArray[np.float64]],
+    *, block_elements: int | None = None,
+) -> NDArray[np.float64]:
+    """What ``group_row_sums(group, rows, n_groups, width)`` returns, bit for bit, where ``rows_of(positions)``
+    gives the rows at those positions: never more than about ``block_elements`` (default
+    ``FEATURE_BLOCK_ELEMENTS``) row values exist at once.
+
+    Every group's rows are still added one after the other in their order, starting from 0.0 (as bincount
+    does), so each sum rounds exactly as before: the positions are sorted by group (stably), cut into
+    blocks, and a group cut by a block boundary resumes from its sum so far (entered as the first weight of
+    the next block's bincount: ``0.0 + s == s``, and a sum that starts at +0.0 is never -0.0).
+    """
+    out = np.zeros((n_groups, width), dtype=np.float64)
+    group = np.asarray(group, dtype=np.int64)
+    if not len(group):
+        return out
+    order = np.argsort(group, kind="stable")
+    step = max(1, (block_elements or FEATURE_BLOCK_ELEMENTS) // max(width, 1))
+    for start in range(0, len(order), step):
+        positions = order[start:start + step]
+        block_group = group[positions]
+        first, span = int(block_group[0]), int(block_group[-1]) - int(block_group[0]) + 1
+        # slot 0 carries the first group's sum so far; the block's rows follow, each in its group's slot
+        slot = np.concatenate(([0], block_group - first))
+        columns = np.ascontiguousarray(rows_of(positions).T)  # one contiguous column per bincount
+        for column in range(width):
+            weights = np.concatenate((out[first:first + 1, column], columns[column]))
+            out[first:first + span, column] = np.bincount(slot, weights=weights, minlength=span)
     return out
 
 
@@ -141,9 +180,20 @@ class FeatureSpec:
 
     def of_means(self, means: NDArray[np.float64]) -> NDArray[np.float64]:
         """Feature vectors (rows) of the pairs' mean vectors ``means`` (one row of ``d`` values per pair)."""
+        return self.of_augmented(self.augmented(means))
+
+    def augmented(self, means: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``x~ = (x, C)`` of each pair's clipped mean ``x`` (rows), from which :meth:`of_augmented` builds
+        features -- ``d + 1`` values per pair where a feature vector has up to ``(d + 1)(d + 2) / 2``."""
         means = np.asarray(means, dtype=np.float64).reshape(-1, self.dimensions)
-        clipped = clip_l2(means, float(self.clip_norm))
-        augmented = np.hstack([clipped, np.full((len(clipped), 1), float(self.clip_norm))])
+        augmented = np.empty((len(means), self.dimensions + 1), dtype=np.float64)
+        clip_l2(means, float(self.clip_norm), out=augmented[:, :-1])  # in place: no third copy of the pairs
+        augmented[:, -1] = float(self.clip_norm)
+        return augmented
+
+    def of_augmented(self, augmented: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Feature vectors (rows) of rows of :meth:`augmented` (each row on its own: any subset of rows gives
+        the same features for them)."""
         if self.kind == "mean_vector":
             return augmented
         rows, cols = _upper(self.dimensions + 1)

@@ -22,7 +22,7 @@ import numpy as np
 
 from stream_dp.dp.local import UnaryReports
 from stream_dp.dp.sample_aggregate import block_of
-from stream_dp.dp.vectors import FeatureSpec
+from stream_dp.dp.vectors import FeatureSpec, group_row_sums_in_blocks
 from stream_dp.windows.bounding import ContributionRows, unit_starts
 from stream_dp.windows.exact_sums import quantise_pair_sums, truncate_features
 from stream_dp.windows.histogram import HistogramSpec, SparseHistogram
@@ -212,11 +212,15 @@ class WindowPartial:
         group = self.pair_group.astype(np.int64)
         if keep is not None:
             means, group = means[keep], group[keep]
-        features = spec.of_means(means)
-        if isinstance(spec, FeatureSpec):
+        augmented = spec.augmented(means)
+        del means
+
+        def features(positions: np.ndarray) -> np.ndarray:
             # on a grid, so that the group sums are exact (stream_dp.windows.exact_sums)
-            features = truncate_features(features, spec.norm_bound)
-        return spec.group_sums(group, features, len(self.groups))
+            return truncate_features(spec.of_augmented(augmented[positions]), spec.norm_bound)
+
+        # a block of pairs' features at a time: a covariance's are ~d^2/2 per pair, too many to hold for all
+        return group_row_sums_in_blocks(group, len(self.groups), spec.width, features)
 
     def _block_values(self, keep: np.ndarray | None, blocks: int) -> BlockValues:
         """The kept events' values, each with its group and its unit's block."""

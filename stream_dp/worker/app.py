@@ -48,7 +48,7 @@ from stream_dp.worker.runtime import ContinualCharging, QueryRuntime
 from stream_dp.worker.sandbox import FunctionSandbox
 from stream_dp.worker.store_guard import StoreGuard
 from stream_dp.worker.topic_setup import TopicLimits, prepare_topics
-from stream_dp.worker.topics import TopicSettingsError
+from stream_dp.worker.topics import TopicSettingsError, check_release_records
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +177,8 @@ def build_worker_parts(
         runtime = attempt(where, _query_runtime, config, query, secret, clock_ms)
         if runtime is None:
             continue
+        # a record too large for any output topic would be left out of every window, on every replay
+        attempt(where, check_release_records, query)
         # The store's own test of a charge against every limit, in whole micro-units as it charges.
         if runtime.namespace in policies:
             attempt(where, policies[runtime.namespace].cost_units, runtime.cost, runtime.delta)

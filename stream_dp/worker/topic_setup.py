@@ -14,12 +14,14 @@ from stream_dp.worker.kafka_admin import describe_cluster, describe_topics, ensu
 from stream_dp.worker.records import MIN_CHUNK_PAYLOAD
 from stream_dp.worker.runtime import QueryRuntime
 from stream_dp.worker.topics import (
+    OUTPUT_MAX_REQUEST_BYTES,
     RECORD_HEADROOM,
     Problem,
     TopicSettingsError,
     TopicState,
     fix_command,
     plan_topics,
+    query_release_record_bytes,
     record_limit,
     replication,
     topic_problems,
@@ -49,8 +51,9 @@ def record_limits(settings: Settings, outputs: list[str], states: dict[str, Topi
 
     def limit(topic: str, *, topic_decides: bool = False) -> int:
         value = states[topic].configs.get("max.message.bytes")
-        return record_limit(broker_max, int(value) if value else None, PRODUCER_MAX_REQUEST_BYTES,
-                            topic_decides=topic_decides)
+        # the output producer's requests grow to what its topics take (kafka_clients), up to its own bound
+        producer_max = OUTPUT_MAX_REQUEST_BYTES if topic_decides else PRODUCER_MAX_REQUEST_BYTES
+        return record_limit(broker_max, int(value) if value else None, producer_max, topic_decides=topic_decides)
 
     limits = TopicLimits(
         partials_partitions=partials_partitions,
@@ -84,7 +87,7 @@ async def prepare_topics(settings: Settings, runtimes: list[QueryRuntime], optio
     outputs: dict[str, int] = {}
     for runtime in runtimes:
         topic = runtime.config.output_topic
-        outputs[topic] = max(outputs.get(topic, 0), runtime.config.max_message_bytes)
+        outputs[topic] = max(outputs.get(topic, 0), query_release_record_bytes(runtime.config))
     specs = plan_topics(
         partials=settings.partials_topic, alerts=settings.alerts_topic, dead_letter=settings.dead_letter_topic,
         outputs=outputs, partials_partitions=settings.partials_partitions,

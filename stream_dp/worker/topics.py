@@ -9,7 +9,10 @@ in sync), ``cleanup.policy=delete`` with a ``retention.ms`` for each role
 see ``kafka_admin.partials_retention_problem``; alerts and dead letters:
 ``STREAM_DP_INTERNAL_RETENTION_MS``; outputs: ``STREAM_DP_OUTPUT_RETENTION_MS``),
 and on an output topic a ``max.message.bytes`` large enough for the largest
-release record when the broker's default is not.
+release record when the broker's default is not (``release_record_bytes``: a
+group's record, or a top_k record listing k groups). A query whose largest
+record the worker could not write at all is refused when it is built, so by
+``check-config`` too (``check_release_records``).
 
 Existing topics are left as they are, but each setting that breaks an
 assumption is reported with the command that fixes it (``topic_problems``);
@@ -29,9 +32,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
 
 RECORD_HEADROOM = 16 * 1024  # a record batch's framing, the record's key and headers, with room to spare
 OUTPUT_RECORD_ROOM = 64 * 1024  # a release record beside its group values: window, privacy block, numbers
+#: A top_k record's entry beside its group's values: ``{"rank":1000,"group":{}}``, a comma, room to spare.
+TOP_K_ENTRY_ROOM = 64
+#: The output producer's largest request, so the largest release record the worker writes (it sets an output
+#: topic's max.message.bytes up to it): under the broker's socket.request.max.bytes, 100 MiB by default,
+#: which bounds every request whatever the topic takes.
+OUTPUT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_REPLICAS = 3
 KAFKA_DEFAULT_MAX_BYTES = 1_048_588  # message.max.bytes and max.message.bytes when nobody set them
 
@@ -79,13 +91,61 @@ def replication(replication_factor: int | None, min_insync: int | None, brokers:
     return factor, in_sync
 
 
-def output_message_bytes(max_event_bytes: int, broker_max: int | None) -> str | None:
-    """``max.message.bytes`` an output topic needs when the broker's default could refuse a release record.
+def release_record_bytes(group_bytes: int, top_k: int | None = None) -> int:
+    """The largest release record (key and value) of a query whose group values take up to ``group_bytes``.
 
-    A release record holds the group's values twice (key and body), and a
-    group value can be as long as an event (``max_message_bytes`` of the query).
+    A group's record holds its values twice (key and body); a top_k record lists ``top_k`` groups' values
+    once each.
     """
-    needed = 2 * max_event_bytes + OUTPUT_RECORD_ROOM + RECORD_HEADROOM
+    listed = 0 if top_k is None else top_k * (group_bytes + TOP_K_ENTRY_ROOM)
+    return max(2 * group_bytes, listed) + OUTPUT_RECORD_ROOM
+
+
+def query_group_bytes(query: Any) -> int:
+    """The most bytes a group's values of ``query`` (a ``QueryConfig``) take in JSON: as long as an event
+    (``max_message_bytes``), or a listed public group's, which is released even when no event could name it."""
+    names = list(query.group_by) or ["value"]
+    listed = (len(orjson.dumps(dict(zip(names, key)))) for key in query.public_group_keys() or ())
+    return max(query.max_message_bytes, max(listed, default=0))
+
+
+def query_release_record_bytes(query: Any) -> int:
+    """:func:`release_record_bytes` of ``query`` (a ``QueryConfig``)."""
+    top_k = query.aggregations.top_k
+    return release_record_bytes(query_group_bytes(query), None if top_k is None else top_k.k)
+
+
+def check_release_records(query: Any) -> None:
+    """Refuse ``query`` (a ``QueryConfig``) when its largest release record could not be written to any output
+    topic: every window would leave it out, on every replay. Raises ``ValueError`` saying what to lower."""
+    needed = query_release_record_bytes(query) + RECORD_HEADROOM
+    if needed <= OUTPUT_MAX_REQUEST_BYTES:
+        return
+    group_bytes, top_k = query_group_bytes(query), query.aggregations.top_k
+    room = OUTPUT_MAX_REQUEST_BYTES - RECORD_HEADROOM - OUTPUT_RECORD_ROOM
+    if top_k is None:  # a group's record alone: only public groups' values can be this long
+        raise ValueError(
+            f"a release record holds a group's values twice, up to {group_bytes} bytes each here, {needed} bytes in "
+            f"all with its numbers, more than the {OUTPUT_MAX_REQUEST_BYTES} bytes a release record may take; "
+            f"shorten the public groups' values to at most {room // 2} bytes"
+        )
+    longer = group_bytes > query.max_message_bytes  # a listed public group's values outgrow any event
+    raise ValueError(
+        f"its top_k record lists k={top_k.k} groups whose values may each be as long as an event "
+        f"(max_message_bytes={query.max_message_bytes})"
+        + (f" or a listed public group's ({group_bytes} bytes)" if longer else "")
+        + f": up to {needed} bytes, more than the {OUTPUT_MAX_REQUEST_BYTES} bytes a release record may take, so "
+        f"every window's list would be left out; lower top_k.k to at most "
+        f"{room // (group_bytes + TOP_K_ENTRY_ROOM)} or "
+        + ("shorten the public groups' values" if longer else
+           f"max_message_bytes to at most {max(room // top_k.k - TOP_K_ENTRY_ROOM, 0)}")
+    )
+
+
+def output_message_bytes(record_bytes: int, broker_max: int | None) -> str | None:
+    """``max.message.bytes`` an output topic needs for release records of up to ``record_bytes``
+    (:func:`release_record_bytes`) when the broker's default could refuse one."""
+    needed = record_bytes + RECORD_HEADROOM
     return str(needed) if needed > (broker_max or KAFKA_DEFAULT_MAX_BYTES) else None
 
 
@@ -104,7 +164,8 @@ def plan_topics(
     output_retention_ms: int,
     broker_max: int | None,
 ) -> list[TopicSpec]:
-    """Every topic the worker needs; ``outputs`` maps each output topic to its queries' largest event size."""
+    """Every topic the worker needs; ``outputs`` maps each output topic to its queries' largest release record
+    (:func:`release_record_bytes`)."""
     common = {"min.insync.replicas": str(min_insync), "cleanup.policy": "delete"}
     internal = {**common, "retention.ms": str(internal_retention_ms)}
     specs = [
@@ -112,9 +173,9 @@ def plan_topics(
         TopicSpec(alerts, "alerts", 1, replication_factor, internal),
         TopicSpec(dead_letter, "dead-letter", 1, replication_factor, internal),
     ]
-    for name, event_bytes in sorted(outputs.items()):
+    for name, record_bytes in sorted(outputs.items()):
         configs = {**common, "retention.ms": str(output_retention_ms)}
-        needed = output_message_bytes(event_bytes, broker_max)
+        needed = output_message_bytes(record_bytes, broker_max)
         if needed is not None:
             configs["max.message.bytes"] = needed
         specs.append(TopicSpec(name, "output", output_partitions, replication_factor, configs))
@@ -191,8 +252,8 @@ def topic_problems(spec: TopicSpec, state: TopicState, *, bootstrap: str) -> lis
     needed = _int(spec.configs.get("max.message.bytes"))
     if spec.role == "output" and needed is not None and limit is not None and limit < needed:
         problems.append(Problem(
-            f"{name} takes records of at most max.message.bytes={limit} bytes, but a release record of its "
-            f"queries' largest group values takes up to {needed}: such a record would be left out "
+            f"{name} takes records of at most max.message.bytes={limit} bytes, but its queries' largest release "
+            f"record (a group's, or a top_k list) takes up to {needed}: such a record would be left out "
             f"(stream_dp_internal_errors_total{{kind=\"release_record_too_large\"}}); fix it with "
             f"{fix_command(bootstrap, spec.name, {'max.message.bytes': str(needed)})}"
         ))

@@ -16,7 +16,16 @@ import pytest
 from scipy import stats
 
 from stream_dp.dp import ContributionBounds, OpenDPNoise
-from stream_dp.dp.vectors import FeatureSpec, VectorPlan, clip_l2, covariance_block, mean_vector_block, psd_projection
+from stream_dp.dp.vectors import (
+    FeatureSpec,
+    VectorPlan,
+    clip_l2,
+    covariance_block,
+    group_row_sums,
+    group_row_sums_in_blocks,
+    mean_vector_block,
+    psd_projection,
+)
 
 P_MIN = 1e-4
 FIELDS = ("a", "b", "c")
@@ -195,3 +204,34 @@ def test_feature_layout_is_the_upper_triangle_of_the_augmented_outer_product():
     (row,) = spec.of_means(np.array([[2.0, 3.0]]))
     x = [2.0, 3.0, 10.0]
     assert row.tolist() == [x[i] * x[j] for i, j in itertools.combinations_with_replacement(range(3), 2)]
+
+
+def test_block_sums_are_the_one_shot_sums_bit_for_bit():
+    """Sums built a block of rows at a time equal, bit for bit, rows added one after the other in their
+    order per group (a plain loop, and ``group_row_sums``): blocks cut inside groups, blocks of one row,
+    groups without rows, and magnitudes 16 decades apart, so that the order of additions shows in the
+    rounding."""
+    rng = np.random.default_rng(11)
+    for trial in range(150):
+        n, groups, width = int(rng.integers(0, 120)), int(rng.integers(1, 9)), int(rng.integers(1, 7))
+        group = rng.integers(0, groups, n)
+        rows = rng.normal(0.0, 1.0, (n, width)) * 10.0 ** rng.integers(-8, 9, (n, 1))
+        loop = np.zeros((groups, width))
+        for g, row in zip(group.tolist(), rows):
+            loop[g] += row
+        block_elements = int(rng.integers(1, 4 * width + 2))  # blocks of 1 to ~4 rows
+        blocks = group_row_sums_in_blocks(group, groups, width, lambda positions: rows[positions],
+                                          block_elements=block_elements)
+        assert blocks.tobytes() == loop.tobytes() == group_row_sums(group, rows, groups, width).tobytes(), trial
+
+
+def test_block_sums_never_ask_for_more_than_a_block_of_rows():
+    rows = np.arange(60.0).reshape(20, 3)
+    asked = []
+
+    def rows_of(positions):
+        asked.append(len(positions))
+        return rows[positions]
+
+    group_row_sums_in_blocks(np.arange(20) % 4, 4, 3, rows_of, block_elements=12)
+    assert asked == [4] * 5

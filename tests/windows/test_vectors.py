@@ -14,9 +14,11 @@ import numpy as np
 import orjson
 import pytest
 
-from stream_dp.dp.vectors import FeatureSpec
+from stream_dp.dp import vectors
+from stream_dp.dp.vectors import FeatureSpec, group_row_sums
 from stream_dp.windows import EventSchema
 from stream_dp.windows.decoding import RejectReason
+from stream_dp.windows.exact_sums import truncate_features
 from tests.windows._support import NOW_MS, batch_of, make_engine
 
 FIELDS = ("x", "y", "z")
@@ -129,3 +131,26 @@ def test_a_schema_reads_a_value_or_a_vector_not_both():
         EventSchema(unit_field="u", timestamp_field="t", value_field="v", vector_fields=("x",))
     with pytest.raises(ValueError, match="more than one role"):
         EventSchema(unit_field="u", timestamp_field="t", group_by=("x",), vector_fields=("x", "y"))
+
+
+@pytest.mark.parametrize("kind", ["mean_vector", "covariance"])
+def test_feature_sums_in_blocks_are_the_one_shot_sums_bit_for_bit(kind, monkeypatch):
+    """The partial sums its pairs' features a block at a time (bounded memory); with blocks of a few pairs,
+    cut inside groups, the sums are bit for bit those of every pair's features built at once and added
+    per group in pair order, with and without excluded units."""
+    spec = FeatureSpec(kind, 3, CLIP_NORM)
+    partial, _ = _closed_partial(_encode(_events(seed=5, n=600)))
+    gone = partial.unit_mask({"u0", "u4", "u9"})
+    expected = {}
+    for excluded in (None, gone):
+        keep = np.ones(len(partial.pair_group), dtype=bool) if excluded is None else ~excluded[partial.pair_unit]
+        starts = np.cumsum(partial.pair_count) - partial.pair_count
+        means = (np.add.reduceat(partial.row_value, starts, axis=0) / partial.pair_count[:, None])[keep]
+        features = truncate_features(spec.of_means(means), spec.norm_bound)
+        sums = group_row_sums(partial.pair_group[keep].astype(np.int64), features, len(partial.groups), spec.width)
+        expected[excluded is None] = sums[np.bincount(partial.pair_group[keep], minlength=len(partial.groups)) > 0]
+    monkeypatch.setattr(vectors, "FEATURE_BLOCK_ELEMENTS", 3 * spec.width)  # three pairs a block
+    assert len(partial.pair_group) > 20 * 3
+    for excluded in (None, gone):
+        got = partial.aggregate(excluded, features=spec).features
+        assert got.tobytes() == expected[excluded is None].tobytes()

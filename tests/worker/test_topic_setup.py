@@ -9,6 +9,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -21,6 +22,7 @@ from stream_dp.config import Settings, load_config
 from stream_dp.wire import is_binary, read_prefix
 from stream_dp.wire.letters import reassemble
 from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.clients import kafka_clients
 from stream_dp.worker.kafka_admin import describe_topics
 from stream_dp.worker.ledger import RedisReleaseLedger
 from stream_dp.worker.release_entry import decode_entry
@@ -32,7 +34,7 @@ from tests.worker._support import free_port
 DAY_MS = 86_400_000
 
 
-def _config(path: Path, unique_name: str) -> Path:
+def _config(path: Path, unique_name: str, **query: Any) -> Path:
     path.write_text(yaml.safe_dump({
         "namespaces": {"users": {"budgets": [{"horizon": "1h", "epsilon": 1.0}]}},
         "queries": [{
@@ -40,17 +42,17 @@ def _config(path: Path, unique_name: str) -> Path:
             "privacy_unit": {"namespace": "users", "field": "user_id"}, "timestamp_field": "ts",
             "window": {"size": "1m"}, "group_by": ["page"], "groups": {"public": ["a"]},
             "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "aggregations": {"count": {}},
-            "epsilon": 0.5,
+            "epsilon": 0.5, **query,
         }],
     }))
     return path
 
 
-def _prepare(tmp_path: Path, kafka_bootstrap: str, unique_name: str, **env: str):
+def _prepare(tmp_path: Path, kafka_bootstrap: str, unique_name: str, query: dict[str, Any] | None = None, **env: str):
     settings = Settings(KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{unique_name}.",
                         STREAM_DP_INTERNAL_RETENTION_MS=str(2 * DAY_MS), **env)
-    runtimes = build_runtimes(load_config(_config(tmp_path / "q.yaml", unique_name)), secret=b"k" * 32,
-                              clock_ms=lambda: 0)
+    runtimes = build_runtimes(load_config(_config(tmp_path / "q.yaml", unique_name, **(query or {}))),
+                              secret=b"k" * 32, clock_ms=lambda: 0)
     return settings, asyncio.run(prepare_topics(settings, runtimes, settings.kafka_client_options()))
 
 
@@ -80,6 +82,36 @@ def test_topics_are_created_with_the_planned_settings(tmp_path, kafka_bootstrap,
     broker_max = int(states[settings.partials_topic].configs["max.message.bytes"])  # the broker's default here
     assert limits.partials_record_bytes == limits.dead_letter_record_bytes == broker_max - RECORD_HEADROOM
     assert limits.partials_partitions == settings.partials_partitions
+
+
+@pytest.mark.services
+def test_an_output_topic_takes_a_top_k_list_of_k_groups_each_as_long_as_an_event(
+    tmp_path, kafka_bootstrap, unique_name, admin
+):
+    """A top_k record lists k groups' values, each up to an event's size: the output topic and the worker's
+    output producer are sized for one of k=100 such groups of 12,100-byte events (a record Kafka's 1 MB
+    default refuses), and the broker takes a record that large from that producer."""
+    event_bytes, k = 12_100, 100
+    query = {"max_message_bytes": event_bytes, "groups": {"public": [f"p{i}" for i in range(150)]},
+             "aggregations": {"count": {}, "top_k": {"k": k}}}
+    settings, limits = _prepare(tmp_path, kafka_bootstrap, unique_name, query)
+    # the list's entries ({"rank": r, "group": {...}}) beside the groups' values, then window, privacy, ...
+    largest = k * (event_bytes + 64) + 64 * 1024
+    assert largest > 1_048_588
+    out = f"{unique_name}-out"
+    assert int(describe_topics({"bootstrap_servers": kafka_bootstrap}, [out])[out].configs["max.message.bytes"]) >= largest
+    assert limits.output_batch_bytes >= largest
+
+    async def publish() -> None:
+        clients = kafka_clients(settings.aiokafka_options(), client_id=unique_name, group_id=unique_name,
+                                limits=limits)
+        try:  # incompressible, so that lz4 does not shrink it below the limits
+            await clients.output_producer.start()
+            await clients.output_producer.send_and_wait(out, key=b'["top_k"]', value=os.urandom(largest - 9))
+        finally:
+            await clients.stop()
+
+    asyncio.run(publish())
 
 
 @pytest.mark.services

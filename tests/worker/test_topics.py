@@ -3,8 +3,14 @@ sizes from the limits in force; existing topics that break an assumption named w
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from stream_dp.budget import StoreOptions
+from stream_dp.config import ConfigError, QueryConfig
+from stream_dp.config.loader import parse_config
+from stream_dp.worker.app import build_worker_parts
 from stream_dp.worker.topics import (
     RECORD_HEADROOM,
     TopicSettingsError,
@@ -12,7 +18,9 @@ from stream_dp.worker.topics import (
     TopicState,
     output_message_bytes,
     plan_topics,
+    query_release_record_bytes,
     record_limit,
+    release_record_bytes,
     replication,
     topic_problems,
 )
@@ -36,9 +44,9 @@ def test_replication_settings_are_taken_or_refused_with_the_fix():
         replication(None, None, 0)
 
 
-def _plan(broker_max: int = 1_048_588, event_bytes: int = 65_536) -> dict[str, TopicSpec]:
+def _plan(broker_max: int = 1_048_588, record_bytes: int = 196_608) -> dict[str, TopicSpec]:
     specs = plan_topics(
-        partials="p.partials", alerts="p.alerts", dead_letter="p.dead-letter", outputs={"out": event_bytes},
+        partials="p.partials", alerts="p.alerts", dead_letter="p.dead-letter", outputs={"out": record_bytes},
         partials_partitions=4, output_partitions=3, replication_factor=3, min_insync=2, partials_configs=PARTIALS,
         internal_retention_ms=2 * DAY_MS, output_retention_ms=-1, broker_max=broker_max,
     )
@@ -58,11 +66,62 @@ def test_every_topic_is_planned_with_explicit_settings():
 
 
 def test_an_output_topic_gets_max_message_bytes_only_when_the_broker_default_is_too_small():
-    assert output_message_bytes(65_536, 1_048_588) is None
-    assert "max.message.bytes" not in _plan().get("output").configs
-    needed = output_message_bytes(1_000_000, 1_048_588)
+    assert output_message_bytes(release_record_bytes(65_536), 1_048_588) is None
+    assert "max.message.bytes" not in _plan(record_bytes=release_record_bytes(65_536)).get("output").configs
+    needed = output_message_bytes(release_record_bytes(1_000_000), 1_048_588)
     assert needed is not None and int(needed) > 2_000_000
-    assert _plan(event_bytes=1_000_000)["output"].configs["max.message.bytes"] == needed
+    assert _plan(record_bytes=release_record_bytes(1_000_000))["output"].configs["max.message.bytes"] == needed
+
+
+def _query(**fields) -> QueryConfig:
+    query = {
+        "name": "q", "input_topic": "in", "output_topic": "out", "privacy_unit": {"namespace": "users", "field": "u"},
+        "timestamp_field": "ts", "window": {"size": "1m"}, "group_by": ["page"],
+        "groups": {"public": [f"p{i}" for i in range(1500)]}, "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
+        "aggregations": {"count": {}}, "epsilon": 1.0, **fields,
+    }
+    return parse_config({"namespaces": {"users": {"budgets": [{"horizon": "1h", "epsilon": 10.0}]}},
+                         "queries": [query]}).queries[0]
+
+
+def test_the_largest_release_record_is_a_groups_or_a_top_k_list_of_k_groups():
+    """From the records' layout: a group's record holds its values twice (key and body); a top_k record
+    lists k groups' values, each as long as an event at most (or a listed public group, if longer)."""
+    room = 64 * 1024
+    assert query_release_record_bytes(_query()) == 2 * 65_536 + room
+    assert query_release_record_bytes(_query(aggregations={"count": {}, "top_k": {"k": 100}})) == (
+        100 * (65_536 + 64) + room)
+    assert query_release_record_bytes(_query(max_message_bytes=1_000, aggregations={"count": {}, "top_k": {"k": 1}})) == (
+        2 * 1_000 + room)
+    long_key = "x" * 5_000  # released (noise only) even though no event of 1,000 bytes could name it
+    query = _query(max_message_bytes=1_000, groups={"public": [long_key, "a"]},
+                   aggregations={"count": {}, "top_k": {"k": 1}})
+    assert query_release_record_bytes(query) == 2 * len(f'{{"page":"{long_key}"}}') + room
+
+
+def _built(query: QueryConfig) -> str:
+    config = {"namespaces": {"users": {"budgets": [{"horizon": "1h", "epsilon": 10.0}]}},
+              "queries": [query.model_dump(mode="json", exclude_unset=True)]}
+    try:
+        build_worker_parts(parse_config(config), source="f.yaml", secret=b"k" * 32, store_options=StoreOptions(),
+                           clock_ms=lambda: 0).close()
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
+def test_a_query_whose_top_k_record_no_topic_could_take_is_refused_with_what_to_lower():
+    """What check-config and the worker build: a top_k list that could pass the output producer's bound
+    would be left out of every window; the message's limits are the largest that build."""
+    assert _built(_query(aggregations={"count": {}, "top_k": {"k": 1000}})) == ""  # 65.7 MB fits 64 MiB
+    refused = _built(_query(max_message_bytes=100_000, aggregations={"count": {}, "top_k": {"k": 1000}}))
+    assert "queries[0] (q): its top_k record lists k=1000 groups" in refused, refused
+    k = int(re.search(r"lower top_k.k to at most (\d+)", refused).group(1))
+    message_bytes = int(re.search(r"max_message_bytes to at most (\d+)", refused).group(1))
+    assert _built(_query(max_message_bytes=100_000, aggregations={"count": {}, "top_k": {"k": k}})) == ""
+    assert _built(_query(max_message_bytes=100_000, aggregations={"count": {}, "top_k": {"k": k + 1}})) != ""
+    assert _built(_query(max_message_bytes=message_bytes, aggregations={"count": {}, "top_k": {"k": 1000}})) == ""
+    assert _built(_query(max_message_bytes=message_bytes + 1, aggregations={"count": {}, "top_k": {"k": 1000}})) != ""
 
 
 def test_record_limits_follow_the_smallest_limit_in_force():
@@ -121,6 +180,6 @@ def test_existing_topics_that_break_an_assumption_are_named_with_their_fix(role,
 
 
 def test_an_output_topic_too_small_for_its_records_is_named():
-    spec = _plan(event_bytes=1_000_000)["output"]
+    spec = _plan(record_bytes=release_record_bytes(1_000_000))["output"]
     (problem,) = topic_problems(spec, _state(), bootstrap="k:9092")
     assert "release_record_too_large" in problem.text and spec.configs["max.message.bytes"] in problem.text
