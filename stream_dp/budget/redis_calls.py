@@ -8,7 +8,7 @@ from importlib import resources
 from typing import Any
 
 import redis
-from redis.exceptions import BusyLoadingError, NoScriptError, RedisError
+from redis.exceptions import BusyLoadingError, NoScriptError, OutOfMemoryError, RedisError
 
 from stream_dp.budget.redis_nodes import RETRYABLE_CLUSTER, ReplicationShortfall, is_cluster
 from stream_dp.budget.store import BudgetUnavailable
@@ -31,6 +31,8 @@ def error_kind(error: BaseException) -> str:
         return "replication"
     if isinstance(error, RETRYABLE_CLUSTER):
         return "cluster"
+    if isinstance(error, OutOfMemoryError):
+        return "out_of_memory"
     return "script"
 
 
@@ -92,6 +94,15 @@ class RedisCaller:
                     ) from error
                 self._sleep(self._backoff_s * (2**attempt))
                 attempt += 1
+            except OutOfMemoryError as error:
+                # Not retried here: memory frees only when keys expire or an operator acts. The window is
+                # held (nothing was written: Redis refuses a writing script whole) and charged later.
+                self._count_error(namespace, operation, error)
+                raise BudgetUnavailable(
+                    f"budget store is out of memory during {operation} ({error}); nothing may be released until "
+                    "it has room. Raise Redis's maxmemory (keep maxmemory-policy noeviction) or add memory; held "
+                    "windows are charged and released once it accepts writes"
+                ) from error
             except RedisError as error:
                 self._count_error(namespace, operation, error)
                 raise BudgetUnavailable(

@@ -158,7 +158,8 @@ class BudgetMetrics:
         )
         self.store_errors = Counter(
             "stream_dp_budget_store_errors",
-            "Errors talking to the budget store (kind: connection, timeout, script, ...).",
+            "Errors talking to the budget store (kind: connection, timeout, loading, replication, cluster, "
+            "out_of_memory, script).",
             ["namespace", "operation", "kind"],
             registry=registry,
         )

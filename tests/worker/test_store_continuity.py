@@ -25,7 +25,8 @@ from stream_dp.worker import app as worker_app
 from stream_dp.worker.commit_metadata import committed_store
 from stream_dp.worker.kafka_admin import read_commit_metadata
 from stream_dp.worker.store_guard import MARKERS, StoreReplaced
-from tests.worker.test_release_once import _by_window, _Deployment, _first_release, _metric, _wall_ms
+from tests.worker._release_once import by_window, metric, wall_ms
+from tests.worker.test_release_once import _Deployment, _first_release
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -63,21 +64,21 @@ def test_a_restart_on_a_store_that_lost_its_data_releases_nothing(deployment):
 
     # Control: the same store, the release group reset: the stored releases stand, nothing is noised again.
     d.reset_release_group()
-    registry = d.run(lambda r: _metric(r, "stream_dp_partials_expired_total", d.name) >= 0, clock_ms=_wall_ms,
+    registry = d.run(lambda r: metric(r, "stream_dp_partials_expired_total", d.name) >= 0, clock_ms=wall_ms,
                      timeout_s=20, settle_s=8)
-    assert _metric(registry, "stream_dp_internal_errors_total", d.name) == 0
-    again = _by_window(d.releases())
+    assert metric(registry, "stream_dp_internal_errors_total", d.name) == 0
+    again = by_window(d.releases())
     for start in data_windows:
-        assert set(again[start]) == set(_by_window(first)[start]), f"window {start} changed on an intact store"
+        assert set(again[start]) == set(by_window(first)[start]), f"window {start} changed on an intact store"
 
     before = d.releases()
     assert _wipe_store(d) > MARKERS_AT_LEAST
     d.reset_release_group()
     with pytest.raises(StoreReplaced, match=token):
-        d.run(lambda r: False, clock_ms=_wall_ms, timeout_s=30)
+        d.run(lambda r: False, clock_ms=wall_ms, timeout_s=30)
     after = d.releases()
     for start in data_windows:
-        assert set(_by_window(after)[start]) == set(_by_window(before)[start]), f"window {start} was noised again"
+        assert set(by_window(after)[start]) == set(by_window(before)[start]), f"window {start} was noised again"
     assert len(after) == len(before), (
         f"{len(after) - len(before)} records released on the emptied store:\n"
         f"{[r for r in after[len(before):]][:4]}"
@@ -103,7 +104,7 @@ def test_a_store_emptied_under_a_running_worker_stops_it(deployment):
         return False
 
     with pytest.raises(StoreReplaced, match="holds no store token"):
-        d.run(wipe_once_running, clock_ms=_wall_ms, timeout_s=40)
+        d.run(wipe_once_running, clock_ms=wall_ms, timeout_s=40)
     assert wiped and wiped[0] >= MARKERS_AT_LEAST
     assert d.ledger.store_markers().read() == [None] * MARKERS, "nothing may be written into the emptied store"
 
@@ -154,7 +155,7 @@ def test_a_worker_without_input_partitions_finds_the_groups_store_too(deployment
     try:
         time.sleep(8)  # the holders own both input partitions
         with pytest.raises(StoreReplaced, match=token):
-            d.run(lambda r: False, clock_ms=_wall_ms, timeout_s=40)
+            d.run(lambda r: False, clock_ms=wall_ms, timeout_s=40)
     finally:
         stop.set()
         holder.join(20)
@@ -174,11 +175,11 @@ def test_unreadable_commits_hold_everything_until_they_are_read(deployment, monk
 
     monkeypatch.setattr(worker_app, "read_commit_metadata", coordinator_moving)
     monkeypatch.setattr(worker_app, "read_group_metadata", coordinator_moving)
-    registry = d.run(lambda r: False, clock_ms=_wall_ms, timeout_s=25)
+    registry = d.run(lambda r: False, clock_ms=wall_ms, timeout_s=25)
     assert len(d.releases()) == len(before)
     assert d.ledger.store_markers().read() == [None] * MARKERS
     assert (registry.get_sample_value("stream_dp_store_checks_total", {"outcome": "unanswered"}) or 0) > 0
     monkeypatch.undo()
     with pytest.raises(StoreReplaced, match=token):
-        d.run(lambda r: False, clock_ms=_wall_ms, timeout_s=30)
+        d.run(lambda r: False, clock_ms=wall_ms, timeout_s=30)
     assert len(d.releases()) == len(before)
