@@ -99,7 +99,9 @@ def _affordable(budget, cost: float, delta: float) -> int:
 
 
 def _window_horizon(budget, cost: float, delta: float, window_ms: int, accounting: str) -> dict:
-    windows_in_horizon = max(1, budget.horizon_ms // window_ms)
+    # Charged at each window's end, window_ms apart: any interval of the horizon's length holds this many
+    # (ceil: 7-minute windows put 9 ends in some hour), as the namespace lines count them.
+    windows_in_horizon = -(-budget.horizon_ms // window_ms)
     # A unit joins a window only while every limit of the horizon affords it.
     affordable = _affordable(budget, cost, delta)
     joined = min(affordable, windows_in_horizon)

@@ -60,16 +60,13 @@ from stream_dp.dp.inputs import as_counts, as_sums
 from stream_dp.dp.laplace_sums import count_total_accuracy, sum_total_accuracy
 from stream_dp.dp.loss import PrivacyLoss
 from stream_dp.dp.noise import NoiseSource
-from stream_dp.dp.plan_budgets import needed_components, positive_finite
+from stream_dp.dp.plan_budgets import CALIBRATION_MARGIN, needed_components, positive_finite
 from stream_dp.dp.release import ReleaseAccuracy
 from stream_dp.dp.sensitivity import count_sensitivity, sum_sensitivity
 from stream_dp.dp.tree_state import TreeState, max_popcount, positive_int, saturating_total, set_bits, tree_depth
 
 __all__ = ["ContinualPlan", "ContinualRelease", "TreeState", "max_popcount", "tree_depth"]
 
-# Each component is calibrated to this fraction of its share, so that the
-# conservatively rounded costs OpenDP certifies add up to no more than the request.
-_CALIBRATION_MARGIN = 1.0 - 1e-9
 _OPENDP_MAX_SIZE = (1 << 31) - 1
 
 
@@ -178,7 +175,7 @@ class ContinualPlan:
         chosen, needs_count, needs_sum = needed_components(aggregations, clip)
         components = tuple(c for c, wanted in (("count", needs_count), ("sum", needs_sum)) if wanted)
         shares = resolve_budget_split(components, budget_split)
-        budgets = {c: total * _CALIBRATION_MARGIN * shares[c] for c in components}
+        budgets = {c: total * CALIBRATION_MARGIN * shares[c] for c in components}
         depth = tree_depth(periods)
 
         count_noise = sum_noise = None

@@ -170,8 +170,9 @@ class UnaryReports:
     4,096-value domain where a float per value would take 32 KiB. A group's feature sum is the support
     count of every value (what ``estimate`` debiases).
 
-    The partials' ``features`` interface (as ``stream_dp.dp.vectors.FeatureSpec``): one report per
-    unit and window is kept, so a pair's row is its report, and its group's sums are counts.
+    A partial's ``features`` for a local_dp oue query (``WindowPartial`` tells it from a vector
+    ``FeatureSpec``): one report per unit and window is kept, so a pair's row is its report, and its
+    group's sums are counts.
     """
 
     width: int

@@ -87,13 +87,13 @@ from stream_dp.dp.bounds import ContributionBounds
 from stream_dp.dp.loss import PrivacyLoss
 from stream_dp.dp.measurements import private_quantile_measurement, quantile_score_transformation
 from stream_dp.dp.noise import NoiseSource
+from stream_dp.dp.plan_budgets import CALIBRATION_MARGIN  # calibrate a hair below the share
 
 CONFIDENCE = 0.95
 #: The share of ``1 - CONFIDENCE`` spent on the lower bound of a group's size from its noisy count.
 COUNT_BETA = 0.025
 MAX_BINS = 1 << 16  # bins travel as uint16
 _ALPHA_GRANULARITY = 10_000  # OpenDP's denominator for a q without a small exact one
-_CALIBRATION_MARGIN = 1.0 - 1e-9  # calibrate a hair below the share, so the certified cost fits
 _CHUNK_CELLS = 1 << 21  # histogram cells scored at once (16 MiB of int64)
 
 
@@ -217,7 +217,7 @@ class QuantilesPlan:
             num, den = opendp_alpha(opendp_level(level))
             reach = max(num, den - num)
             _check_score(edges, opendp_level(level), num, den, probe, probe_below)
-            scale = 2.0 * l0 * linf * reach / (den * eps_q * _CALIBRATION_MARGIN)
+            scale = 2.0 * l0 * linf * reach / (den * eps_q * CALIBRATION_MARGIN)
             # exactly the product make_private_quantile forms for its noisy max, so the certified draw is ours
             score_scale = scale * float(den)
             cost += l0 * float(private_quantile_measurement(edges.tolist(), opendp_level(level), scale).map(linf))

@@ -329,7 +329,8 @@ class Worker:
             self.runtimes, clients.release_consumer, clients.output_producer, self.ledger,
             noise_source(settings.noise_sampler, executor=noise_pool), self.metrics,
             partials_topic=settings.partials_topic, release_age_limit_ms=settings.release_age_limit_ms,
-            output_batch_bytes=limits.output_batch_bytes, clock_ms=self.clock_ms, store_ready=store.ready,
+            output_batch_bytes=limits.output_batch_bytes, output_record_bytes=limits.output_record_bytes,
+            clock_ms=self.clock_ms, store_ready=store.ready,
         )
         clients.release_consumer.subscribe([settings.partials_topic], listener=release.rebalance_listener())
         clients.ingest_consumer.subscribe(sorted(input_topics),

@@ -43,8 +43,7 @@ def release_poll_interval_ms(together_release_ms: float) -> int:
     step releases every window that ended, so at the end of the longest window every group-by-group
     release of the file runs before the next poll (``release_time.together_release_ms``). A consumer
     silent for longer leaves its group, and the rebalance drops every unpublished window of its homes: the
-    interval covers twice that estimate and a minute for the ledger and the output topics. A longer
-    interval also lets a rebalance wait that long for this worker to rejoin."""
+    interval covers twice that estimate and a minute for the ledger and the output topics."""
     return max(DEFAULT_MAX_POLL_INTERVAL_MS, int(2 * together_release_ms) + 60_000)
 
 
@@ -62,7 +61,8 @@ def kafka_clients(aio: dict[str, Any], *, client_id: str, group_id: str, limits:
         output_producer=AIOKafkaProducer(
             **aio, client_id=f"{client_id}-output", acks="all", enable_idempotence=True, linger_ms=5,
             compression_type="lz4", max_batch_size=limits.output_batch_bytes,
-            max_request_size=max(PRODUCER_MAX_REQUEST_BYTES, limits.output_batch_bytes + RECORD_HEADROOM),
+            max_request_size=max(PRODUCER_MAX_REQUEST_BYTES, limits.output_batch_bytes + RECORD_HEADROOM,
+                                 *(size + RECORD_HEADROOM for size in limits.output_record_bytes.values())),
         ),
         ingest_consumer=ColumnarConsumer(
             **aio, client_id=f"{client_id}-ingest", group_id=group_id, enable_auto_commit=False,

@@ -90,6 +90,17 @@ class LedgerUnavailable(RuntimeError):
     """The ledger could not be read or written; the caller must not publish."""
 
 
+def _unavailable(what: str, exc: redis.RedisError, then: str = "") -> LedgerUnavailable:
+    """The error for a failed ledger call; a full Redis (maxmemory under noeviction) says how to fix it."""
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return LedgerUnavailable(
+            f"{what} failed: Redis is out of memory ({exc}){then}. Raise its maxmemory (keep maxmemory-policy "
+            "noeviction) or add memory; the release ledger keeps each window for STREAM_DP_LEDGER_TTL_S (README "
+            "\"Sizing Redis\"), and held windows are released once Redis accepts writes"
+        )
+    return LedgerUnavailable(f"{what} failed ({type(exc).__name__}: {exc}){then}")
+
+
 @dataclass(frozen=True)
 class StoredRelease:
     payload: bytes  # as given to ``claim`` (or an earlier version's stored records)
@@ -164,10 +175,12 @@ class RedisReleaseLedger:
         # The staging key shares the entry's hash tag, so both sit on one Redis Cluster slot; the claim's
         # WAIT covers the staged writes too (one ordered replication stream per master).
         staging = f"{key}:staging:{secrets.token_hex(8)}"
-        if len(chunks) > 1:
-            for index, chunk in enumerate(chunks[1:], start=1):
-                self._redis.hset(staging, f"c{index}", chunk)
-            self._redis.expire(staging, _STAGING_TTL_S)
+        for index, chunk in enumerate(chunks[1:], start=1):
+            self._redis.hset(staging, f"c{index}", chunk)
+            if index == 1:
+                # at once, not after the last chunk: a write refused midway (a full Redis) must not leave
+                # a staging key that never expires (EXPIRE is accepted even when Redis is out of memory)
+                self._redis.expire(staging, _STAGING_TTL_S)
         keys, args = [key, staging], [chunks[0], ttl_s, len(chunks), state]
         if self._wait is None:
             first, stored_state, count, new = self._put_once(keys=keys, args=args)
@@ -195,14 +208,14 @@ class RedisReleaseLedger:
             stored, state, new = self._store_once(self._key(query, window_start_ms), payload, self._ttl_s, WRITTEN,
                                                   f"{self._prefix}:{{{query}}}:sync")
         except redis.RedisError as exc:
-            raise LedgerUnavailable(f"release ledger write failed ({type(exc).__name__}: {exc}); not publishing") from exc
+            raise _unavailable("release ledger write", exc, "; not publishing") from exc
         return StoredRelease(stored, state == PUBLISHED, new)
 
     def mark_published(self, query: str, window_start_ms: int) -> None:
         try:
             self._redis.hset(self._key(query, window_start_ms), "state", PUBLISHED)
         except redis.RedisError as exc:
-            raise LedgerUnavailable(f"release ledger update failed ({type(exc).__name__})") from exc
+            raise _unavailable("release ledger update", exc) from exc
 
     def get(self, query: str, window_start_ms: int) -> StoredRelease | None:
         key = self._key(query, window_start_ms)
@@ -212,7 +225,7 @@ class RedisReleaseLedger:
                 return None
             payload = legacy if legacy is not None else self._rest(key, first, int(count or 1))
         except redis.RedisError as exc:
-            raise LedgerUnavailable(f"release ledger read failed ({type(exc).__name__})") from exc
+            raise _unavailable("release ledger read", exc) from exc
         return StoredRelease(payload, state == PUBLISHED, False)
 
     def released_through(self, query: str, home: int) -> int | None:
@@ -224,7 +237,7 @@ class RedisReleaseLedger:
         try:
             value = self._redis.get(f"{self._prefix}:{{{query}}}:released-through:{home}")
         except redis.RedisError as exc:
-            raise LedgerUnavailable(f"release ledger read failed ({type(exc).__name__})") from exc
+            raise _unavailable("release ledger read", exc) from exc
         return None if value is None else int(value)
 
     def remember_units(self, charge_id: str, units: list[str]) -> list[str]:
@@ -240,7 +253,7 @@ class RedisReleaseLedger:
             sync = f"{self._prefix}:units:{{{charge_id}}}:sync"
             stored, _, new = self._store_once(key, _pack_units(units), self._journal_ttl_s, b"", sync)
         except redis.RedisError as exc:
-            raise LedgerUnavailable(f"charge journal unavailable ({type(exc).__name__}); not charging") from exc
+            raise _unavailable("charge journal", exc, "; not charging") from exc
         return units if new else _unpack_units(stored)
 
     def mark_query_start(self, query: str, window_start_ms: int) -> None:
@@ -248,20 +261,20 @@ class RedisReleaseLedger:
         try:
             self._redis.set(f"{self._prefix}:{{{query}}}:start", window_start_ms, nx=True, ex=self._ttl_s)
         except redis.RedisError as exc:
-            raise LedgerUnavailable(f"release ledger update failed ({type(exc).__name__})") from exc
+            raise _unavailable("release ledger update", exc) from exc
 
     def query_start(self, query: str) -> int | None:
         try:
             value = self._redis.get(f"{self._prefix}:{{{query}}}:start")
         except redis.RedisError as exc:
-            raise LedgerUnavailable(f"release ledger read failed ({type(exc).__name__})") from exc
+            raise _unavailable("release ledger read", exc) from exc
         return None if value is None else int(value)
 
     def raise_released_through(self, query: str, home: int, window_end_ms: int) -> None:
         try:
             self._raise(keys=[f"{self._prefix}:{{{query}}}:released-through:{home}"], args=[window_end_ms])
         except redis.RedisError as exc:
-            raise LedgerUnavailable(f"release ledger update failed ({type(exc).__name__})") from exc
+            raise _unavailable("release ledger update", exc) from exc
 
 
 def _check_payload(payload: object) -> None:

@@ -66,17 +66,21 @@ async def publish_release(
     max_batch_bytes: int,
     slice_rows: int = SLICE_ROWS,
     on_too_large: Callable[[int], None],
+    max_record_bytes: int | None = None,
     max_pending_bytes: int = 64 * 1024 * 1024,
 ) -> tuple[int, float]:
     """Publish every record of ``release`` and wait for all of them; returns how many were published
     and the seconds spent rendering them (the rest is Kafka's).
 
     ``max_batch_bytes``: the producer's batch size, at most what the topic
-    accepts in one record batch. A record that could not fit even an empty
-    batch (a group key near the size of an event) is left out and its size
-    passed to ``on_too_large``, which must account for it: the broker would
-    refuse it, and retrying the window forever would stop every release after it.
+    accepts in one record batch; ``max_record_bytes`` (default: the batch
+    size): the largest record the topic takes, sent alone in a batch of its
+    own when larger than a batch. A larger record (a group key near the size
+    of an event) is left out and its size passed to ``on_too_large``, which
+    must account for it: the broker would refuse it, and retrying the window
+    forever would stop every release after it.
     """
+    record_limit = max_batch_bytes if max_record_bytes is None else max_record_bytes
     partitions = sorted(await producer.partitions_for(topic))
     open_batches: dict[int, object] = {}
     pending: list[tuple[asyncio.Future, int]] = []
@@ -97,7 +101,7 @@ async def publish_release(
         targets = output_partitions([key for key, _ in records], len(partitions))
         rendering_s += time.perf_counter() - started
         for (key, value), partition in zip(records, targets.tolist()):
-            if len(key) + len(value) + RECORD_OVERHEAD > max_batch_bytes:
+            if len(key) + len(value) + RECORD_OVERHEAD > record_limit:
                 on_too_large(len(key) + len(value))
                 continue
             batch = open_batches.get(partition)

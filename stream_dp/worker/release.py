@@ -82,6 +82,7 @@ class ReleaseStage:
         partials_topic: str,
         release_age_limit_ms: int,
         output_batch_bytes: int = DEFAULT_OUTPUT_BATCH_BYTES,
+        output_record_bytes: dict[str, int] | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         poll_timeout_ms: int = 200,
         commit_interval_s: float = 1.0,
@@ -110,8 +111,10 @@ class ReleaseStage:
         self._lock = asyncio.Lock()
         self.trees = PreviousTrees(ledger)
         self._next_start_lookup_s = 0.0
-        # The output producer's batch size: it fits every output topic's record limit (see ``topic_setup``).
+        # The output producer's batch size: it fits every output topic's record limit (see ``topic_setup``);
+        # a topic sized for larger records (a top_k list) takes one of them alone in a batch of its own.
         self.output_batch_bytes = output_batch_bytes
+        self.output_record_bytes = dict(output_record_bytes or {})
         self.intake = PartialsIntake(
             metrics, topic=partials_topic, age_limit_ms=release_age_limit_ms,
             quiet_ms=lambda name: q.combiner.release_timeout_ms if (q := self.queries.get(name)) else None,
@@ -319,6 +322,7 @@ class ReleaseStage:
         published, rendering_s = await publish_release(
             self.producer, topic, release,
             max_batch_bytes=self.output_batch_bytes, on_too_large=too_large,
+            max_record_bytes=self.output_record_bytes.get(topic, self.output_batch_bytes),
         )
         timing.labels(query.name, "render").observe(rendering_s)
         timing.labels(query.name, "publish").observe(time.perf_counter() - started - rendering_s)

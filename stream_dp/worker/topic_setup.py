@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stream_dp.config import Settings
@@ -42,7 +42,9 @@ class TopicLimits:
     partials_partitions: int
     partials_record_bytes: int  # a partial chunk record's value
     dead_letter_record_bytes: int  # a dead letter's value and headers
-    output_batch_bytes: int  # a batch of release records (uncompressed)
+    output_batch_bytes: int  # a batch of release records (uncompressed): fits every output topic
+    #: Per output topic, the largest record it takes (a record larger than a batch goes alone in its own).
+    output_record_bytes: dict[str, int] = field(default_factory=dict)
 
 
 def record_limits(settings: Settings, outputs: list[str], states: dict[str, TopicState], broker_max: int | None,
@@ -60,6 +62,7 @@ def record_limits(settings: Settings, outputs: list[str], states: dict[str, Topi
         partials_record_bytes=limit(settings.partials_topic),
         dead_letter_record_bytes=limit(settings.dead_letter_topic),
         output_batch_bytes=min(limit(topic, topic_decides=True) for topic in outputs),
+        output_record_bytes={topic: limit(topic, topic_decides=True) for topic in outputs},
     )
     problems = []
     for topic, role, got, least in (

@@ -159,3 +159,25 @@ def test_a_namespace_within_its_limits_gets_no_warning_and_rho_is_summed(tmp_pat
             joined = _windows_joined(path, "users", ["a", "b"], 60_000, 60, rho=True)
             assert math.floor(hour["fully_active_unit_lasts_ms"] / 60_000) == 50 and joined == {"a": 50, "b": 50}
 
+
+
+def test_a_window_that_does_not_divide_the_horizon_is_counted_alike_by_the_query_and_the_namespace(tmp_path, capsys):
+    """7-minute windows end 9 times in some hour (e.g. in (6.5, 66.5] minutes): ceil(60 / 7) charges, both
+    in the query's own line and in its one-query namespace's."""
+    config = {"namespaces": {"users": {"budgets": [{"horizon": "1h", "epsilon": 10.0}]}},
+              "queries": [{"name": "q7", "input_topic": "in", "output_topic": "out",
+                           "privacy_unit": {"namespace": "users", "field": "user_id"}, "timestamp_field": "ts",
+                           "window": {"size": "7m"}, "group_by": ["page"], "groups": {"public": ["a"]},
+                           "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
+                           "aggregations": {"count": {}}, "epsilon": 0.1}]}
+    path = tmp_path / "q7.yaml"
+    path.write_text(yaml.safe_dump(config))
+    plan, _ = _plan(path, capsys)
+    ends = max(sum(1 for k in range(1, 20) if start < 7 * k <= start + 60) for start in range(0, 7 * 60))
+    assert ends == math.ceil(60 / 7) == 9
+    (query,) = plan["queries"]
+    (own,) = query["horizons"]
+    assert own["windows_in_horizon"] == ends
+    assert own["fully_active_unit_spends"]["epsilon"] == pytest.approx(0.1 * ends)
+    namespace = _horizons(plan, "users")["1h"]
+    assert namespace["fully_active_unit_spends"]["epsilon"] == pytest.approx(own["fully_active_unit_spends"]["epsilon"])

@@ -141,3 +141,44 @@ def test_entries_and_journals_of_earlier_versions_are_still_read(small_chunks, u
     assert stored.published and decode_entry(stored.payload).render() == [(b'["/a"]', b'{"count":5}')]
     client.set(f"{unique_name}:ledger:units:{{q/0/1}}", zlib.compress("u1\0u2".encode(), 1))
     assert ledger.remember_units("q/0/1", ["u3"]) == ["u1", "u2"]
+
+
+class _FillsUpAfterOneStagedChunk:
+    """A client whose Redis fills up (``maxmemory`` 1 byte) right after the first staged chunk is written,
+    as if other writers had taken the rest of its memory."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+    def hset(self, key, *args, **kwargs):
+        written = self._client.hset(key, *args, **kwargs)
+        if b":staging:" in (key if isinstance(key, bytes) else key.encode()):
+            self._client.config_set("maxmemory", "1")
+        return written
+
+
+@pytest.mark.services
+def test_a_full_redis_refuses_the_claim_with_the_fix_and_leaves_no_staging_key_without_a_ttl(tmp_path):
+    """A private Redis (noeviction) that fills up while a large entry is being staged: the claim fails
+    naming the fix, nothing is stored, and the staging key it began leaves with its TTL."""
+    import os
+
+    from tests.reliability.services import PrivateRedis
+
+    server = PrivateRedis(tmp_path / "redis")
+    server.start()
+    try:
+        client = server.client()
+        ledger = RedisReleaseLedger(_FillsUpAfterOneStagedChunk(client), prefix="full:ledger", chunk_bytes=64 * 1024)
+        with pytest.raises(LedgerUnavailable, match=r"out of memory .*Raise its maxmemory"):
+            ledger.claim("q", 0, os.urandom(4 * 64 * 1024))
+        staging = list(client.scan_iter("full:ledger:*:staging:*"))
+        assert len(staging) == 1, staging
+        assert all(client.ttl(key) > 0 for key in staging), [(key, client.ttl(key)) for key in staging]
+        client.config_set("maxmemory", "0")
+        assert ledger.get("q", 0) is None  # nothing claimed: the window is drawn and stored when Redis has room
+    finally:
+        server.stop()

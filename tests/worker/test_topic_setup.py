@@ -188,3 +188,52 @@ def test_records_fit_a_small_partials_topic_and_a_dead_letter_larger_than_its_to
         big.delete_redis_keys(client, f"{big.LEDGER_PREFIX}:{{{name}}}*", f"{big.LEDGER_PREFIX}:units:{{{name}/*",
                               f"dp:*{name}-users*")
         client.close()
+
+
+@pytest.mark.services
+def test_a_top_k_record_larger_than_another_output_topics_batches_is_published(
+    tmp_path, kafka_bootstrap, unique_name, admin
+):
+    """Two output topics, one sized for a top_k list of long groups, one left at the broker's default: the
+    output producer's batches fit both, and the top_k topic's large record goes out alone in its own batch
+    rather than being left out as too large for the other topic."""
+    from stream_dp.worker.output import publish_release
+    from stream_dp.worker.release_entry import StoredRecords
+
+    event_bytes, k = 12_100, 100
+    path = tmp_path / "two.yaml"
+    base = yaml.safe_load(_config(tmp_path / "one.yaml", unique_name).read_text())
+    top = {**base["queries"][0], "name": "top", "max_message_bytes": event_bytes,
+           "groups": {"public": [f"p{i}" for i in range(150)]}, "aggregations": {"count": {}, "top_k": {"k": k}}}
+    counts = {**base["queries"][0], "name": "counts", "input_topic": f"{unique_name}-in2",
+              "output_topic": f"{unique_name}-out2"}
+    path.write_text(yaml.safe_dump({**base, "queries": [top, counts]}))
+    settings = Settings(KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{unique_name}.",
+                        STREAM_DP_INTERNAL_RETENTION_MS=str(2 * DAY_MS))
+    runtimes = build_runtimes(load_config(path), secret=b"k" * 32, clock_ms=lambda: 0)
+    limits = asyncio.run(prepare_topics(settings, runtimes, settings.kafka_client_options()))
+    out = f"{unique_name}-out"
+    largest = k * (event_bytes + 64) + 64 * 1024
+    assert limits.output_batch_bytes < largest - 4096 and largest <= limits.output_record_bytes[out], limits
+
+    big_record = (b'["top_k"]', os.urandom(largest - 4096))  # incompressible: lz4 cannot shrink it under a batch
+    records = [(b'["a"]', b'{"n":1}'), big_record, (b'["b"]', b'{"n":2}')]
+    too_large: list[int] = []
+
+    async def publish() -> int:
+        clients = kafka_clients(settings.aiokafka_options(), client_id=unique_name, group_id=unique_name,
+                                limits=limits)
+        try:
+            await clients.output_producer.start()
+            published, _ = await publish_release(
+                clients.output_producer, out, StoredRecords(records), max_batch_bytes=limits.output_batch_bytes,
+                max_record_bytes=limits.output_record_bytes[out], on_too_large=too_large.append)
+            return published
+        finally:
+            await clients.stop()
+
+    assert asyncio.run(publish()) == 3 and too_large == []
+    from tests.reliability.topics import read_topic
+
+    got = read_topic(kafka_bootstrap, out, max_partition_fetch_bytes=largest + 1024, fetch_max_bytes=largest + 1024)
+    assert sorted(len(r.value) for r in got) == sorted(len(v) for _, v in records)
