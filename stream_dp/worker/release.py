@@ -89,6 +89,7 @@ class ReleaseStage:
         retry_backoff_s: float = 0.5,
         retry_backoff_max_s: float = 10.0,
         store_ready: Callable[[], bool] = lambda: True,
+        publish_budget_s: float = 60.0,
     ) -> None:
         self.queries = {q.name: q for q in queries}
         # False until the ledger's Redis is known to be the one released from so far (``store_guard``).
@@ -106,6 +107,10 @@ class ReleaseStage:
         self.poll_timeout_ms = poll_timeout_ms
         self.retry_backoff_s = retry_backoff_s
         self.retry_backoff_max_s = retry_backoff_max_s
+        # A step publishes windows for this long at most, then polls again: after a restart with a backlog of
+        # windows, publishing them all in one step would outlast the release consumer's max_poll_interval_ms
+        # (``clients.release_poll_interval_ms``) and lose its partitions mid-backlog.
+        self.publish_budget_s = publish_budget_s
         self._unpublished: list[_Unpublished] = []
         self.commits = PartialsCommits(consumer, partials_topic, interval_s=commit_interval_s)
         self._lock = asyncio.Lock()
@@ -257,12 +262,16 @@ class ReleaseStage:
         # A continual query's window continues the tree of the one before: after a held window,
         # the later ones of that query wait too.
         held_continual: set[str] = set()
+        deadline_s = now_s + self.publish_budget_s
+        attempted = False
         for item in sorted(self._unpublished, key=lambda u: u.window_start_ms):
-            if item.next_attempt_s > now_s or item.query.name in held_continual:
+            out_of_time = attempted and time.monotonic() > deadline_s  # the rest waits for the next step, in order
+            if out_of_time or item.next_attempt_s > now_s or item.query.name in held_continual:
                 remaining.append(item)
                 if item.query.plan.continual is not None:
                     held_continual.add(item.query.name)
                 continue
+            attempted = True
             try:
                 await self._publish(item)
             except LedgerUnavailable as exc:

@@ -139,3 +139,28 @@ def test_a_window_republished_or_replayed_after_a_crash_adds_nothing(monkeypatch
     assert [r["continual"]["tree_restarted_ms"] for r in published if r["window"]["start_ms"] == start_of(8)] == \
         [start_of(8)] * 3
     assert epsilon_released(third_registry) == pytest.approx(EPSILON)  # the next period's, once
+
+
+def test_a_step_publishes_for_its_time_budget_then_leaves_the_rest_in_window_order(monkeypatch):
+    """A backlog of windows is published over several steps (each polls the consumer first), never all in
+    one step longer than its budget: with no time at all, one window per step, the earliest first."""
+    rt = runtime()
+    starts = [start_of(i) for i in range(1, 6)]
+
+    def stage_with(budget_s: float):
+        stage, _, published = offline_stage(rt, monkeypatch, ledger=MemoryReleaseLedger(), consumer=None,
+                                            now_ms=NOW_MS)
+        stage.publish_budget_s = budget_s
+        stage._unpublished = [_Unpublished(rt, s, s + MINUTE_MS, window=window(rt, s)) for s in reversed(starts)]
+        return stage, published
+
+    stage, published = stage_with(0.0)
+    seen = []
+    for _ in starts:
+        asyncio.run(stage._publish_pending())
+        seen.append(sorted({r["window"]["start_ms"] for r in published}))
+    assert seen == [starts[:k] for k in range(1, len(starts) + 1)]
+
+    stage, published = stage_with(60.0)
+    asyncio.run(stage._publish_pending())
+    assert sorted({r["window"]["start_ms"] for r in published}) == starts and not stage._unpublished
