@@ -1,7 +1,7 @@
 """End to end on the real broker and Redis: top_k (over public and over selected groups), quantiles, hierarchy,
 continual, staircase, mean_vector, covariance and sample_aggregate queries in one worker.
 
-One input topic feeds eleven queries. The data is known exactly, so each
+One input topic feeds twelve queries. The data is known exactly, so each
 release is checked against values computed here from the README's semantics,
 with bounds wide enough (4x a 95% half-width, or a gap of many noise scales)
 that the whole test fails by chance with probability below 1e-3. Every record
@@ -82,6 +82,10 @@ def _config(tmp_path: Path, topic: str, outputs: dict[str, str], namespace: str,
                    groups={"select": {"delta": 1e-6}}, aggregations={"count": {}, "top_k": {"k": 2}}, epsilon=10.0),
             _query(f"{tag}_quantiles", topic, outputs["quantiles"], namespace, epsilon=10.0, aggregations={
                 "count": {}, "quantiles": {"field": "value", "q": [0.5, 0.9], "bounds": [0, 100], "bins": 100}}),
+            # quantiles over selected groups, at most the 2 with the largest noisy counts: pages a and b
+            _query(f"{tag}_qcap", topic, outputs["qcap"], namespace, epsilon=10.0, groups={"select": {"delta": 1e-6}},
+                   aggregations={"count": {}, "quantiles": {"field": "value", "q": [0.5], "bounds": [0, 100],
+                                                            "bins": 100, "max_released_groups": 2}}),
             _query(f"{tag}_places", topic, outputs["places"], namespace, epsilon=10.0,
                    group_by=["country", "region", "city"], groups={"public": [list(p) for p in PLACES.values()]},
                    hierarchy={"split": [1, 1, 2]}, aggregations={"count": {}, "sum": {"field": "value", "clip": [0, 100]}}),
@@ -143,8 +147,8 @@ def _quiet_scrape(port: int, tries: int = 50) -> str:
 
 def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name):
     topic = new_topic("in", partitions=2)
-    outputs = {k: f"{unique_name}-{k}" for k in ("top", "topsel", "quantiles", "places", "today", "stairs", "vec",
-                                                  "cov", "median", "blockmedian", "crashy")}
+    outputs = {k: f"{unique_name}-{k}" for k in ("top", "topsel", "quantiles", "qcap", "places", "today", "stairs",
+                                                  "vec", "cov", "median", "blockmedian", "crashy")}
     namespace = f"{unique_name}-users"
     config_path = _config(tmp_path, topic, outputs, namespace, unique_name.replace("-", "_")[-30:])
     period_ms = PERIOD_WINDOWS * WINDOW_MS
@@ -232,6 +236,14 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
         assert privacy["window_delta"] == rows[0]["privacy"]["delta"] and 0 < privacy["window_delta"] <= 1e-6
         assert privacy["window_epsilon"] == rows[0]["privacy"]["epsilon"]
         assert privacy["epsilon"] == pytest.approx(10 / 3, rel=1e-6)
+
+    # quantiles over selected groups capped at 2: the pages of 120 and 80 kept events pass selection with page
+    # c (40), whose noisy count (discrete Laplace of scale L0 Linf / (10 / 3) = 2.7) falls 40 events short
+    qcap = collections.defaultdict(list)
+    for record in got["qcap"]:
+        qcap[record["window"]["start_ms"]].append(record["group"]["page"])
+    for start in starts:
+        assert sorted(qcap[start]) == ["a", "b"], (start, qcap[start])
 
     # quantiles: the stated rank_error r is the module's calibration (stream_dp/dp/quantiles.py): scale
     # 2 L0 Linf max(num, den - num) / (den eps_q) ranks, eps_q = 10 / 2 (count, quantiles) / 2 (q's), times
@@ -450,10 +462,11 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
     assert series("stream_dp_epsilon_released_total", "_stairs") == pytest.approx(
         10.0 * series("stream_dp_windows_released_total", "_stairs"), rel=1e-6)
 
-    # charged once per period: two periods, 10 epsilon each, plus the other ten queries' windows
+    # charged once per period: two periods, 10 epsilon each, plus the other eleven queries' windows
     store = RedisBudgetStore(redis.Redis.from_url(redis_url), policy_from_config(load_config(config_path)))
     spends = {h.currency: h for h in store.spend(namespace, "u0", int(time.time() * 1000))}
-    assert spends["epsilon"].spent == pytest.approx(2 * 10.0 + 10 * WINDOWS * 10.0, rel=1e-6)
-    # delta: the two Gaussian vector queries' 1e-5 per window, and the selection's of the selected top_k
-    selection_delta = selected_tops[0]["privacy"]["window_delta"]
+    assert spends["epsilon"].spent == pytest.approx(2 * 10.0 + 11 * WINDOWS * 10.0, rel=1e-6)
+    # delta: the two Gaussian vector queries' 1e-5 per window, and the selections' of the selected top_k and
+    # the capped quantiles
+    selection_delta = selected_tops[0]["privacy"]["window_delta"] + got["qcap"][0]["privacy"]["delta"]
     assert spends["delta"].spent == pytest.approx(WINDOWS * (2 * 1e-5 + selection_delta), rel=1e-6)
