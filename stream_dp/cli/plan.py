@@ -7,7 +7,7 @@ import json
 import sys
 
 from stream_dp.config import ConfigError, format_duration_ms, load_config
-from stream_dp.cli.plan_namespaces import namespace_lines, namespace_summaries
+from stream_dp.cli.plan_namespaces import charges_in, namespace_lines, namespace_summaries
 from stream_dp.cli.plan_options import continual_summary, fmt, option_lines, vector_summary
 
 EXAMPLE_COUNTS = (10, 100, 1_000, 10_000)
@@ -99,9 +99,8 @@ def _affordable(budget, cost: float, delta: float) -> int:
 
 
 def _window_horizon(budget, cost: float, delta: float, window_ms: int, accounting: str) -> dict:
-    # Charged at each window's end, window_ms apart: any interval of the horizon's length holds this many
-    # (ceil: 7-minute windows put 9 ends in some hour), as the namespace lines count them.
-    windows_in_horizon = -(-budget.horizon_ms // window_ms)
+    # charged at each window's end: 7-minute windows put 9 ends in some hour, as the namespace lines count them
+    windows_in_horizon = charges_in(budget.horizon_ms, window_ms)
     # A unit joins a window only while every limit of the horizon affords it.
     affordable = _affordable(budget, cost, delta)
     joined = min(affordable, windows_in_horizon)

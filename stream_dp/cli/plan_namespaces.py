@@ -12,7 +12,7 @@ from __future__ import annotations
 from stream_dp.config import format_duration_ms
 
 
-def _charges_in(horizon_ms: int, every_ms: int) -> int:
+def charges_in(horizon_ms: int, every_ms: int) -> int:
     """Charges ``every_ms`` apart that an interval of ``horizon_ms`` holds at most: a per-window query charges
     a unit active in every window at each window's end, a continual one at the end of its first window of
     each period, so ``every_ms`` is the window or the period."""
@@ -44,7 +44,7 @@ def namespace_summaries(config, plans: list[dict]) -> list[dict]:
             for p in members:
                 query = by_name[p["query"]]
                 every_ms = query.window.size_ms if query.continual is None else query.continual.period_ms
-                charges = _charges_in(budget.horizon_ms, every_ms)
+                charges = charges_in(budget.horizon_ms, every_ms)
                 rows.append({
                     "query": p["query"],
                     "charged_per": p["charged_per"],
