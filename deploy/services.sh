@@ -37,9 +37,23 @@ start_redis() {
   redis-server --port "$redis_port" --bind 127.0.0.1 --protected-mode yes \
     --dir "$run_dir/redis" --appendonly yes --appendfsync always --maxmemory-policy noeviction --lazyfree-lazy-expire yes --save "" \
     --daemonize yes --pidfile "$run_dir/redis/redis.pid" --logfile "$run_dir/redis/redis.log"
-  for _ in $(seq 1 50); do redis_ping && break; sleep 0.1; done
-  redis_ping || { log "redis did not answer; see $run_dir/redis/redis.log"; exit 1; }
-  log "redis ready on 127.0.0.1:$redis_port"
+  wait_for_redis "$redis_port" "$run_dir/redis"
+}
+
+# A Redis with a large append-only file answers LOADING for as long as it reads it back
+# (seconds per GB): that is a Redis starting, not a failure, so wait while its process lives.
+redis_loading() { redis-cli -h 127.0.0.1 -p "$1" ping 2>&1 | grep -q LOADING; }
+
+wait_for_redis() {
+  local port="$1" dir="$2" waited=0
+  for _ in $(seq 1 50); do redis-cli -h 127.0.0.1 -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  while redis_loading "$port" && pid_alive "$dir/redis.pid" && [ "$waited" -lt "${REDIS_LOAD_TIMEOUT_S:-900}" ]; do
+    [ $((waited % 10)) -eq 0 ] && log "redis on 127.0.0.1:$port is loading its append-only file (${waited} s so far)"
+    sleep 1; waited=$((waited + 1))
+  done
+  redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG \
+    || { log "redis on 127.0.0.1:$port did not answer; see $dir/redis.log (a large append-only file may need more than REDIS_LOAD_TIMEOUT_S=${REDIS_LOAD_TIMEOUT_S:-900} s)"; exit 1; }
+  log "redis ready on 127.0.0.1:$port"
 }
 
 stop_redis() {
