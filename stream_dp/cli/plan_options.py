@@ -158,6 +158,14 @@ def option_lines(query, plan, described) -> list[str]:
                      f"[{errors}] ranks (events) of the true quantile{why}, beyond the grid's resolution "
                      f"of {(candidates['hi'] - candidates['lo']) / (candidates['count'] - 1):g}: values sharing the "
                      "quantile's bin count as one point")
+        if plan.quantiles.interval is not None:
+            interval = plan.quantiles.interval
+            reach = ", ".join(f"{w:.4g}" for w in interval.rank_reach())
+            lines.append(f"quantiles value_interval: a noisy histogram of each group (discrete Laplace of scale "
+                         f"{interval.scale:.4g} on each of its {interval.bins} bins, epsilon "
+                         f"{interval.loss.epsilon:.4g}, half the quantiles' share) gives each q a value_ci95 "
+                         "[lower, upper] in the field's units that holds the true quantile with 95% probability "
+                         f"whatever the values; each end lies about w to 2w ranks from it, w = [{reach}], plus a bin")
     if plan.vector is not None:
         v = plan.vector
         kind = v.features.kind

@@ -48,7 +48,9 @@ def _quantiles(block: dict[str, Any]) -> str:
     parts = []
     for q, answer in block.items():
         low, high = answer["q_interval"]
-        parts.append(f"q{q} {_g(answer['value'])} (rank ±{_g(answer['rank_error'])}, q {_g(low)}-{_g(high)})")
+        interval = answer.get("value_ci95")
+        within = "" if interval is None else f", 95% in [{_g(interval[0])}, {_g(interval[1])}]"
+        parts.append(f"q{q} {_g(answer['value'])} (rank ±{_g(answer['rank_error'])}, q {_g(low)}-{_g(high)}{within})")
     return "quantiles: " + "  ".join(parts)
 
 

@@ -88,6 +88,7 @@ from stream_dp.dp.loss import PrivacyLoss
 from stream_dp.dp.measurements import private_quantile_measurement, quantile_score_transformation
 from stream_dp.dp.noise import NoiseSource
 from stream_dp.dp.plan_budgets import CALIBRATION_MARGIN  # calibrate a hair below the share
+from stream_dp.dp.quantile_intervals import ValueIntervalPlan
 
 CONFIDENCE = 0.95
 #: The share of ``1 - CONFIDENCE`` spent on the lower bound of a group's size from its noisy count.
@@ -183,6 +184,7 @@ class QuantilesRelease:
     rank_error: NDArray[np.float64]  # (len(q),): r, in ranks (values), at the statement's level
     q_interval: NDArray[np.float64] | None  # (groups, len(q), 2), None without noisy counts
     confidence: float = CONFIDENCE
+    value_ci95: NDArray[np.float64] | None = None  # (groups, len(q), 2) in the field's units, with value_interval
 
 
 @dataclass(frozen=True)
@@ -199,20 +201,31 @@ class QuantilesPlan:
     scale: tuple[float, ...]  # per quantile, in ranks
     score_scale: tuple[float, ...]  # per quantile, on the integer scores: scale * den
     loss: PrivacyLoss
+    interval: ValueIntervalPlan | None = None  # the noisy histogram behind value_ci95 (value_interval: true)
 
     @classmethod
     def build(
-        cls, *, epsilon: float, q: list[float], lo: float, hi: float, bins: int, bounds: ContributionBounds
+        cls, *, epsilon: float, q: list[float], lo: float, hi: float, bins: int, bounds: ContributionBounds,
+        value_interval: bool = False,
     ) -> QuantilesPlan:
-        """Calibrate each quantile to ``epsilon / len(q)`` and certify the total with OpenDP."""
+        """Calibrate each quantile to ``epsilon / len(q)`` and certify the total with OpenDP.
+
+        With ``value_interval``, half of ``epsilon`` goes to a noisy histogram of each group for the
+        quantiles' value intervals (``stream_dp.dp.quantile_intervals``) and half to the draws.
+        """
         levels = _check_inputs(epsilon, q, lo, hi, bins, bounds)
         lo, hi, bins = float(lo), float(hi), int(bins)
         edges = bin_edges(lo, hi, bins)
         probe, probe_below = _probe(edges)
         l0, linf = bounds.max_groups_per_unit, bounds.max_events_per_group
-        eps_q = float(epsilon) / len(levels)
+        interval = None
+        draws_epsilon = float(epsilon)
+        if value_interval:
+            draws_epsilon = float(epsilon) / 2.0
+            interval = ValueIntervalPlan.build(epsilon=draws_epsilon, q=levels, edges=edges, bounds=bounds)
+        eps_q = draws_epsilon / len(levels)
         alphas, scales, score_scales = [], [], []
-        cost = 0.0
+        cost = 0.0 if interval is None else interval.loss.epsilon
         for level in levels:
             num, den = opendp_alpha(opendp_level(level))
             reach = max(num, den - num)
@@ -227,7 +240,7 @@ class QuantilesPlan:
         if cost > epsilon:
             raise RuntimeError(f"OpenDP certifies epsilon={cost} above the budget {epsilon}; nothing is released")
         return cls(levels, lo, hi, bins, bounds, eps_q, tuple(alphas), tuple(scales), tuple(score_scales),
-                   PrivacyLoss.pure(cost))
+                   PrivacyLoss.pure(cost), interval)
 
     @property
     def candidates(self) -> NDArray[np.float64]:
@@ -261,11 +274,15 @@ class QuantilesPlan:
         n_groups, rows = _histogram_rows(histograms, self.bins)
         low = self._size_lower_bound(n_groups, noisy_counts, count_ci)
         index = np.zeros((n_groups, len(self.q)), dtype=np.int64)
+        value_ci = None if self.interval is None else np.empty((n_groups, len(self.q), 2), dtype=np.float64)
         chunk = max(1, _CHUNK_CELLS // (self.bins + 1))
         for start in range(0, n_groups, chunk):
             stop = min(n_groups, start + chunk)
             below = np.zeros((stop - start, self.bins + 1), dtype=np.int64)
-            np.cumsum(rows(start, stop), axis=1, out=below[:, 1:])
+            block = rows(start, stop)
+            np.cumsum(block, axis=1, out=below[:, 1:])
+            if value_ci is not None:
+                value_ci[start:stop] = self.interval.intervals(block, noise)  # type: ignore[union-attr]
             sizes = below[:, -1:]
             for i, (num, den) in enumerate(self.alpha):
                 if sizes.size and sizes.max() > np.iinfo(np.int64).max // (2 * den):
@@ -281,7 +298,7 @@ class QuantilesPlan:
             width = error[None, :] / low[:, None] + offset[None, :]
             centre = np.array(self.q)[None, :]
             interval = np.stack([np.maximum(0.0, centre - width), np.minimum(1.0, centre + width)], axis=-1)
-        return QuantilesRelease(self.q, self.candidates[index], index, error, interval)
+        return QuantilesRelease(self.q, self.candidates[index], index, error, interval, value_ci95=value_ci)
 
     @staticmethod
     def _size_lower_bound(n_groups: int, noisy_counts: Any, count_ci: Any) -> NDArray[np.float64] | None:
@@ -325,6 +342,7 @@ class QuantilesPlan:
             "confidence": CONFIDENCE,
             "count_beta": COUNT_BETA,
             "rank_error": self.rank_error(1.0 - CONFIDENCE).tolist(),
+            "value_interval": None if self.interval is None else self.interval.describe(),
             "loss": self.loss.to_dict(),
         }
 

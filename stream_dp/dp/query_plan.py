@@ -47,6 +47,7 @@ class QuantileRequest:
     lo: float
     hi: float
     bins: int
+    value_interval: bool = False  # half the share to a noisy histogram for value intervals
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ class QueryPlan:
             shares["quantiles"] = share
             quantiles_plan = QuantilesPlan.build(
                 epsilon=epsilon * share * (1 - 1e-9), q=list(quantiles.q), lo=quantiles.lo, hi=quantiles.hi,
-                bins=quantiles.bins, bounds=bounds,
+                bins=quantiles.bins, bounds=bounds, value_interval=quantiles.value_interval,
             )
             loss = quantiles_plan.loss if loss is None else loss + quantiles_plan.loss
         vector_plan = None

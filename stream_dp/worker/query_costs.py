@@ -45,7 +45,8 @@ def build_plan(query: QueryConfig) -> QueryPlan:
         hierarchy_split=query.hierarchy_split,
         top_k=aggregations.top_k.k if aggregations.top_k is not None else None,
         quantiles=None if quantiles is None else QuantileRequest(
-            tuple(quantiles.q), float(quantiles.bounds[0]), float(quantiles.bounds[1]), quantiles.bins),
+            tuple(quantiles.q), float(quantiles.bounds[0]), float(quantiles.bounds[1]), quantiles.bins,
+            quantiles.value_interval),
         continual=None if continual is None else ContinualRequest(
             continual.period_ms // query.window.size_ms, continual.max_windows_per_unit),
         local=None if query.local_dp is None else (

@@ -88,6 +88,8 @@ def privacy_statement(query: Any, plan: Any, described: dict[str, Any]) -> dict[
             "epsilon_per_quantile": quantiles["epsilon_per_quantile"], "scale": quantiles["scale"],
             "epsilon": quantiles["loss"]["epsilon"],
         }
+        if quantiles.get("value_interval") is not None:
+            privacy["quantiles"]["value_interval"] = quantiles["value_interval"]
     if query.continual is not None:
         # count_scale and sum_scale are one tree node's: a running total adds up to ``depth`` nodes
         privacy["continual"] = {
@@ -316,6 +318,7 @@ def _quantile_fragments(plan: Any, window: Any, noisy: Any, index: np.ndarray, n
     names = [repr(float(q)) if float(q) != int(q) else str(q) for q in released.q]
     values = released.values.tolist()
     intervals = None if released.q_interval is None else released.q_interval.tolist()
+    value_ci = None if released.value_ci95 is None else released.value_ci95.tolist()
     errors = released.rank_error.tolist()
     out = []
     for row in range(len(values)):
@@ -324,6 +327,9 @@ def _quantile_fragments(plan: Any, window: Any, noisy: Any, index: np.ndarray, n
                    "q_interval": None if intervals is None else intervals[row][i]}
             for i, name in enumerate(names)
         }
+        if value_ci is not None:
+            for i, name in enumerate(names):
+                block[name]["value_ci95"] = value_ci[row][i]
         out.append(b',"quantiles":' + orjson.dumps(block))
     return out
 

@@ -186,6 +186,15 @@ def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
     printed = [_number(x) for x in m.group(2).split(", ")]
     assert printed == pytest.approx(_stated_rank_errors(build_plan(config.query("value_quantiles"))), rel=1e-3)
 
+    # value intervals: a histogram noised at max_groups_per_unit x max_events_per_group / epsilon_h, epsilon_h
+    # the half of the quantiles' share (0.1 / 2 components / 2 = 0.025) the README gives it
+    m = _one(blocks["value_quantiles"], rf"quantiles value_interval: a noisy histogram of each group \(discrete "
+                                        rf"Laplace of scale {NUM} on each of its 256 bins, epsilon {NUM}, .*"
+                                        r"w = \[(.*)\], plus a bin")
+    assert _number(m.group(1)) == pytest.approx(3 * 2 / 0.025, rel=1e-3)
+    assert _number(m.group(2)) <= 0.025
+    assert len(m.group(3).split(", ")) == 3  # one reach per q
+
     # staircase: its std below Laplace's at the same epsilon (2 per group)
     for name in ("count", "sum"):
         m = _one(blocks["session_minutes"], rf"staircase {name}: epsilon 2 per group, stairs of {NUM} with gamma "

@@ -23,6 +23,8 @@ def _alone(example: dict, index: int, name: str, **changes) -> dict:
     """The example's query ``index`` as the only query of the file (other queries' release time aside)."""
     query = example["queries"][index]
     assert query["name"] == name
+    if "quantiles" in query.get("aggregations", {}):
+        query["aggregations"]["quantiles"].pop("value_interval", None)  # draws alone; intervals are tested apart
     query.update(changes)
     example["queries"] = [query]
     return query
@@ -48,6 +50,15 @@ def test_quantiles_over_selected_groups_need_a_cap_that_fits_the_window(example,
         query["aggregations"]["quantiles"]["max_released_groups"] = cap
     message = _error(example)
     assert re.search(r"queries\[0\] \(value_quantiles\): " + expected, message), message
+
+
+def test_value_intervals_add_their_histogram_to_a_groups_release_time(example):
+    # + 256 bins x (0.5 + 0.5 x 3 q) us = 0.512 ms: 1.1312 ms per group, 60,000 ms hold 53,041 groups (53,041.0)
+    query = _alone(example, 2, "value_quantiles", groups=SELECTED)
+    query["aggregations"]["quantiles"]["value_interval"] = True
+    message = _error(example)
+    assert re.search(r"e\.g\. max_released_groups: 53041 fits the 60 s window at 3 quantiles x about 0\.206 ms at "
+                     r"256 bins \+ about 0\.512 ms of value intervals per group$", message), message
 
 
 def test_quantiles_with_a_cap_that_fits_are_accepted(example):
@@ -88,6 +99,7 @@ def test_the_file_adds_up_quantiles_and_sample_aggregate_release_times(example):
     # the example's sample_aggregate takes at worst 100 s an hour (2.78% of the time); quantiles capped at
     # 95,000 groups take 95,000 x 0.6192 ms = 58.8 s a minute (98.04%): each fits its window, not both
     example["queries"][2]["groups"] = SELECTED
+    example["queries"][2]["aggregations"]["quantiles"].pop("value_interval")  # the draws alone: 0.6192 ms
     example["queries"][2]["aggregations"]["quantiles"]["max_released_groups"] = 95_000
     message = _error(example)
     assert message.startswith("queries.yaml: queries: the queries releasing group by group keep the release stage "

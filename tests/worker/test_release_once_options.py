@@ -58,7 +58,8 @@ def _config(path: Path, names: dict[str, str], outputs: dict[str, str], topic: s
     queries = {
         "top": dict(aggregations={"count": {}, "top_k": {"k": 2}}),
         "quantiles": dict(aggregations={
-            "count": {}, "quantiles": {"field": "value", "q": [0.5, 0.9], "bounds": [0, 100], "bins": 100}}),
+            "count": {}, "quantiles": {"field": "value", "q": [0.5, 0.9], "bounds": [0, 100], "bins": 100,
+                                       "value_interval": True}}),
         "places": dict(group_by=["country", "region", "city"], groups={"public": [list(p) for p in PLACES.values()]},
                        hierarchy={"split": [1, 1, 2]}, aggregations={"count": {}, "sum": sum_}),
         "today": dict(continual={"period": f"{PERIOD_WINDOWS}m", "max_windows_per_unit": 2},
