@@ -91,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
             f"{format_duration_ms(query.window.size_ms)} windows, {groups} groups by {query.group_by}, "
             f"{sorted(query.aggregations.names())}, {mechanism_label(query)}"
         )
+        for line in config.implied(query.name):
+            # a setting the query left out and was given: said, so that nothing is added unseen
+            print(f"  {line}")
         if query.continual is not None:
             # a silent default would drop most of an active unit's day: say what the file asks for
             windows = query.continual.max_windows_per_unit

@@ -25,6 +25,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+def mechanism_word(mechanism: str, written: str) -> str:
+    """A central query's mechanism in the file's word: ``geometric`` is read as laplace, which its records
+    state, and is named as written so that a user finds their word."""
+    return f"{written} (the discrete Laplace, released as {mechanism})" if written != mechanism else mechanism
+
+
 def mechanism_label(query) -> str:
     """How a query's releases are made private, as ``plan`` and ``check-config`` headers name it.
 
@@ -35,7 +41,8 @@ def mechanism_label(query) -> str:
     if local is not None:
         return (f"local trust model: {local.mechanism} randomized by each producer, epsilon={local.epsilon:g} per "
                 "report, no central noise")
-    return f"{query.mechanism} epsilon={query.epsilon:g}" + (f" delta={query.delta:g}" if query.delta else "")
+    word = mechanism_word(query.mechanism, getattr(query, "mechanism_written", query.mechanism))
+    return f"{word} epsilon={query.epsilon:g}" + (f" delta={query.delta:g}" if query.delta else "")
 
 
 def plan_config(config) -> list[dict]:
@@ -71,6 +78,7 @@ def plan_config(config) -> list[dict]:
             "mechanism": query.mechanism if plan.local is None else f"local_{plan.local.mechanism}",
             "trust_model": "central" if plan.local is None else "local",
             "mechanism_label": mechanism_label(query),
+            "mechanism_written": query.mechanism_written,
             "count_scale": described["count_scale"],
             "sum_scale": described["sum_scale"],
             "selection_threshold": described["selection_threshold"],
@@ -212,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
     sharing = {n["namespace"]: len(n["queries"]) - 1 for n in namespaces}
     for p in plans:
         loss = p["per_window_loss"]
-        how = p["mechanism_label"] if p["trust_model"] == "local" else p["mechanism"]
+        local = p["trust_model"] == "local"
+        how = p["mechanism_label"] if local else mechanism_word(p["mechanism"], p["mechanism_written"])
         print(f"query {p['query']} ({p['window']} windows, {how}, namespace {p['namespace']})")
         charged = f"{p['per_window_cost']:.6g} {p['accounting']}"
         if p["per_window_delta"]:

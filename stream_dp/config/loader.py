@@ -255,6 +255,20 @@ def _settings_beside(loc: tuple[Any, ...]) -> list[str]:
     return [field.alias or name for name, field in model.model_fields.items()] if model is not None else []
 
 
+_LOCAL_EPSILON = "left out, it is local_dp.epsilon, but local_dp is not valid (see its line): fix local_dp"
+
+
+def _local_epsilon_missing(data: dict[str, Any], error: dict[str, Any]) -> bool:
+    """A query's missing epsilon beside a local_dp block, which would have given it had it been valid
+    (``stream_dp.config.implied``)."""
+    loc = tuple(error["loc"])
+    if error["type"] != "missing" or len(loc) != 3 or loc[0] != "queries" or loc[2] != "epsilon":
+        return False
+    queries = data.get("queries")
+    query = queries[loc[1]] if isinstance(queries, list) and isinstance(loc[1], int) and loc[1] < len(queries) else None
+    return isinstance(query, dict) and "local_dp" in query
+
+
 def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
     """Validate already-parsed YAML/JSON data."""
     if not isinstance(data, dict):
@@ -271,7 +285,7 @@ def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
             if _not_a_branch_that_applies(error) or (error["type"] == "missing" and tuple(error["loc"]) in covered):
                 continue
             message = (f"unknown field; did you mean {meant[i]}? (required, see deploy/queries.example.yaml)"
-                       if i in meant else _message(error))
+                       if i in meant else _LOCAL_EPSILON if _local_epsilon_missing(data, error) else _message(error))
             for part in message.split("\n"):  # a check that finds several problems gives one line each
                 line = f"{source}: {_location(data, tuple(error['loc']))}: {part}"
                 if line not in seen:

@@ -12,12 +12,21 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from stream_dp.budget.policy import MAX_HORIZONS, MAX_LIMIT_UNITS, MAX_THRESHOLDS, MICRO, to_units_down
 from stream_dp.config.release_time import check_release_time_together
 from stream_dp.config.aggregations import Aggregations
 from stream_dp.config.examples import refuse_empty_options
+from stream_dp.config.implied import implied_settings
 from stream_dp.config.query_checks import check_query_options
 from stream_dp.config.query_options import (
     BoundsConfig,
@@ -187,8 +196,19 @@ class QueryConfig(_Strict):
     continual: ContinualConfig | None = None
     hierarchy: bool | HierarchyConfig = False
     local_dp: LocalDPConfig | None = None
+    # the word the file wrote for mechanism when it differs from the one it is read as (geometric)
+    _mechanism_written: str | None = PrivateAttr(None)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _implied(cls, data: Any, handler: ModelWrapValidatorHandler[QueryConfig]) -> QueryConfig:
+        # a setting the query implies is filled in as if written (stream_dp.config.implied)
+        query = handler(implied_settings(data)[0])
+        if isinstance(data, dict) and data.get("mechanism") == "geometric":
+            query._mechanism_written = "geometric"
+        return query
 
     @field_validator("name", "input_topic", "output_topic")
     @classmethod
@@ -274,6 +294,11 @@ class QueryConfig(_Strict):
         return self
 
     @property
+    def mechanism_written(self) -> str:
+        """``mechanism`` as the file wrote it: ``geometric`` stays geometric here, though read as laplace."""
+        return self._mechanism_written or self.mechanism
+
+    @property
     def hierarchy_split(self) -> list[float] | None:
         """Per level (coarsest first) share of the count and sum budgets; None without hierarchy."""
         if not self.hierarchy:
@@ -293,6 +318,18 @@ class QueryConfig(_Strict):
 class PipelineConfig(_Strict):
     namespaces: dict[str, NamespaceConfig] = Field(min_length=1)
     queries: list[QueryConfig] = Field(min_length=1)
+    # per query name: the settings the query left out and was given (stream_dp.config.implied)
+    _implied: dict[str, list[str]] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _note_implied(cls, data: Any, handler: ModelWrapValidatorHandler[PipelineConfig]) -> PipelineConfig:
+        config = handler(data)
+        queries = data.get("queries") if isinstance(data, dict) else None
+        if isinstance(queries, list):
+            # names are unique and valid once the file is (else validation has already raised)
+            config._implied = {query["name"]: lines for query in queries if (lines := implied_settings(query)[1])}
+        return config
 
     @field_validator("namespaces")
     @classmethod
@@ -324,6 +361,10 @@ class PipelineConfig(_Strict):
                     f"define it under namespaces (defined: {sorted(self.namespaces)})"
                 )
         return self
+
+    def implied(self, name: str) -> list[str]:
+        """One line per setting query ``name`` left out and was given as if written."""
+        return self._implied.get(name, [])
 
     def query(self, name: str) -> QueryConfig:
         for query in self.queries:

@@ -51,6 +51,8 @@ def check_query_options(query: Any) -> None:
                              "continually: move them to a query without continual")
         if query.hierarchy:
             raise ValueError("continual and hierarchy cannot be combined in one query; use two queries")
+    # A query written without the count these two need is given one as it is read (stream_dp.config.implied):
+    # the next two checks hold the line for a query built without that step.
     if not public and not query.aggregations.names() & {"count", "sum", "mean"}:
         raise ValueError(
             "with privately selected groups, top_k and quantiles work on the groups a count or sum release "
@@ -114,6 +116,7 @@ def _check_local_dp(query: Any, public: bool) -> None:
     if query.epsilon != local.epsilon:
         # a window costs a unit its one report, randomized at local_dp.epsilon: the query charges that
         problems.append(f"set the query's epsilon: {local.epsilon!r} to match local_dp.epsilon (what a window "
-                        f"costs a unit: its one report), not {query.epsilon!r}")
+                        f"costs a unit: its one report), not {query.epsilon!r}; or leave it out, and it is "
+                        "local_dp.epsilon")
     if problems:
         raise ValueError("\n".join(problems))

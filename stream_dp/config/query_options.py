@@ -94,7 +94,8 @@ class LocalDPConfig(_Strict):
 
     field: str = Field(min_length=1, examples=["browser"])
     mechanism: Literal["krr", "oue"] = "krr"
-    # at most the query epsilon's limit: the two must be equal (a window costs a unit one report's epsilon)
+    # at most the query epsilon's limit: the query's epsilon is this one (a window costs a unit one report's
+    # epsilon), taken from here when the query leaves it out (stream_dp.config.implied)
     epsilon: float = Field(gt=0, le=10, allow_inf_nan=False, examples=[2.0])
 
 

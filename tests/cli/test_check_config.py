@@ -170,3 +170,50 @@ def test_a_continual_querys_window_cap_is_stated_and_its_default_named(tmp_path,
     path.write_text(yaml.safe_dump(config))
     assert main(["check-config", str(path)]) == 0
     assert "at most 10 window(s) of each period (max_windows_per_unit 10);" in capsys.readouterr().out
+
+
+# The options' snippets as the README writes them (tests/config/corpus): each is accepted, and the setting it
+# leaves out and is given is said under its query line.
+IMPLIED = [
+    ("ok_quantiles_without_a_count", "query value_quantiles: ", "['count', 'quantiles'], laplace epsilon=0.1",
+     "  count added beside quantiles: each group's noisy count sizes its 95% q_interval; it takes its equal share "
+     "of epsilon"),
+    ("ok_top_k_over_selected_groups_without_a_count", "query top_terms: ", "['count', 'top_k'], laplace epsilon=0.2",
+     "  count added beside top_k over selected groups: partition selection of the noisy counts picks the groups "
+     "top_k ranks; it takes its equal share of epsilon"),
+    ("ok_local_dp_without_the_querys_epsilon", "query browsers_local: ", "epsilon=2 per report, no central noise",
+     "  epsilon 2 taken from local_dp.epsilon: what a window costs a unit is its one report"),
+]
+
+
+@pytest.mark.parametrize(("name", "query", "header_end", "line"), IMPLIED, ids=[case[0] for case in IMPLIED])
+def test_a_setting_a_query_leaves_out_and_is_given_is_said(name, query, header_end, line, tmp_path, monkeypatch,
+                                                           capsys):
+    monkeypatch.delenv(RETENTION_ENV, raising=False)
+    path = ROOT / "tests" / "config" / "corpus" / f"{name}.yaml"
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    at = next(i for i, text in enumerate(out) if text.startswith(query))
+    assert out[at].endswith(header_end) and out[at + 1] == line, out
+    # written out in full, the query says nothing more
+    config = yaml.safe_load(path.read_text())
+    written = config["queries"][0]
+    if "local_dp" in written:
+        written["epsilon"] = written["local_dp"]["epsilon"]
+    else:
+        written["aggregations"]["count"] = {}
+    explicit = tmp_path / "explicit.yaml"
+    explicit.write_text(yaml.safe_dump(config))
+    assert main(["check-config", str(explicit)]) == 0
+    out_explicit = capsys.readouterr().out.splitlines()
+    assert [text for text in out if text != line] == [text.replace(str(explicit), str(path)) for text in out_explicit]
+
+
+def test_geometric_is_named_as_written(tmp_path, capsys):
+    config = yaml.safe_load(EXAMPLE.read_text())
+    config["queries"][0]["mechanism"] = "geometric"
+    path = tmp_path / "queries.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["check-config", str(path)]) == 0
+    first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("query pageviews_by_page:"))
+    assert first.endswith(", geometric (the discrete Laplace, released as laplace) epsilon=0.1"), first

@@ -13,12 +13,14 @@ from types import SimpleNamespace
 import numpy as np
 import orjson
 import pytest
+import yaml
 from kafka import KafkaConsumer
 
 from stream_dp.cli.main import SUBCOMMANDS, build_parser, main
 from stream_dp.cli.tail import format_row
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "queries.example.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "deploy" / "queries.example.yaml"
 
 
 def test_help_lists_the_six_subcommands():
@@ -424,3 +426,40 @@ def test_tail_prints_release_records(kafka_bootstrap, new_topic, monkeypatch, ca
     assert main(["tail", "--topic", topic, "--from-beginning", "--max", "1", "--timeout", "20"]) == 0
     out = capsys.readouterr().out
     assert format_row(record) in out and "/docs" in out
+
+
+@pytest.mark.parametrize("name", ["ok_quantiles_without_a_count", "ok_top_k_over_selected_groups_without_a_count",
+                                  "ok_local_dp_without_the_querys_epsilon"])
+def test_plan_of_a_query_leaving_out_a_setting_is_the_plan_of_it_written_out(name, tmp_path, capsys):
+    path = ROOT / "tests" / "config" / "corpus" / f"{name}.yaml"
+    config = yaml.safe_load(path.read_text())
+    written = config["queries"][0]
+    if "local_dp" in written:
+        written["epsilon"] = written["local_dp"]["epsilon"]
+    else:
+        written["aggregations"]["count"] = {}
+    explicit = tmp_path / "explicit.yaml"
+    explicit.write_text(yaml.safe_dump(config))
+    for form in ([], ["--json"]):
+        assert main(["plan", str(path), *form]) == 0
+        implicit_out = capsys.readouterr().out
+        assert main(["plan", str(explicit), *form]) == 0
+        assert implicit_out == capsys.readouterr().out
+    if "local_dp" not in written:  # the count is planned as any count: its scale and its accuracy table
+        lines = _plan_blocks([str(path)], capsys)[written["name"]]
+        assert any(line.startswith("noise scale: count ") and not line.startswith("noise scale: count -")
+                   for line in lines), lines
+        assert "true count  count ±95%   sum ±95%  mean ±95%" in lines
+
+
+def test_plan_names_geometric_as_written_and_states_laplace_as_records_do(tmp_path, capsys):
+    config = yaml.safe_load(EXAMPLE.read_text())
+    config["queries"][0]["mechanism"] = "geometric"
+    path = tmp_path / "queries.yaml"
+    path.write_text(yaml.safe_dump(config))
+    header = _plan_blocks([str(path)], capsys)["pageviews_by_page"][0]
+    assert header == ("query pageviews_by_page (1m windows, geometric (the discrete Laplace, released as laplace), "
+                      "namespace users)")
+    assert main(["plan", str(path), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["queries"][0]
+    assert (plan["mechanism"], plan["mechanism_written"]) == ("laplace", "geometric")

@@ -74,7 +74,6 @@ def _error(data: dict) -> str:
         (lambda d: d["queries"][4].update(group_by=["city"], groups={"public": ["Paris"]}),
          r"hierarchy needs at least two group_by fields"),
         (lambda d: d["queries"][4].update(groups={"select": {"delta": 1e-6}}), r"hierarchy releases every level of the public"),
-        (lambda d: d["queries"][2]["aggregations"].pop("count"), r"add count: \{\} beside them"),
         (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(q=[0.9, 0.5]), r"distinct and in increasing order"),
         (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(q=[0.5, 1.5]), r"quantile 1\.5 is not strictly between 0 and 1"),
         (lambda d: d["queries"][2]["aggregations"]["quantiles"].update(bounds=[500, 0]), r"quantiles\.bounds: .*with lo < hi"),
@@ -86,7 +85,7 @@ def _error(data: dict) -> str:
         (lambda d: d["queries"][6]["local_dp"].update(epsilon=15.0), r"local_dp\.epsilon: .*less than or equal to 10"),
         (lambda d: d["queries"][1]["aggregations"].update(top_k={"k": 0}), r"top_k\.k"),
         (lambda d: d["queries"][6].update(epsilon=1.0), r"\(browsers_local\): set the query's epsilon: 2\.0 to match local_dp\.epsilon \(what a window costs a unit: its "
-         r"one report\), not 1\.0$"),
+         r"one report\), not 1\.0; or leave it out, and it is local_dp\.epsilon$"),
         (lambda d: d["queries"][6]["bounds"].update(max_events_per_group=3), r"one report per unit per window"),
         (lambda d: d["queries"][6].update(group_by=["os"]), r"local_dp needs group_by: \[browser\]"),
         (lambda d: d["queries"][6]["local_dp"].update(mechanism="rappor"), r"local_dp\.mechanism"),
