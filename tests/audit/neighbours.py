@@ -159,6 +159,13 @@ SCENARIOS += (
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "mechanism": "gaussian", "delta": 1e-6,
               "aggregations": {"covariance": {"fields": ["value"], "clip_norm": 10.0}}}),
+    # The same query audited on a matrix entry: the target's clipped x (10) adds x^2 = 100 to the second
+    # moment S_00, released as second_moment = S_00 / units (its product with units is S_00 after the
+    # projection; 0 when fewer than one noisy unit leaves no second moment).
+    Scenario("covariance_entry", "main", "cov_second_moment", GROUPS,
+             {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
+              "mechanism": "gaussian", "delta": 1e-6,
+              "aggregations": {"covariance": {"fields": ["value"], "clip_norm": 10.0}}}),
     # A median per block of units: the target's 1e6 values push its block's median to the top of the
     # output range (and fill an empty block in groups b to e); outputs clipped to [0, 10]. Timeouts short
     # enough for 1 s windows: check-config bounds the file's group-by-group releases together, 5 groups x
@@ -545,6 +552,9 @@ class Deployment:
                                       (BACKGROUND_UNITS, _true_count(group))) == 2) for s in starts]
         if scenario.statistic == "cov_units":
             return [float(releases[(s, group)]["covariance"]["units"]) for s in starts]
+        if scenario.statistic == "cov_second_moment":
+            blocks = [releases[(s, group)]["covariance"] for s in starts]
+            return [0.0 if b["second_moment"] is None else float(b["second_moment"][0][0]) * b["units"] for b in blocks]
         if scenario.statistic == "vector_sum":
             return [float(releases[(s, group)]["mean_vector"]["sum"][0]) for s in starts]
         if scenario.statistic == "median":

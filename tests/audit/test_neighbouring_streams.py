@@ -84,7 +84,7 @@ def audit(streams, scenario: Scenario):
     best = None
     for group in scenario.groups:  # alpha split over the groups too
         a, b = np.array(d.samples(scenario, group)), np.array(d_prime.samples(scenario, group))
-        real = scenario.statistic in ("sum", "median", "vector_sum", "cov_units", "sa_value") or scenario.name.startswith("local_dp")
+        real = scenario.statistic in ("sum", "median", "vector_sum", "cov_units", "cov_second_moment", "sa_value") or scenario.name.startswith("local_dp")
         thresholds = grid(a, b) if real else list(
             range(int(min(a.min(), b.min())), int(max(a.max(), b.max())) + 1))
         bound = epsilon_lower_bound(a, b, thresholds, delta=delta, alpha=DEFAULT_ALPHA / len(scenario.groups))
@@ -108,7 +108,7 @@ def _scenario(name: str) -> Scenario:
 @pytest.mark.parametrize("name", ["over_bounds", "sum_clipping", "gaussian", "three_partitions_three_workers",
                                   "future_timestamp", "top_k", "top_k2", "top_k_selected", "quantiles", "hierarchy", "continual",
                                   "staircase", "staircase_sum", "local_dp", "local_dp_oue", "mean_vector",
-                                  "covariance", "sample_aggregate", "sample_aggregate_median"])
+                                  "covariance", "covariance_entry", "sample_aggregate", "sample_aggregate_median"])
 def test_no_unit_moves_a_release_by_more_than_its_claimed_epsilon(streams, name):
     epsilon, bound = audit(streams, _scenario(name))
     assert bound.epsilon <= epsilon, f"{name}: empirical lower bound {bound.epsilon:.3f} > claimed {epsilon}"
