@@ -14,6 +14,10 @@ root does. So:
   (``drop_capabilities``), so a worker run as root is protected too, and sets
   ``no_new_privs`` so that no set-user-id program gives them back.
 
+The third guard, no sockets (``network_guard.deny_sockets``), keeps the
+function from the worker's state in Redis and Kafka; it needs the
+``no_new_privs`` set here. Unlike these two it fails closed outside Linux.
+
 Imports nothing of the worker: the sandbox process uses it before loading the
 user's code. Outside Linux both are no-ops that return False.
 """

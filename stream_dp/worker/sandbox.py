@@ -15,7 +15,9 @@ carries one block's units into a later block's process. The worker writes it
 nothing but requests, one block at a time, the next only once this one's
 answer is back (by then every process of the block's group is gone; one that left it, with setsid, is
 not: the sandbox keeps the operator's function off the worker's state, it is no jail for hostile code).
-The sandbox process is not dumpable, so a block cannot reach its pipes through ``/proc``. A block whose function
+The sandbox process is not dumpable, so a block cannot reach its pipes through ``/proc``, and can make no
+socket (``network_guard``), so no block reaches Redis or Kafka; where that cannot be ensured the function is
+refused when loaded. A block whose function
 raises, returns something that is not a finite real number, runs past
 ``timeout_s`` or ends its process counts as failed (the plan puts the output
 range's midpoint in its place) -- so one unit's data can only ever change its
@@ -41,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from stream_dp.dp.sample_aggregate import parse_function_path
-from stream_dp.worker.sandbox_child import ANSWER, STOP, UnfitFunction, decode
+from stream_dp.worker.sandbox_child import ANSWER, STOP, UNGUARDED, UnfitFunction, decode
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +165,9 @@ class FunctionSandbox:
             unfit = f"{UnfitFunction.__name__}: "
             if str(first.get("e")).startswith(unfit):  # it loads: its message says what to change in it
                 raise FunctionLoadError(f"function {str(first.get('e')).removeprefix(unfit)}")
+            if str(first.get("e")).startswith(UNGUARDED):  # not the function's fault: the machine's
+                raise FunctionLoadError(f"function {self.function} was not loaded, its sandbox cannot be set up: "
+                                        f"{str(first.get('e')).removeprefix(UNGUARDED)}")
             raise FunctionLoadError(
                 f"function {self.function} cannot be loaded: {first.get('e')}; make its module importable by the "
                 "worker (installed, or on PYTHONPATH) and name a function as package.module:function"

@@ -1,7 +1,12 @@
 """The sandbox process of a sample-and-aggregate function: ``python -m stream_dp.worker.sandbox_child PATH TIMEOUT_S``.
 
 Started by ``stream_dp.worker.sandbox`` with an environment of the few
-variables it passes on (``sandbox.PASSED_ON``), none a setting or a secret. It loads the function once, then runs every block
+variables it passes on (``sandbox.PASSED_ON``), none a setting or a secret.
+Before the function's module is imported it makes itself not dumpable, drops
+every capability (``process_guard``) and takes sockets away for good
+(``network_guard``: no Redis, no Kafka, no other service, for it and every
+process forked or started from it); if any of these fails it answers
+``load_error`` with ``UNGUARDED`` and never loads the function. It loads the function once, then runs every block
 in a process of its own, forked from the loaded state: nothing a call leaves
 behind (a global, a cache, a crash, a process it started) reaches the next
 block, so one unit's data can only ever change its own block's output.
@@ -44,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from stream_dp.worker.network_guard import deny_sockets
 from stream_dp.worker.process_guard import drop_capabilities, make_undumpable
 
 STOP = (1 << 64) - 1
@@ -51,6 +57,7 @@ STATUSES = ("ok", "error", "not_finite", "timeout", "crashed", "ready", "load_er
 ANSWER = struct.Struct("<Bd503s")  # 512 bytes: one write of at most PIPE_BUF, so never mixed with another's
 _COUNT = struct.Struct("<Q")
 _TAKEN = b"\x01"  # a block's process has read its whole request: its time limit starts
+UNGUARDED = "unguarded: "  # starts a load error's text: a guard could not be set up, the function was not loaded
 
 
 class UnfitFunction(TypeError):
@@ -269,8 +276,14 @@ def main(path: str, timeout_s: float) -> None:
     try:
         # Before any of the user's code runs, its module's import included. Not dumpable: a block's process
         # (same user, no capabilities) cannot open this process's /proc/PID/fd, the pipes of every later request.
+        # No sockets (after drop_capabilities, which sets the no_new_privs the filter needs): no Redis, no Kafka.
         make_undumpable()
         drop_capabilities()
+        deny_sockets()
+    except OSError as exc:  # fail closed: without its guards the function is not loaded at all
+        os.write(answers, encode("load_error", text=f"{UNGUARDED}{exc}"))
+        return
+    try:
         function = _load(path)
     except UnfitFunction as exc:
         os.write(answers, encode("load_error", text=f"{UnfitFunction.__name__}: {exc}"))
