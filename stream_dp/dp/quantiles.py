@@ -67,7 +67,7 @@ plus the grid's resolution ``OPT / n`` when the quantile falls inside a bin.
 ``q_interval`` are the mechanism's part only, which is the whole error when
 the group's values are spread over many bins, and understates it when many
 share the quantile's bin (a constant field: every edge then scores the same). Without a count only ``r`` is reported, at ``beta = 1 - CONFIDENCE`` (a query
-always has one: ``check-config`` refuses quantiles without ``count``). The
+always has one: the query file's loader adds ``count`` when it is left out). The
 statements hold per group and per quantile, not all at once; the quantiles of
 a group are drawn independently and may cross.
 """
