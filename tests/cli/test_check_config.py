@@ -17,6 +17,7 @@ import yaml
 
 from stream_dp.cli.main import main
 from stream_dp.worker.app import Worker
+from tests.config.test_implied import written_out
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "queries.example.yaml"
@@ -196,12 +197,7 @@ def test_a_setting_a_query_leaves_out_and_is_given_is_said(name, query, header_e
     at = next(i for i, text in enumerate(out) if text.startswith(query))
     assert out[at].endswith(header_end) and out[at + 1] == line, out
     # written out in full, the query says nothing more
-    config = yaml.safe_load(path.read_text())
-    written = config["queries"][0]
-    if "local_dp" in written:
-        written["epsilon"] = written["local_dp"]["epsilon"]
-    else:
-        written["aggregations"]["count"] = {}
+    config = written_out(yaml.safe_load(path.read_text()))
     explicit = tmp_path / "explicit.yaml"
     explicit.write_text(yaml.safe_dump(config))
     assert main(["check-config", str(explicit)]) == 0

@@ -36,6 +36,11 @@ def _with_epsilon(data: dict) -> dict:
     return data
 
 
+def written_out(data: dict) -> dict:
+    """A corpus query with what the loader would add written into it (the other tests' reference form)."""
+    return _with_epsilon(data) if "local_dp" in data["queries"][0] else _with_count(data)
+
+
 CASES = [
     ("ok_quantiles_without_a_count.yaml", _with_count,
      "count added beside quantiles: each group's noisy count sizes its 95% q_interval; it takes its equal share "

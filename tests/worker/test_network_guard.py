@@ -28,6 +28,7 @@ import redis
 
 from stream_dp.worker import network_guard
 from stream_dp.worker.sandbox import FunctionLoadError, FunctionSandbox
+from tests.worker.test_sandbox import SANDBOXED_QUERY
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="seccomp is Linux's")
@@ -142,24 +143,8 @@ def test_a_block_inherits_no_socket_from_the_worker(redis_url):
         client.close()
 
 
-_QUERY = """
-namespaces:
-  users: {budgets: [{horizon: 1h, epsilon: 1.0}]}
-queries:
-  - name: probe
-    input_topic: events.probe
-    output_topic: dp.probe
-    privacy_unit: {namespace: users, field: user_id}
-    timestamp_field: ts
-    window: {size: 1m}
-    group_by: [page]
-    groups: {public: [a]}
-    bounds: {max_groups_per_unit: 1, max_events_per_group: 1}
-    aggregations:
-      sample_aggregate: {function: "tests.worker._functions:mean_or_zero", field: value, blocks: 2,
-                         output_range: [0, 1]}
-    epsilon: 1.0
-"""
+# the sandbox tests' query with a function that needs nothing of the machine
+_QUERY = SANDBOXED_QUERY.replace("tests.worker._secret_probe:statistic", "tests.worker._functions:mean_or_zero")
 
 
 @LINUX
