@@ -132,7 +132,8 @@ def check_option_query(query: Any) -> None:
     if others:
         fixes.append(f"no {others} beside it (only count: {{}}); release them with another query")
     if kind != "sample_aggregate" and query.mechanism != "gaussian":
-        fixes.append("mechanism: gaussian with a delta (its noise is scaled to the l2 norm of the clipped vectors)")
+        fixes.append("mechanism: gaussian with a delta (its noise is scaled to the l2 norm of the clipped vectors): "
+                     "write mechanism: gaussian and delta: 1.0e-7, say, within the namespace's delta limits")
     if kind == "sample_aggregate" and query.mechanism == "staircase":
         fixes.append("mechanism: laplace or gaussian")
     if kind == "sample_aggregate":
