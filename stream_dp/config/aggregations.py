@@ -71,8 +71,9 @@ class QuantilesAggregation(_Strict):
     bounds: tuple[float, float] = Field(examples=[[0, 500]])
     bins: int = Field(256, ge=2, le=4096)
     # A 95% interval in the field's units per quantile, from a noisy histogram that takes half the quantiles'
-    # share of epsilon (``stream_dp.dp.quantile_intervals``).
-    value_interval: bool = False
+    # share of epsilon (``stream_dp.dp.quantile_intervals``). Left out of dumps when off, so that a query
+    # without it keeps the settings fingerprint (``worker.runtime``) it had before the option existed.
+    value_interval: bool = Field(False, exclude_if=lambda on: not on)
     # With privately selected groups: the most groups a window releases, those with the largest noisy
     # counts; required then, as each group takes an OpenDP draw per q (``stream_dp.config.release_time``).
     max_released_groups: int | None = Field(None, ge=1, le=MAX_RELEASED_GROUPS)

@@ -293,6 +293,8 @@ VECTOR = {"aggregations": {"count": {}, "mean_vector": {"fields": ["x", "y"], "c
                                                              "bins": 32}}}),
     (QUANTILES, {"aggregations": {"count": {}, "quantiles": {"field": "value", "q": [0.9], "bounds": [0, 100],
                                                              "bins": 16}}}),
+    (QUANTILES, {"aggregations": {"count": {}, "quantiles": {"field": "value", "q": [0.5], "bounds": [0, 100],
+                                                             "bins": 16, "value_interval": True}}}),
     (VECTOR, {"aggregations": {"count": {}, "mean_vector": {"fields": ["x", "z"], "clip_norm": 5.0}}}),
     (VECTOR, {"aggregations": {"count": {}, "mean_vector": {"fields": ["x", "y"], "clip_norm": 6.0}}}),
     ({}, {"window": {"size": "2m"}}),
@@ -326,6 +328,12 @@ def test_continual_queries_keep_the_fingerprints_their_stored_periods_are_keyed_
     assert settings_fingerprint(continual_runtime()) == "cfbddac1b92b4832"
     assert settings_fingerprint(continual_runtime(epsilon=5.0)) == "5150007720abc2fc"
     assert settings_fingerprint(continual_runtime(window={"size": "2m"})) == "37ac98cb2e80246b"
+
+
+def test_quantiles_queries_without_value_intervals_keep_the_fingerprint_they_had_before_the_option():
+    """Pinned: partials in flight when a worker is upgraded carry the old fingerprint, and a window whose
+    partials name another one is withheld. ``value_interval: false`` is left out of the settings."""
+    assert settings_fingerprint(runtime(**QUANTILES)) == "c88589010900b213"
 
 
 def test_every_process_computes_the_same_fingerprint_whatever_its_hash_seed(tmp_path):
