@@ -1,10 +1,12 @@
 """Per-group histograms of bounded values: the input of the quantiles release.
 
 A query with ``quantiles`` counts, per group, its bounded and budget-admitted
-events in ``bins`` equal-width bins over ``[lo, hi]``: value ``v`` falls in bin
-``min(bins - 1, floor((v - lo) / (hi - lo) * bins))``, so bin ``b`` holds
-``[lo + b w, lo + (b + 1) w)`` (``w = (hi - lo) / bins``) and ``hi`` itself
-the last bin. Values were clipped into ``[lo, hi]`` before bounding.
+events in ``bins`` equal-width bins over ``[lo, hi]``: bin ``b`` holds the values
+``v`` with ``c_b <= v < c_{b+1}`` and the last one ``hi`` too, ``c_j`` the edges
+``lo + j (hi - lo) / bins`` exactly as :meth:`HistogramSpec.edges` computes them
+in float64 -- the edges the quantiles release publishes, so a released edge
+has exactly the values of the bins below it beneath it. Values were clipped
+into ``[lo, hi]`` before bounding.
 
 Histograms are kept sparse -- one (group, bin, count) cell per nonzero count,
 sorted by group then bin -- because a window may hold a million groups and a
@@ -54,9 +56,18 @@ class HistogramSpec:
             )
 
     def bin_of(self, values: np.ndarray) -> np.ndarray:
-        """Each value's bin (int64); values outside ``[lo, hi]`` go to the nearest end bin."""
-        scaled = (np.asarray(values, dtype=np.float64) - self.lo) / (self.hi - self.lo) * self.bins
-        return np.clip(np.floor(scaled), 0, self.bins - 1).astype(np.int64)
+        """Each value's bin (int64): ``b`` with ``edges[b] <= v < edges[b + 1]``, ``hi`` in the last; values
+        outside ``[lo, hi]`` go to the nearest end bin."""
+        v = np.asarray(values, dtype=np.float64)
+        scaled = (v - self.lo) / (self.hi - self.lo) * self.bins
+        index = np.clip(np.floor(scaled), 0, self.bins - 1).astype(np.int64)
+        # The division rounds apart from the edges' own products: a value on an edge that is not exact in
+        # binary (0.3 of [0, 1] in 10 bins) can land a bin off. Those few are placed by the edges themselves.
+        edges = self.edges()
+        off = ((v < edges[index]) & (index > 0)) | ((v >= edges[index + 1]) & (index < self.bins - 1))
+        if off.any():
+            index[off] = np.clip(np.searchsorted(edges, v[off], side="right") - 1, 0, self.bins - 1)
+        return index
 
     def edges(self) -> np.ndarray:
         """The ``bins + 1`` bin edges ``lo + j (hi - lo) / bins``, the last one exactly ``hi``."""

@@ -18,6 +18,7 @@ from stream_dp.dp.bounds import ContributionBounds
 from stream_dp.dp.quantile_intervals import CONFIDENCE, ValueIntervalPlan, band_widths, tail_bound
 from stream_dp.dp.quantiles import QuantilesPlan
 from stream_dp.dp.vectorised_noise import VectorisedExactNoise
+from stream_dp.windows.histogram import HistogramSpec
 
 # A test fails when an observed rate is above its bound by more than Z standard errors: a sound
 # implementation fails by chance with probability below 1e-6 per assertion.
@@ -31,9 +32,8 @@ def _discrete_laplace(rng: np.random.Generator, scale: float, shape: tuple[int, 
 
 
 def _histogram(values: np.ndarray, lo: float, hi: float, bins: int) -> np.ndarray:
-    # the worker's binning (stream_dp.windows.histogram), written out: bin b holds [lo + b w, lo + (b + 1) w)
-    index = np.clip(np.floor((values - lo) / (hi - lo) * bins), 0, bins - 1).astype(np.int64)
-    return np.bincount(index, minlength=bins)
+    """The group's histogram as the worker bins it at ingest."""
+    return np.bincount(HistogramSpec(bins, lo, hi).bin_of(values), minlength=bins)
 
 
 class _NoNoise:
@@ -86,6 +86,24 @@ def test_without_noise_the_interval_is_the_tightest_pair_of_edges_around_the_qua
             x = np.quantile(values, q, method="inverted_cdf")
             bin_of_x = min(9, int(math.floor(x)))
             assert got[i].tolist() == [edges[bin_of_x], edges[bin_of_x + 1]], (values, q, got[i])
+
+
+@pytest.mark.parametrize(("lo", "hi", "bins"), [(0.0, 1.0, 10), (0.1, 0.7, 49), (-20.0, 50.0, 64), (0.0, 500.0, 256)])
+def test_values_on_the_edges_are_held_by_the_interval_of_their_own_quantile(lo, hi, bins):
+    """Values exactly on an edge (or a float step either side), binned by the worker: with no noise the
+    interval still holds numpy's quantile. Edges not exact in binary (0.3 of [0, 1]) once fell a bin off."""
+    plan = QuantilesPlan.build(epsilon=1.0, q=[0.25, 0.5, 0.875], lo=lo, hi=hi, bins=bins,
+                               bounds=ContributionBounds(1, 1), value_interval=True)
+    interval = replace(plan.interval, band=np.zeros_like(plan.interval.band))
+    edges = plan.candidates
+    near = np.concatenate([edges, np.nextafter(edges, -np.inf), np.nextafter(edges, np.inf)]).clip(lo, hi)
+    rng = np.random.default_rng(5)
+    for values in [np.full(50, x) for x in near[:: max(1, len(near) // 60)]] + [
+            rng.choice(near, size=rng.integers(1, 30)) for _ in range(200)]:
+        got = interval.intervals(_histogram(values, lo, hi, bins)[None, :], _NoNoise())[0]
+        for i, q in enumerate(plan.q):
+            x = np.quantile(values, q, method="inverted_cdf")
+            assert got[i, 0] <= x <= got[i, 1], (values[:5], q, got[i], x)
 
 
 def _groups(rng: np.random.Generator) -> list[np.ndarray]:
