@@ -76,11 +76,17 @@ def _log_mgf(t: NDArray[np.float64], scale: float) -> NDArray[np.float64]:
     return 2.0 * np.log(-np.expm1(-inv)) - np.log(-np.expm1(t - inv)) - np.log(-np.expm1(-t - inv))
 
 
+def _chernoff_exponents(q: float, j: NDArray[np.float64], bins: int, scale: float) -> tuple[NDArray, NDArray]:
+    """The grid's ``t`` and, per ``j``, ``log E e^(tX)`` of ``X = D'_j - D_j`` at level ``q`` (module docstring)."""
+    t = _CHERNOFF_U / (scale * max(q, 1.0 - q))  # (G,)
+    j = np.asarray(j, dtype=np.float64)[..., None]
+    return t, j * _log_mgf((1.0 - q) * t, scale) + (bins - j) * _log_mgf(q * t, scale)
+
+
 def tail_bound(w: float, q: float, j: int, bins: int, scale: float) -> float:
     """Chernoff's bound on ``P(|D'_j - D_j| >= w)`` at level ``q`` (module docstring), the best over the grid."""
-    t = _CHERNOFF_U / (scale * max(q, 1.0 - q))
-    log = -t * w + j * _log_mgf((1.0 - q) * t, scale) + (bins - j) * _log_mgf(q * t, scale)
-    return float(min(1.0, 2.0 * np.exp(log.min())))
+    t, log_mgf = _chernoff_exponents(q, np.float64(j), bins, scale)
+    return float(min(1.0, 2.0 * np.exp((-t * w + log_mgf).min())))
 
 
 def band_widths(q: float, bins: int, scale: float, beta: float) -> NDArray[np.float64]:
@@ -88,9 +94,7 @@ def band_widths(q: float, bins: int, scale: float, beta: float) -> NDArray[np.fl
 
     For one ``t`` the bound is at most the target exactly when ``w >= (log(2 / target) + log E e^(tX)) / t``.
     """
-    t = _CHERNOFF_U / (scale * max(q, 1.0 - q))  # (G,)
-    j = np.arange(1, bins + 1, dtype=np.float64)[:, None]  # (B, 1)
-    log_mgf = j * _log_mgf((1.0 - q) * t, scale) + (bins - j) * _log_mgf(q * t, scale)
+    t, log_mgf = _chernoff_exponents(q, np.arange(1, bins + 1), bins, scale)
     return ((math.log(2.0 * bins / beta) + log_mgf) / t).min(axis=1)
 
 

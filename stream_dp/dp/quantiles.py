@@ -88,9 +88,8 @@ from stream_dp.dp.loss import PrivacyLoss
 from stream_dp.dp.measurements import private_quantile_measurement, quantile_score_transformation
 from stream_dp.dp.noise import NoiseSource
 from stream_dp.dp.plan_budgets import CALIBRATION_MARGIN  # calibrate a hair below the share
-from stream_dp.dp.quantile_intervals import ValueIntervalPlan
+from stream_dp.dp.quantile_intervals import CONFIDENCE, ValueIntervalPlan
 
-CONFIDENCE = 0.95
 #: The share of ``1 - CONFIDENCE`` spent on the lower bound of a group's size from its noisy count.
 COUNT_BETA = 0.025
 MAX_BINS = 1 << 16  # bins travel as uint16

@@ -324,12 +324,10 @@ def _quantile_fragments(plan: Any, window: Any, noisy: Any, index: np.ndarray, n
     for row in range(len(values)):
         block = {
             name: {"value": values[row][i], "rank_error": errors[i],
-                   "q_interval": None if intervals is None else intervals[row][i]}
+                   "q_interval": None if intervals is None else intervals[row][i],
+                   **({} if value_ci is None else {"value_ci95": value_ci[row][i]})}
             for i, name in enumerate(names)
         }
-        if value_ci is not None:
-            for i, name in enumerate(names):
-                block[name]["value_ci95"] = value_ci[row][i]
         out.append(b',"quantiles":' + orjson.dumps(block))
     return out
 

@@ -88,28 +88,27 @@ def test_a_block_cannot_reach_kafka(kafka_probe, caplog):
     assert "1 block(s): PermissionError" in caplog.text, caplog.text
 
 
-@LINUX
-@pytest.mark.services
-def test_a_module_that_reaches_redis_when_imported_is_refused(redis_probe):
-    client, key = redis_probe
+def _refused_at_import() -> None:
     sandbox = FunctionSandbox("tests.worker._connects_at_import:statistic")
     try:
         with pytest.raises(FunctionLoadError, match=r"cannot be loaded: PermissionError: \[Errno 13\]"):
             sandbox.check()
     finally:
         sandbox.close()
+
+
+@LINUX
+@pytest.mark.services
+def test_a_module_that_reaches_redis_when_imported_is_refused(redis_probe):
+    client, key = redis_probe
+    _refused_at_import()
     assert client.exists(key) == 0
 
 
 @LINUX
 @pytest.mark.services
 def test_a_module_that_reaches_kafka_when_imported_is_refused(kafka_probe):
-    sandbox = FunctionSandbox("tests.worker._connects_at_import:statistic")
-    try:
-        with pytest.raises(FunctionLoadError, match=r"cannot be loaded: PermissionError: \[Errno 13\]"):
-            sandbox.check()
-    finally:
-        sandbox.close()
+    _refused_at_import()
 
 
 @LINUX
