@@ -193,6 +193,10 @@ class QueryConfig(_Strict):
     partitioner: Literal["murmur2", "crc32"] = "murmur2"
     max_message_bytes: int = Field(65_536, ge=64, le=10_485_760)
     release_timeout_ms: DurationMs = Field(60_000, alias="release_timeout")
+    # Whether the input topic's CreateTime record timestamps (set by its producers) may close windows: for
+    # backfills whose records carry their events' times. By default only the broker's LogAppendTime does, and
+    # the worker refuses a CreateTime input topic (docs/privacy/clock.md).
+    trust_producer_timestamps: bool = False
     continual: ContinualConfig | None = None
     hierarchy: bool | HierarchyConfig = False
     local_dp: LocalDPConfig | None = None

@@ -32,6 +32,7 @@ from stream_dp.windows.open_window import OffsetStats, OpenWindow
 from stream_dp.windows.partial import WindowPartial
 from stream_dp.windows.partitioning import Partitioner, check_partitioner
 from stream_dp.windows.placement import check_placement, rejection_of
+from stream_dp.windows.record_clock import ClockRule
 from stream_dp.windows.progress_arrays import (
     NEVER,
     closed_through_by_slot,
@@ -65,6 +66,7 @@ class WindowEngine(EngineState):
         clock_ms: Callable[[], int],
         compact_min_rows: int = 262_144,
         partitioner: Partitioner | None = None,
+        clock_rule: ClockRule | None = None,
     ) -> None:
         if compact_min_rows < 1:
             raise ValueError(f"compact_min_rows must be positive, got {compact_min_rows}")
@@ -72,6 +74,8 @@ class WindowEngine(EngineState):
             check_partitioner(partitioner)
         self.schema, self.spec, self.bounding = schema, spec, bounding
         self._clock_ms = clock_ms
+        # Whose record timestamps close windows (``record_clock``): the broker's, and producers' only if trusted.
+        self.clock_rule = clock_rule if clock_rule is not None else ClockRule()
         self._compact_min_rows = compact_min_rows
         self._decoder = BulkEventDecoder(schema)
         self._hasher = ContributionHasher(bounding.secret)
@@ -220,7 +224,7 @@ class WindowEngine(EngineState):
         )
         replayed = (ends <= restored_through[event_slots]) & (batch.offsets[index] < replay_until[event_slots])
         late = closed & ~replayed
-        note_records(progress, slots, record_ms, now)
+        note_records(progress, slots, batch.timestamps, batch.producer_stamped, now, self.clock_rule)
         if late.any():
             late_rows = np.flatnonzero(late)
             rejected[RejectReason.LATE] = len(late_rows)

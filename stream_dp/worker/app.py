@@ -28,6 +28,7 @@ from stream_dp.metrics.health import watch as watch_health
 from stream_dp.metrics.http import serve as serve_http
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import BoundingSpec, EventSchema, WindowEngine, WindowSpec
+from stream_dp.windows.record_clock import ClockRule
 from stream_dp.worker.clients import kafka_clients, release_poll_interval_ms
 from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.ingest import IngestStage
@@ -97,6 +98,7 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
             ),
             clock_ms=clock_ms,
             partitioner=query.partitioner,
+            clock_rule=ClockRule(trust_producer_timestamps=query.trust_producer_timestamps),
         )
         described = plan.describe()
         privacy = privacy_statement(query, plan, described)

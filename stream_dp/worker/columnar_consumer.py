@@ -87,7 +87,9 @@ def parse_partition(records: PartitionRecords) -> _Parsed:
             consecutive = None
             if getattr(batch, "magic", 0) >= 2 and len(batch_records) == batch.last_offset_delta + 1:
                 consecutive = batch.base_offset  # offset deltas 0..n-1: no gaps (nothing compacted away)
-            columns = RecordColumns.of_records(batch_records, consecutive_from=consecutive)
+            # who stamped the records (the broker with LogAppendTime) decides whether they move the window clock
+            columns = RecordColumns.of_records(batch_records, consecutive_from=consecutive,
+                                               timestamp_type=getattr(batch, "timestamp_type", None))
             del batch_records
             if columns.offsets[0] < position:
                 columns = columns.from_offset(position)

@@ -12,7 +12,7 @@ from aiokafka.structs import TopicPartition
 
 from stream_dp.windows import RawBatch
 from stream_dp.windows.batch import NO_TIMESTAMP
-from stream_dp.worker.record_columns import RecordColumns
+from stream_dp.worker.record_columns import LOG_APPEND_TIME, RecordColumns
 from stream_dp.worker.record_columns import raw_batch as columns_raw_batch
 
 
@@ -24,6 +24,7 @@ def raw_batch(items: list[tuple[TopicPartition, list]]) -> RawBatch:
     partitions = []
     offsets = []
     timestamps = []
+    producer_stamped = []
     for tp, records in items:
         values.extend(r.value for r in records)
         keys.extend(r.key for r in records)
@@ -31,9 +32,12 @@ def raw_batch(items: list[tuple[TopicPartition, list]]) -> RawBatch:
         offsets.append(np.fromiter((r.offset for r in records), dtype=np.int64, count=len(records)))
         # A record of the old message format has no timestamp (None or -1): NO_TIMESTAMP either way.
         timestamps.append(np.fromiter((r.timestamp or NO_TIMESTAMP for r in records), dtype=np.int64, count=len(records)))
+        # Only a broker's stamp is the broker's: a record that does not say who stamped it counts as its producer's.
+        producer_stamped.append(np.fromiter((getattr(r, "timestamp_type", None) != LOG_APPEND_TIME for r in records),
+                                            dtype=bool, count=len(records)))
     return RawBatch(
         values=values, partitions=np.concatenate(partitions), offsets=np.concatenate(offsets),
-        timestamps=np.concatenate(timestamps), keys=keys,
+        timestamps=np.concatenate(timestamps), keys=keys, producer_stamped=np.concatenate(producer_stamped),
     )
 
 

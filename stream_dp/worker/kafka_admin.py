@@ -70,6 +70,25 @@ def ensure_topics(
         admin.close()
 
 
+def create_input_topic(options: dict[str, Any], topic: str, configs: Mapping[str, str]) -> bool:
+    """Create ``topic`` with ``configs``, the broker's default partition count and replicas, unless it exists
+    (``stream-dp produce``; the worker plans its replicas, ``topic_setup``). True when it was created here."""
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = _admin(options)
+    try:
+        if topic in set(admin.list_topics()):
+            return False
+        try:
+            admin.create_topics([NewTopic(topic, -1, -1, topic_configs=dict(configs))])
+        except TopicAlreadyExistsError:
+            return False  # created meanwhile, by someone else
+        return True
+    finally:
+        admin.close()
+
+
 def read_commit_metadata(options: dict[str, Any], group_id: str, partitions: list[TopicPartition]) -> dict[TopicPartition, str]:
     """The metadata string committed with each partition's offset (where window progress is kept)."""
     from kafka.structs import TopicPartition as KafkaTopicPartition

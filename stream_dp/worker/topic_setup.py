@@ -1,5 +1,7 @@
 """Setting up the worker's topics at start: read the cluster, create what is missing as planned
-(``topics``), report what breaks an assumption, and work out the record sizes that fit."""
+(``topics``; a missing input topic as ``input_clock`` says), report what breaks an assumption (an
+input topic whose producers would stamp the window clock, ``input_clock``), and work out the record
+sizes that fit."""
 
 from __future__ import annotations
 
@@ -10,6 +12,12 @@ from typing import Any
 
 from stream_dp.config import Settings
 from stream_dp.wire.chunks import CHUNK_HEADER_ROOM
+from stream_dp.worker.input_clock import (
+    INPUT_TOPIC_CONFIGS,
+    TIMESTAMP_TYPE,
+    input_topics,
+    timestamp_type_problem,
+)
 from stream_dp.worker.kafka_admin import describe_cluster, describe_topics, ensure_topics, partials_retention_problem
 from stream_dp.worker.records import MIN_CHUNK_PAYLOAD
 from stream_dp.worker.runtime import QueryRuntime
@@ -98,12 +106,24 @@ async def prepare_topics(settings: Settings, runtimes: list[QueryRuntime], optio
         partials_configs=settings.partials_topic_configs(), internal_retention_ms=settings.internal_retention_ms,
         output_retention_ms=settings.output_retention_ms, broker_max=broker_max,
     )
+    inputs = input_topics(runtime.config for runtime in runtimes)
+    # A missing input topic is created as users are told to create theirs (with the broker's default
+    # partition count): with LogAppendTime, so that no producer stamps the clock its windows close by.
+    input_configs = {**INPUT_TOPIC_CONFIGS, "min.insync.replicas": str(in_sync)}
     partition_counts = await asyncio.to_thread(
-        ensure_topics, options, {s.name: s.partitions for s in specs},
-        configs={s.name: s.configs for s in specs}, replication={s.name: s.replication_factor for s in specs},
+        ensure_topics, options, {**{s.name: s.partitions for s in specs}, **dict.fromkeys(inputs, -1)},
+        configs={**{s.name: s.configs for s in specs}, **dict.fromkeys(inputs, input_configs)},
+        replication={**{s.name: s.replication_factor for s in specs}, **dict.fromkeys(inputs, factor)},
     )
     states = await asyncio.to_thread(describe_topics, options, [s.name for s in specs])
     problems = [p for spec in specs for p in topic_problems(spec, states[spec.name], bootstrap=settings.kafka_bootstrap_servers)]
+    stamps = await asyncio.to_thread(describe_topics, options, sorted(inputs), (TIMESTAMP_TYPE,))
+    for topic, queries in sorted(inputs.items()):
+        problem = timestamp_type_problem(topic, stamps[topic].configs, queries, bootstrap=settings.kafka_bootstrap_servers)
+        if problem is not None:
+            problems.append(problem)
+        log.info("input topic %s: %d partition(s), %s=%s", topic, partition_counts[topic], TIMESTAMP_TYPE,
+                 stamps[topic].configs.get(TIMESTAMP_TYPE, "not reported"))
     retention = partials_retention_problem(
         settings.partials_topic, states[settings.partials_topic].configs, ledger_ttl_s=settings.ledger_ttl_s,
         wanted=settings.partials_topic_configs(), bootstrap=settings.kafka_bootstrap_servers,

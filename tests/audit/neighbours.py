@@ -3,7 +3,8 @@
 Both streams hold ``windows`` one-second windows of compressed past event time
 (starting ``START_AGO_S`` ago), produced at once like a backlog: every
 record keyed by its unit id and stamped with its event time, as a producer
-sending them live would have stamped them. Background units are fresh in every
+sending them live would have stamped them (on CreateTime topics, which the
+queries trust: ``trust_producer_timestamps``). Background units are fresh in every
 window and identical in D and D'. Each stream runs through its own deployment
 of three worker processes (one consumer group, its own internal topics and
 budget namespaces), which reads three input topics with one query per scenario; the
@@ -24,6 +25,7 @@ from pathlib import Path
 import orjson
 import yaml
 
+from stream_dp.windows.record_clock import PRODUCER_QUORUM
 from tests.reliability.topics import _kafka, create_topic, delete_topics
 from tests.reliability.workers import WorkerProcess
 
@@ -36,6 +38,9 @@ FUTURE_EVERY = 150  # windows between two of the clock attacker's future-dated e
 FUTURE_AHEAD_MS = 4 * 60_000  # inside max_future_skew (5 minutes)
 EXHAUSTED_AFTER = 10  # windows the exhausted target's budget covers
 LOCAL_EPSILON = 1.0  # of one report, in the local_dp scenario
+# Windows at the end of a clock topic segment its own records leave open: the trusted producer clock is the
+# PRODUCER_QUORUM-th newest stamp, BACKGROUND_UNITS records a window back, and lateness closes one more.
+SEGMENT_OPEN = -(-PRODUCER_QUORUM // BACKGROUND_UNITS) + 3
 
 
 @dataclass(frozen=True)
@@ -258,9 +263,10 @@ def _closer_key(partition: int, partitions: int) -> bytes:
 def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> list[tuple[bytes, bytes, int, int | None]]:
     """(key, value, record timestamp, explicit partition or None) in sending order.
 
-    The stream ends with one record per partition dated past the last window's
-    end plus lateness: its record timestamp closes every audited window, in D
-    as in D', without waiting for the idle rule.
+    The stream ends with PRODUCER_QUORUM records per partition dated past the
+    last window's end plus lateness: their record timestamps close every
+    audited window, in D as in D', without waiting for the idle rule (fewer
+    would move no trusted producer clock, ``stream_dp.windows.record_clock``).
     """
     out: list[tuple[bytes, bytes, int, int | None]] = []
     for w in range(windows):
@@ -299,7 +305,7 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool) -> li
     closes_all = start_ms + (windows + 1) * 1000 + 600
     for partition in range(TOPIC_PARTITIONS[topic]):
         key = _closer_key(partition, TOPIC_PARTITIONS[topic])
-        out.append((key, _event(key.decode(), closes_all, "a", 0.0), closes_all, None))
+        out += [(key, _event(key.decode(), closes_all, "a", 0.0), closes_all, None)] * PRODUCER_QUORUM
     if topic in ("local", "local_oue"):
         return _randomized(out, "krr" if topic == "local" else "oue")
     return out
@@ -347,6 +353,9 @@ def _config(run: str, topics: dict[str, str], outputs: dict[str, str]) -> dict:
             "group_by": ["group"], "groups": {"public": list(s.groups)},
             "aggregations": {"count": {}},
             "release_timeout": "300s",  # a busy worker's partials are waited for, not released without
+            # 30 minutes of windows compressed into a backlog: records stamped by their producers with their
+            # events' times close the windows as they are read (by the broker's stamps all would arrive now)
+            "trust_producer_timestamps": True,
         }
         query.update(s.settings)
         queries.append(query)
@@ -404,7 +413,7 @@ class Deployment:
         self.topics = {name: f"{self.run}-{name}" for name in TOPIC_PARTITIONS}
         self.outputs = {s.name: f"{self.run}-out-{s.name}" for s in SCENARIOS}
         for name, partitions in TOPIC_PARTITIONS.items():
-            create_topic(self.bootstrap, self.topics[name], partitions)
+            create_topic(self.bootstrap, self.topics[name], partitions, {"message.timestamp.type": "CreateTime"})
         config_path = self.work_dir / "queries.yaml"
         config_path.write_text(yaml.safe_dump(_config(self.run, self.topics, self.outputs), sort_keys=False))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "STREAM_DP_", "REDIS_"))}
@@ -460,7 +469,7 @@ class Deployment:
             producer.flush(timeout=120)
             # The clock topic goes in segments of FUTURE_EVERY windows, each sent once the worker has
             # released the segment before up to the last window its own events close (all but its last
-            # two): the worker reads every segment in batches of its own, as on a live stream, so an
+            # SEGMENT_OPEN: the clock trails the newest stamp by PRODUCER_QUORUM records): the worker reads every segment in batches of its own, as on a live stream, so an
             # event that moved the window clock would make the next segment's events late (within one
             # batch it could not). Waiting for a window only idle closing releases would let the wall
             # clock close everything, in D as in D'.
@@ -476,7 +485,8 @@ class Deployment:
                             producer.send(self.topics["clock"], key=key, value=value, timestamp_ms=stamp,
                                           partition=partition)
                     producer.flush(timeout=60)
-                    self._wait_released(released, seen, min(hi, self.start_ms + self.windows * 1000) - 3_000)
+                    self._wait_released(released, seen,
+                                        min(hi, self.start_ms + self.windows * 1000) - SEGMENT_OPEN * 1000)
             finally:
                 released.close()
         finally:

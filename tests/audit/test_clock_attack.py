@@ -24,6 +24,7 @@ import pytest
 import yaml
 from kafka import KafkaProducer
 
+from tests.conftest import PRODUCER_STAMPED
 from tests.worker._support import consume_all, free_port, metric_sum, scrape
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -120,7 +121,7 @@ def test_one_record_stamped_zero_or_an_hour_ahead_moves_no_clock(tmp_path, kafka
                                                                  unique_name, target):
     now_ms = int(time.time() * 1000)
     start_ms = (now_ms - AGO_MS) // MIN * MIN
-    topics = {"D": new_topic("d"), "D'": new_topic("dd")}  # CreateTime: the broker's default
+    topics = {"D": new_topic("d", configs=PRODUCER_STAMPED), "D'": new_topic("dd", configs=PRODUCER_STAMPED)}
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=20, batch_size=256 * 1024)
     for label, stamp in (("D", None), ("D'", TARGETS[target](now_ms))):
         for key, value, record_ms in backlog(start_ms, stamp):

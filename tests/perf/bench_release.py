@@ -34,13 +34,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import perfkit  # noqa: E402
 import watch  # noqa: E402
+from stream_dp.windows.record_clock import PRODUCER_QUORUM  # noqa: E402
 
 LATENESS_MS = 1_000
 PARTITIONS = 4
 
 
 def _send_closers(services: perfkit.Services, topic: str, ts_ms: int) -> float:
-    """One event at ``ts_ms`` on every partition; returns the monotonic time just before sending."""
+    """``PRODUCER_QUORUM`` events at ``ts_ms`` on every partition (as many as move a trusted producer clock);
+    returns the monotonic time just before sending."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": services.bootstrap, "acks": "all", "linger.ms": 0, "log_level": 3})
@@ -50,7 +52,8 @@ def _send_closers(services: perfkit.Services, topic: str, ts_ms: int) -> float:
         value = b'{"user_id":"closer-%d","ts":%d,"page":"/g0","value":1.0}' % (partition, ts_ms)
         # Stamped with its event time as a live producer's record would be: a wall-clock stamp would move the
         # worker's record clock past every later (back-dated) window of the run and close them as they fill.
-        producer.produce(topic, value=value, key=b"closer-%d" % partition, partition=partition, timestamp=ts_ms)
+        for _ in range(PRODUCER_QUORUM):
+            producer.produce(topic, value=value, key=b"closer-%d" % partition, partition=partition, timestamp=ts_ms)
     if producer.flush(30):
         raise RuntimeError(f"closing events to {topic} were not acknowledged")
     return started

@@ -105,9 +105,10 @@ def synthetic_events(
     ``produce`` stamps each record with its event time, as a live producer would, so
     the worker's record clock (which closes windows) follows the data.
 
-    ``closers_after_ms``: also one event per partition (a unit of its own, group 0) that
-    much after the end of the last window, appended at the end: the stream going on, whose
-    record timestamps close the last window without waiting for the idle timeout.
+    ``closers_after_ms``: also ``PRODUCER_QUORUM`` events per partition (a unit of its own, group 0)
+    that much after the end of the last window, appended at the end: the stream going on, whose
+    record timestamps close the last window without waiting for the idle timeout (a trusted
+    producer clock moves once that many records are stamped past a window).
     """
     from stream_dp.windows.partitioning import expected_partitions
 
@@ -119,12 +120,14 @@ def synthetic_events(
     ts_ms = first_window_ms + np.sort(rng.integers(0, windows * WINDOW_MS, events))
     value = np.round(rng.gamma(2.0, 20.0, events), 2)
     if closers_after_ms is not None:
-        closer_units = _units_on_each_partition(partitions, first=max(units, 10**9))
+        from stream_dp.windows.record_clock import PRODUCER_QUORUM
+
+        closer_units = np.repeat(_units_on_each_partition(partitions, first=max(units, 10**9)), PRODUCER_QUORUM)
         unit = np.concatenate([unit, closer_units])
-        group = np.concatenate([group, np.zeros(partitions, dtype=group.dtype)])
+        group = np.concatenate([group, np.zeros(len(closer_units), dtype=group.dtype)])
         end_ms = first_window_ms + windows * WINDOW_MS + closers_after_ms
-        ts_ms = np.concatenate([ts_ms, np.full(partitions, end_ms, dtype=ts_ms.dtype)])
-        value = np.concatenate([value, np.zeros(partitions)])
+        ts_ms = np.concatenate([ts_ms, np.full(len(closer_units), end_ms, dtype=ts_ms.dtype)])
+        value = np.concatenate([value, np.zeros(len(closer_units))])
     return SyntheticEvents(
         unit=unit,
         group=group,
@@ -163,10 +166,13 @@ def admin(bootstrap: str) -> Any:
 
 
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    """An input topic whose producers stamp its records (CreateTime): the benchmarks backfill past windows with
+    records stamped with their event times, read by queries that trust them (``worker_config``)."""
     from confluent_kafka.admin import NewTopic
 
     client = admin(bootstrap)  # kept referenced until the futures resolve
-    futures = client.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+    futures = client.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1,
+                                             config={"message.timestamp.type": "CreateTime"})])
     futures[name].result(timeout=30)
 
 
@@ -251,6 +257,7 @@ def worker_config(
             "mechanism": "laplace",
             "epsilon": 0.1,
             "release_timeout": "2m",
+            "trust_producer_timestamps": True,  # see ``create_topic``
         }],
     }
 

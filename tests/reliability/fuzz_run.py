@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 
 from stream_dp.config import load_config
+from stream_dp.windows.record_clock import PRODUCER_QUORUM
 from tests.reliability.checks import CheckReport, Observed, check_partials, dead_letter_sources
 from tests.reliability.fuzz_messages import collect, garbage, oversized
 from tests.reliability.model import compute_truth
@@ -80,7 +81,8 @@ def run_worker_fuzz(bootstrap: str, work_dir: Path, *, messages: int, seed: int)
                 merged.append((value, CLEAN))
             merged += mine[j:]
             # its own window stays open: not part of the check
-            merged.append((s.closer(WINDOWS, unit=_unit_on(p)), CLOSER))
+            # as many as a trusted producer clock needs (``record_clock``) to close the last window checked
+            merged += [(s.closer(WINDOWS, unit=_unit_on(p)), CLOSER)] * PRODUCER_QUORUM
             streams[p] = merged
         s.start_worker()
         for p, merged in streams.items():

@@ -221,7 +221,10 @@ class FaultRun:
         # topics exist before it starts; on one broker the worker creates alerts and dead letters itself.
         rf = getattr(self.kafka, "replication", 1)
         replicated = {"min.insync.replicas": str(max(1, rf - 1))} if rf > 1 else {}
-        create_topic(self.bootstrap, input_topic, spec.partitions, configs=replicated, replication=rf)
+        # A live stream, as input topics are to be created: the broker stamps its records (the model reads
+        # those stamps as the window clock).
+        create_topic(self.bootstrap, input_topic, spec.partitions, replication=rf,
+                     configs={"message.timestamp.type": "LogAppendTime", **replicated})
         config_path = self.work_dir / "queries.yaml"
         outputs = write_config(config_path, self.name.replace("-", "_"), input_topic, spec)
         prefix = f"{self.name}."

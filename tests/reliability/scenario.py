@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 import yaml
 
+from stream_dp.windows.record_clock import PRODUCER_QUORUM
 from stream_dp.worker.partials_in import PartialsReader
 from stream_dp.worker.records import PartialAggregate
 from tests.reliability.redis_proxy import FaultProxy
@@ -29,6 +30,7 @@ LATENESS_MS = 500
 EPSILON = 1.0
 SECRET = "scenario-secret-0123456789abcdef"
 PAGES = ("home", "search")
+TICK = b"clock tick"  # a record that carries only its record timestamp (``Scenario.closers``)
 
 
 class Scenario:
@@ -52,7 +54,7 @@ class Scenario:
         if not self.redis.running:
             self.redis.start()
         self.proxy = FaultProxy(self.redis.port)
-        create_topic(bootstrap, self.input_topic, partitions)
+        create_topic(bootstrap, self.input_topic, partitions, {"message.timestamp.type": "CreateTime"})
         limit = EPSILON * budget_windows if budget_windows is not None else 1000.0
         config = {
             "namespaces": {f"{self.name}-units": {"budgets": [{"horizon": "1h", "epsilon": limit}], "alert_at": [1.0]}},
@@ -65,6 +67,8 @@ class Scenario:
                 "bounds": {"max_groups_per_unit": 2, "max_events_per_group": 5},
                 "aggregations": {"count": {}, "sum": {"field": "value", "clip": [0, 10]}},
                 "epsilon": EPSILON, "release_timeout": "10m",
+                # a backfill of windows minutes old: ``produce`` stamps records with their events' times
+                "trust_producer_timestamps": True,
             }],
         }
         self.config_path = work_dir / "queries.yaml"
@@ -88,8 +92,14 @@ class Scenario:
         return orjson.dumps({"user_id": unit, "ts": self.window_start(k) + at_ms, "page": page, "value": value})
 
     def closer(self, k: int, unit: str = "closer") -> bytes:
-        """An event that closes every window up to ``k`` (it lies in window ``k + 1``)."""
+        """An event whose record stamp is past every window up to ``k`` (it lies in window ``k + 1``)."""
         return self.event(unit, k + 1, at_ms=LATENESS_MS)
+
+    def closers(self, k: int, unit: str = "closer") -> list[bytes]:
+        """What closes every window up to ``k``: the closer and ``PRODUCER_QUORUM - 1`` ticks after it, records
+        without an event (dead-lettered as invalid JSON) that ``produce`` stamps as the closer. A trusted
+        producer clock moves only once that many records are stamped past a window (``record_clock``)."""
+        return [self.closer(k, unit)] + [TICK] * (PRODUCER_QUORUM - 1)
 
     # -- I/O ------------------------------------------------------------------------
 

@@ -8,6 +8,15 @@ import urllib.request
 
 from kafka import KafkaConsumer
 
+from tests.conftest import PRODUCER_STAMPED as PRODUCER_STAMPED  # for the backfilling tests, beside BACKFILL
+
+
+#: What a test that backfills past windows adds to its query. Its records are stamped with their events'
+#: times (as a backfill's producer stamps them, on a topic created with ``tests.conftest.PRODUCER_STAMPED``) and
+#: the query trusts those stamps, so that its windows close as the backfill is read, in seconds, rather than
+#: after the minutes its events are old (by the broker's stamps, every record of it would arrive now).
+BACKFILL = {"trust_producer_timestamps": True}
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -47,7 +56,8 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
 
 def page_query(name: str, topic: str, output: str, namespace: str, *, pages, window: str, release_timeout: str,
                **options) -> dict:
-    """A query of ``user_id`` units grouped by ``page`` over the public ``pages``: the option tests' base."""
+    """A query of ``user_id`` units grouped by ``page`` over the public ``pages``: the option tests' base (they
+    backfill past windows: ``BACKFILL``, on a topic created with ``PRODUCER_STAMPED``)."""
     return {
         "name": name, "input_topic": topic, "output_topic": output,
         "privacy_unit": {"namespace": namespace, "field": "user_id"},
@@ -56,5 +66,6 @@ def page_query(name: str, topic: str, output: str, namespace: str, *, pages, win
         "group_by": ["page"], "groups": {"public": list(pages)},
         "bounds": {"max_groups_per_unit": 3, "max_events_per_group": 3},
         "release_timeout": release_timeout,
+        **BACKFILL,
         **options,
     }

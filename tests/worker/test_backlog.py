@@ -22,7 +22,7 @@ import pytest
 import yaml
 from kafka import KafkaProducer
 
-from tests.worker._support import consume_all, free_port, metric_sum, scrape
+from tests.worker._support import BACKFILL, PRODUCER_STAMPED, consume_all, free_port, metric_sum, scrape
 
 MIN = 60_000
 HOURS = 2
@@ -35,7 +35,7 @@ def test_a_two_hour_backlog_is_released_in_full_with_nothing_late(
     tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name
 ):
     name = unique_name.replace("-", "_")[-40:]
-    input_topic = new_topic("in", partitions=2)
+    input_topic = new_topic("in", partitions=2, configs=PRODUCER_STAMPED)
     output_topic = f"{unique_name}-out"
     config = {
         # Limits a unit in every data window can live with, over the short and the long horizon.
@@ -50,6 +50,9 @@ def test_a_two_hour_backlog_is_released_in_full_with_nothing_late(
             "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
             "aggregations": {"count": {}},
             "epsilon": 4.0, "release_timeout": "30s",
+            # The backlog's producers sent its events live two hours ago, stamped then: by the broker's
+            # clock (LogAppendTime) they would be stamped so too, but a test cannot wait two hours.
+            **BACKFILL,
         }],
     }
     config_path = tmp_path / "queries.yaml"

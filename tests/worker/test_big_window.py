@@ -41,7 +41,7 @@ from tests.worker._big_window import (
     wait_published,
     write_config,
 )
-from tests.worker._support import free_port, metric_sum, scrape
+from tests.worker._support import PRODUCER_STAMPED, free_port, metric_sum, scrape
 
 BROKER_DEFAULT_MAX = 1_048_588  # Kafka's message.max.bytes default
 
@@ -49,7 +49,7 @@ BROKER_DEFAULT_MAX = 1_048_588  # Kafka's message.max.bytes default
 def _run(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name, *, partitions: int, workers: int) -> None:
     started = time.monotonic()
     name = unique_name.replace("-", "_")[-40:]
-    input_topic = new_topic("in", partitions=partitions)
+    input_topic = new_topic("in", partitions=partitions, configs=PRODUCER_STAMPED)
     output_topic = f"{unique_name}-out"
     prefix = f"{unique_name}."
     config = write_config(tmp_path / "queries.yaml", name, input_topic, output_topic)

@@ -25,7 +25,7 @@ from kafka import KafkaProducer
 from stream_dp.budget import RedisBudgetStore
 from stream_dp.budget import policy_from_config
 from stream_dp.config import load_config
-from tests.worker._support import consume_all, free_port, metric_sum, scrape
+from tests.worker._support import BACKFILL, PRODUCER_STAMPED, consume_all, free_port, metric_sum, scrape
 
 WINDOW_MS = 5_000
 WINDOWS = 6
@@ -51,6 +51,7 @@ def _config(tmp_path: Path, name: str, input_topic: str, output_topic: str) -> P
             "aggregations": {"count": {}, "sum": {"field": "value", "clip": [0, 10]}, "mean": {"field": "value"}},
             "epsilon": 3.0,
             "release_timeout": "30s",
+            **BACKFILL,
         }],
     }
     path = tmp_path / "queries.yaml"
@@ -63,7 +64,7 @@ def test_two_workers_release_every_window_once_with_budget_exclusion(
     tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name
 ):
     name = unique_name.replace("-", "_")[-40:]
-    input_topic = new_topic("in", partitions=3)
+    input_topic = new_topic("in", partitions=3, configs=PRODUCER_STAMPED)
     output_topic = f"{unique_name}-out"
     config_path = _config(tmp_path, name, input_topic, output_topic)
     prefix = f"{unique_name}."

@@ -34,7 +34,7 @@ from scipy import stats
 from stream_dp.budget import RedisBudgetStore, policy_from_config
 from stream_dp.config import load_config
 from stream_dp.windows.hashing import derive_key, siphash_reference
-from tests.worker._support import consume_all, free_port, page_query
+from tests.worker._support import PRODUCER_STAMPED, consume_all, free_port, page_query
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -150,7 +150,7 @@ def _quiet_scrape(port: int, tries: int = 50) -> str:
 
 
 def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name):
-    topic = new_topic("in", partitions=2)
+    topic = new_topic("in", partitions=2, configs=PRODUCER_STAMPED)
     outputs = {k: f"{unique_name}-{k}" for k in ("top", "topsel", "quantiles", "qint", "qcap", "places", "today", "stairs",
                                                   "vec", "cov", "median", "blockmedian", "crashy")}
     namespace = f"{unique_name}-users"

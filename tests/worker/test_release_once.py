@@ -28,6 +28,7 @@ from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
 from tests.worker._release_once import Deployment, by_window, metric, wall_ms
+from tests.worker._support import BACKFILL, PRODUCER_STAMPED
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -50,6 +51,7 @@ def _config(path: Path, name: str, input_topic: str, output_topic: str, groups: 
             "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
             "aggregations": {"count": {}},
             "epsilon": 1.0, "release_timeout": "20s",
+            **BACKFILL,  # windows minutes old, their records stamped with their events' times
         }],
     }))
     return path
@@ -71,7 +73,7 @@ class _Deployment(Deployment):
 
 @pytest.fixture
 def deployment(request, tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name):
-    input_topic = new_topic("in", partitions=2)
+    input_topic = new_topic("in", partitions=2, configs=PRODUCER_STAMPED)
     made = _Deployment(tmp_path, kafka_bootstrap, redis_url, unique_name, input_topic, request.param)
     made.input_topic = input_topic
     yield made

@@ -30,7 +30,7 @@ from kafka import KafkaProducer
 
 from stream_dp.cli.local_reports import local_reports
 from tests.worker._release_once import Deployment, by_window, metric, wall_ms
-from tests.worker._support import page_query
+from tests.worker._support import PRODUCER_STAMPED, page_query
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -133,7 +133,8 @@ def _differing_fields(first: list[bytes], again: list[bytes]) -> str:
 
 def test_a_replay_republishes_every_options_stored_records(tmp_path, kafka_bootstrap, redis_url, new_topic,
                                                             unique_name):
-    topic, local_topic = new_topic("in", partitions=2), new_topic("local", partitions=2)
+    topic = new_topic("in", partitions=2, configs=PRODUCER_STAMPED)
+    local_topic = new_topic("local", partitions=2, configs=PRODUCER_STAMPED)
     tag = f"once_{unique_name[-8:]}"  # the fixture's random suffix
     names = {k: f"{tag}_{k}" for k in OPTIONS}
     outputs = {k: f"{unique_name}-out-{k}" for k in OPTIONS}

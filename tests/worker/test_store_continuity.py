@@ -25,6 +25,7 @@ from stream_dp.worker import app as worker_app
 from stream_dp.worker.commit_metadata import committed_store
 from stream_dp.worker.kafka_admin import read_commit_metadata
 from stream_dp.worker.store_guard import MARKERS, StoreReplaced
+from tests.worker._support import PRODUCER_STAMPED
 from tests.worker._release_once import by_window, metric, wall_ms
 from tests.worker.test_release_once import _Deployment, _first_release
 
@@ -33,7 +34,7 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 @pytest.fixture
 def deployment(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name):
-    input_topic = new_topic("in", partitions=2)
+    input_topic = new_topic("in", partitions=2, configs=PRODUCER_STAMPED)  # as test_release_once's
     made = _Deployment(tmp_path, kafka_bootstrap, redis_url, unique_name, input_topic, "public")
     made.input_topic = input_topic
     yield made

@@ -1,12 +1,15 @@
-"""Topic setup on the real broker: topics created with the planned settings; existing ones that break an
-assumption reported (or refused) with their fix; record sizes taken from the limits in force, down to a
-partials topic far below 1 MB and a dead letter larger than its topic takes."""
+"""Topic setup on the real broker: topics created with the planned settings (a missing input topic with the
+broker's clock); existing ones that break an assumption reported (or refused) with their fix, an input topic its
+producers stamp among them; record sizes taken from the limits in force, down to a partials topic far below
+1 MB and a dead letter larger than its topic takes."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,7 @@ from stream_dp.worker.release_entry import decode_entry
 from stream_dp.worker.topic_setup import prepare_topics
 from stream_dp.worker.topics import RECORD_HEADROOM, TopicSettingsError
 from tests.worker import _big_window as big
-from tests.worker._support import free_port
+from tests.worker._support import PRODUCER_STAMPED, free_port
 
 DAY_MS = 86_400_000
 
@@ -154,7 +157,7 @@ def test_records_fit_a_small_partials_topic_and_a_dead_letter_larger_than_its_to
     prefix = f"{unique_name}."
     admin.create_topics([NewTopic(f"{prefix}partials", 4, 1, topic_configs={
         "max.message.bytes": str(PARTIALS_MAX), "retention.ms": str(6 * DAY_MS), "segment.ms": "3600000"})])
-    input_topic = new_topic("in", partitions=1, configs={"max.message.bytes": str(3 * BIG_EVENT)})
+    input_topic = new_topic("in", partitions=1, configs={**PRODUCER_STAMPED, "max.message.bytes": str(3 * BIG_EVENT)})
     config = big.write_config(tmp_path / "queries.yaml", name, input_topic, f"{unique_name}-out")
     window_start = (int(time.time() * 1000) - 5 * big.WINDOW_MS) // big.WINDOW_MS * big.WINDOW_MS
     sent = big.produce(kafka_bootstrap, input_topic, window_start)
@@ -237,3 +240,42 @@ def test_a_top_k_record_larger_than_another_output_topics_batches_is_published(
 
     got = read_topic(kafka_bootstrap, out, max_partition_fetch_bytes=largest + 1024, fetch_max_bytes=largest + 1024)
     assert sorted(len(r.value) for r in got) == sorted(len(v) for _, v in records)
+
+
+@pytest.mark.services
+def test_a_missing_input_topic_is_created_with_the_brokers_clock(tmp_path, kafka_bootstrap, unique_name, admin):
+    _prepare(tmp_path, kafka_bootstrap, unique_name)
+    state = describe_topics({"bootstrap_servers": kafka_bootstrap}, [f"{unique_name}-in"],
+                            ("message.timestamp.type", "min.insync.replicas"))[f"{unique_name}-in"]
+    assert state.configs["message.timestamp.type"] == "LogAppendTime"
+    assert state.replication_factor == 1 and state.configs["min.insync.replicas"] == "1"
+
+
+@pytest.mark.services
+def test_an_input_topic_stamped_by_its_producers_is_refused_unless_a_query_trusts_them(
+    tmp_path, kafka_bootstrap, unique_name, admin
+):
+    admin.create_topics([NewTopic(f"{unique_name}-in", 1, 1, topic_configs={"message.timestamp.type": "CreateTime"})])
+    with pytest.raises(TopicSettingsError) as refused:
+        _prepare(tmp_path, kafka_bootstrap, unique_name)
+    message = str(refused.value)
+    assert f"input topic '{unique_name}-in' has message.timestamp.type=CreateTime" in message
+    assert (f"`kafka-configs.sh --bootstrap-server {kafka_bootstrap} --alter --entity-type topics --entity-name "
+            f"{unique_name}-in --add-config message.timestamp.type=LogAppendTime`") in message
+    assert "trust_producer_timestamps: true on 'q'" in message
+    _prepare(tmp_path, kafka_bootstrap, unique_name, {"trust_producer_timestamps": True})  # a backfill: taken
+
+
+@pytest.mark.services
+def test_the_worker_exits_at_start_on_an_input_topic_stamped_by_its_producers(
+    tmp_path, kafka_bootstrap, redis_url, unique_name, admin
+):
+    admin.create_topics([NewTopic(f"{unique_name}-in", 1, 1, topic_configs={"message.timestamp.type": "CreateTime"})])
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, REDIS_URL=redis_url,
+               STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{unique_name}.", STREAM_DP_GROUP_ID=f"{unique_name}-g",
+               STREAM_DP_CONTRIBUTION_SECRET="test-secret-0123456789abcdef", STREAM_DP_METRICS_PORT=str(free_port()))
+    run = subprocess.run([sys.executable, "-m", "stream_dp.cli.main", "run", "--config",
+                          str(_config(tmp_path / "q.yaml", unique_name))],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert f"--entity-name {unique_name}-in --add-config message.timestamp.type=LogAppendTime" in run.stderr
