@@ -3,9 +3,10 @@ real worker processes on the real broker.
 
 D is a backlog produced while no worker ran: WINDOWS one-minute windows of EVENTS_PER_WINDOW events two
 hours old, on a CreateTime topic whose records are stamped with their event times (a backfill, so the query
-says ``trust_producer_timestamps: true``). D' is D plus one record of one unit, sent after the first
-window's events: stamped 0 (which the broker takes with CreateTime), or up to an hour ahead (the broker's
-default ``message.timestamp.after.max.ms``). The worker reads the backlog in batches of up to 20,000
+says ``trust_producer_timestamps: true``). D' is D plus records of one unit, sent after the first
+window's events: one stamped 0 (which the broker takes with CreateTime), one stamped up to an hour ahead (the
+broker's default ``message.timestamp.after.max.ms``), or a handful so stamped (one fewer than the quorum a
+trusted producer clock needs, ``stream_dp.windows.record_clock``). The worker reads the backlog in batches of up to 20,000
 records; had that one record moved the clock to the wall clock, every event of a later batch would be late
 and the windows released without them. Neighbours must release the same windows with the same counts (up
 to noise) and call the same events late (none).
@@ -24,6 +25,7 @@ import pytest
 import yaml
 from kafka import KafkaProducer
 
+from stream_dp.windows.record_clock import PRODUCER_QUORUM
 from tests.conftest import PRODUCER_STAMPED
 from tests.worker._support import consume_all, free_port, metric_sum, scrape
 
@@ -37,20 +39,21 @@ AHEAD_MS = 55 * MIN  # within the hour a broker takes by default (message.timest
 # Two counts of one window, each with discrete Laplace noise of scale 1 (epsilon 1, sensitivity 1), differ
 # by more than 16 with probability below 17 e^-16 < 2e-6 per window.
 NOISE_SLACK = 16
-TARGETS = {"zero": lambda now_ms: 0, "ahead": lambda now_ms: now_ms + AHEAD_MS}
+TARGETS = {"zero": lambda now_ms: [0], "ahead": lambda now_ms: [now_ms + AHEAD_MS],
+           "handful_ahead": lambda now_ms: [now_ms + AHEAD_MS] * (PRODUCER_QUORUM - 1)}
 
 
-def backlog(start_ms: int, target_stamp: int | None) -> list[tuple[bytes, bytes, int]]:
-    """(key, value, record timestamp) in sending order; the target's record after the first window's events."""
+def backlog(start_ms: int, target_stamps: list[int]) -> list[tuple[bytes, bytes, int]]:
+    """(key, value, record timestamp) in sending order; the target's records after the first window's events."""
     out = []
     for w in range(WINDOWS):
         for i in range(EVENTS_PER_WINDOW):
             t = start_ms + w * MIN + i * (MIN - 1_000) // EVENTS_PER_WINDOW
             unit = f"u{i}"
             out.append((unit.encode(), orjson.dumps({"user_id": unit, "ts": t, "page": "a"}), t))
-        if w == 0 and target_stamp is not None:
+        if w == 0:
             t = start_ms + MIN - 500
-            out.append((b"target", orjson.dumps({"user_id": "target", "ts": t, "page": "a"}), target_stamp))
+            out += [(b"target", orjson.dumps({"user_id": "target", "ts": t, "page": "a"}), s) for s in target_stamps]
     return out
 
 
@@ -117,14 +120,14 @@ def run_stream(tmp_path, label: str, bootstrap: str, redis_url: str, unique_name
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
-def test_one_record_stamped_zero_or_an_hour_ahead_moves_no_clock(tmp_path, kafka_bootstrap, redis_url, new_topic,
+def test_one_record_stamped_zero_or_a_handful_an_hour_ahead_move_no_clock(tmp_path, kafka_bootstrap, redis_url, new_topic,
                                                                  unique_name, target):
     now_ms = int(time.time() * 1000)
     start_ms = (now_ms - AGO_MS) // MIN * MIN
     topics = {"D": new_topic("d", configs=PRODUCER_STAMPED), "D'": new_topic("dd", configs=PRODUCER_STAMPED)}
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=20, batch_size=256 * 1024)
-    for label, stamp in (("D", None), ("D'", TARGETS[target](now_ms))):
-        for key, value, record_ms in backlog(start_ms, stamp):
+    for label, stamps in (("D", []), ("D'", TARGETS[target](now_ms))):
+        for key, value, record_ms in backlog(start_ms, stamps):
             producer.send(topics[label], key=key, value=value, timestamp_ms=record_ms)
     producer.flush()
     producer.close()
