@@ -48,6 +48,7 @@ def mechanism_label(query) -> str:
 def plan_config(config) -> list[dict]:
     """Each query's plan; a query that cannot be planned raises ``ValueError`` naming it (as ``check-config``
     does), whatever its builders raised."""
+    from stream_dp.worker.input_clock import clock_summary
     from stream_dp.worker.query_costs import build_plan, check_cost_fits, explain_build_error, window_cost
 
     out = []
@@ -94,6 +95,7 @@ def plan_config(config) -> list[dict]:
             # mean_vector / covariance: sensitivity, noise sd and the 95% errors the text line prints
             "vector": None if plan.vector is None else vector_summary(plan.vector),
             "options": option_lines(query, plan, described),
+            "window_clock": clock_summary(query),
         })
     return out
 
@@ -245,6 +247,7 @@ def run(args: argparse.Namespace) -> int:
             print("  " + _horizon_line(p, h, sharing[p["namespace"]]))
         for line in p["options"]:
             print("  " + line)
+        print("  " + p["window_clock"])
         if p["charged_per"] == "period":
             print("  a period's charge covers all of the unit's windows of the period: the events of an interval of "
                   "event time of one horizon lie in at most the periods it overlaps (counted above), whose charges "

@@ -40,8 +40,9 @@ def clock_summary(query: Any) -> str:
         return (f"window clock: the producers' record timestamps of {query.input_topic} (trust_producer_timestamps: "
                 f"true): a time counts once {PRODUCER_QUORUM} records are stamped at it or later, none stamped 0 or "
                 f"less; the broker's stamps where it sets them ({DOCS})")
-    return (f"window clock: the broker's record timestamps of {query.input_topic}; the worker refuses to start unless "
-            f"it has {TIMESTAMP_TYPE}={LOG_APPEND_TIME} (and creates it so if it does not exist)")
+    return (f"window clock: the broker's record timestamps ({LOG_APPEND_TIME}) of {query.input_topic}; at start the "
+            f"worker refuses the topic if its producers stamp it ({CREATE_TIME}), and creates it with "
+            f"{TIMESTAMP_TYPE}={LOG_APPEND_TIME} if it does not exist")
 
 
 def timestamp_type_problem(topic: str, configs: dict[str, str], queries: list[Any], *, bootstrap: str) -> Problem | None:

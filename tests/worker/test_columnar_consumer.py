@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from stream_dp.worker.columnar_consumer import ColumnarConsumer, check_compatible
+from stream_dp.worker.consumed import raw_batch
 from stream_dp.worker.record_columns import RecordColumns
 
 pytestmark = pytest.mark.services
@@ -129,3 +131,42 @@ def test_transactions_and_their_markers(kafka_bootstrap, new_topic, unique_name,
                                partitions=1, isolation_level=isolation_level))
     assert len(ours[0]) == expect
     assert ours == theirs
+
+
+async def _stamps(consumer_type, bootstrap: str, topic: str, *, expect: int, isolation_level: str):
+    """(timestamp, stamped by its producer) per record, as the ingest stage's batch holds them."""
+    consumer = consumer_type(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                             auto_offset_reset="earliest", isolation_level=isolation_level)
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(2)])
+        out: list[tuple[int, bool]] = []
+        for _ in range(200):
+            batches = await consumer.getmany(timeout_ms=500, max_records=100)
+            if batches:
+                batch = raw_batch(list(batches.items()))
+                out += list(zip(batch.timestamps.tolist(), batch.producer_stamped.tolist()))
+            if len(out) >= expect:
+                return out
+        raise AssertionError(f"read {len(out)} of {expect} records")
+    finally:
+        await consumer.stop()
+
+
+@pytest.mark.parametrize("consumer_type", [ColumnarConsumer, AIOKafkaConsumer])
+@pytest.mark.parametrize("isolation_level", ["read_uncommitted", "read_committed"])  # batches, or aiokafka's records
+@pytest.mark.parametrize("stamps", ["CreateTime", "LogAppendTime"])
+def test_who_stamped_each_record_comes_from_the_broker(kafka_bootstrap, new_topic, consumer_type, isolation_level,
+                                                       stamps):
+    """A record the broker stamped (LogAppendTime) is the only kind whose timestamp closes windows untrusted:
+    each batch says which kind it holds, whichever way its records are read."""
+    topic = new_topic(partitions=2, configs={"message.timestamp.type": stamps})
+    started_ms = int(time.time() * 1000)
+    expect = asyncio.run(_produce(kafka_bootstrap, topic))
+    read = asyncio.run(_stamps(consumer_type, kafka_bootstrap, topic, expect=expect, isolation_level=isolation_level))
+    if stamps == "CreateTime":
+        assert all(by_producer for _, by_producer in read)
+        assert sorted(t for t, _ in read) == [1_700_000_000_000 + i for i in range(expect)]  # as the producer set them
+    else:
+        assert not any(by_producer for _, by_producer in read)
+        assert all(t >= started_ms - 5_000 for t, _ in read)  # the broker's clock, not the producer's

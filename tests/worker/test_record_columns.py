@@ -10,7 +10,7 @@ from aiokafka.structs import TopicPartition
 
 from stream_dp.windows.batch import NO_TIMESTAMP
 from stream_dp.worker.consumed import raw_batch as _raw_batch
-from stream_dp.worker.record_columns import RecordColumns, RecordView, raw_batch
+from stream_dp.worker.record_columns import CREATE_TIME, LOG_APPEND_TIME, RecordColumns, RecordView, raw_batch
 
 
 def record(offset, timestamp=1_000, key=b"k", value=b"v"):
@@ -20,7 +20,7 @@ def record(offset, timestamp=1_000, key=b"k", value=b"v"):
 def same_batch(a, b):
     assert list(a.values) == list(b.values)
     assert list(a.keys) == list(b.keys)
-    for name in ("partitions", "offsets", "timestamps"):
+    for name in ("partitions", "offsets", "timestamps", "producer_stamped"):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype and x.tolist() == y.tolist(), name
 
@@ -59,3 +59,19 @@ def test_columns_read_like_a_list_of_records():
     assert RecordColumns.concat([columns[:1], columns[2:]]).keys == [b"a", b"c"]
     with pytest.raises(ValueError, match="different lengths"):
         RecordColumns(np.zeros(1, np.int64), np.zeros(2, np.int64), [b""], [b""])
+
+
+def test_who_stamped_a_record_is_its_batchs_timestamp_type_or_its_own():
+    records = [record(0), record(1)]
+    assert RecordColumns.of_records(records, timestamp_type=LOG_APPEND_TIME).producer_stamped.tolist() == [False, False]
+    assert RecordColumns.of_records(records, timestamp_type=CREATE_TIME).producer_stamped.tolist() == [True, True]
+    broker = SimpleNamespace(offset=2, timestamp=5, key=b"k", value=b"v", timestamp_type=LOG_APPEND_TIME)
+    producer = SimpleNamespace(offset=3, timestamp=6, key=b"k", value=b"v", timestamp_type=CREATE_TIME)
+    # a record that does not say who stamped it counts as its producer's: no clock unless producers are trusted
+    columns = RecordColumns.of_records([broker, producer, record(4)])
+    assert columns.producer_stamped.tolist() == [False, True, True]
+    assert columns[1:].producer_stamped.tolist() == [True, True]
+    assert RecordColumns.concat([columns[:1], columns[2:]]).producer_stamped.tolist() == [False, True]
+    assert raw_batch([(TopicPartition("t", 0), columns)]).producer_stamped.tolist() == [False, True, True]
+    assert _raw_batch([(TopicPartition("t", 0), [broker, producer, record(4)])]).producer_stamped.tolist() == [
+        False, True, True]
