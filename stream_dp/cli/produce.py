@@ -12,6 +12,7 @@ its times advance. ``--record-time now`` leaves the timestamp to the client
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 import warnings
@@ -228,7 +229,7 @@ def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool, re
     stamp_event_time = record_time == "event"
     sent = 0
     started = time.monotonic()
-    last_report = 0.0
+    last_report = -math.inf  # the first progress line at once, however long the machine has been up
     try:
         for key, value, event_ms in events:
             # No explicit partition: the partitioner places the key, as the worker checks.
