@@ -67,13 +67,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 class _Fields:
     """The event fields synthetic events fill: ``group_by`` holds every grouping field, and ``public`` whole
     group keys (one value per grouping field), so that every event carries a field of each; ``values`` the
-    numeric fields, ``vector`` the fields of a mean vector or covariance (correlated readings)."""
+    numeric fields, ``vector`` the fields of a mean vector or covariance (correlated readings around
+    ``vector_means``, by default 0, 1, 2, ...)."""
 
     def __init__(self, unit: str = "user_id", ts: str = "ts", group_by: tuple[str, ...] = ("page",),
                  values: tuple[str, ...] = ("value",), public: list[tuple] | None = None,
-                 timestamp_format: str = "auto", partitioner: str = "murmur2", vector: tuple[str, ...] = ()) -> None:
+                 timestamp_format: str = "auto", partitioner: str = "murmur2", vector: tuple[str, ...] = (),
+                 vector_means: tuple[float, ...] | None = None) -> None:
         self.unit, self.ts, self.group_by, self.values, self.public = unit, ts, group_by, values, public
         self.timestamp_format, self.partitioner, self.vector = timestamp_format, partitioner, vector
+        self.vector_means = tuple(float(i) for i in range(len(vector))) if vector_means is None else vector_means
 
 
 # What every query reading one topic must agree on for one synthetic event to fit them all.
@@ -108,7 +111,15 @@ def _fields(args: argparse.Namespace) -> _Fields:
     queries = _queries_filled(args)
     query = queries[0]
     values = dict.fromkeys(q.aggregations.value_field for q in queries if q.aggregations.value_field is not None)
-    vector = dict.fromkeys(f for q in queries if q.aggregations.vector is not None for f in q.aggregations.vector.fields)
+    # A covariance's readings are centred (0, 1, 2, ...: its noise grows with their norm, as accelerometer axes
+    # keep it small); a mean vector's lie far from 0 (10, 20, ...), as temperatures and humidities do, so
+    # that its means are told apart from 0 by their errors.
+    vector: dict[str, float] = {}
+    for q in queries:
+        if q.aggregations.vector is not None:
+            centred = q.aggregations.vector_kind == "covariance"
+            for j, name in enumerate(q.aggregations.vector.fields):
+                vector.setdefault(name, float(j) if centred else 10.0 * (j + 1))
     return _Fields(
         unit=query.privacy_unit.field,
         ts=query.timestamp_field,
@@ -118,6 +129,7 @@ def _fields(args: argparse.Namespace) -> _Fields:
         timestamp_format=query.timestamp_format,
         partitioner=query.partitioner,
         vector=tuple(vector),
+        vector_means=tuple(vector.values()),
     )
 
 
@@ -132,9 +144,10 @@ def synthetic_events(n: int, units: int, groups: int, fields: _Fields, *, seed: 
         group_ids = rng.integers(0, groups, size)
         values = np.round(rng.gamma(2.0, 20.0, size), 2)
         times = start_ms + ((base + np.arange(size)) * step_ms).astype(np.int64)
-        # vector fields: correlated readings around small means (field i ~ i + shared + own noise)
+        # vector fields: correlated readings around their means (field i ~ mean_i + shared + own noise)
         shared = rng.normal(0.0, 1.0, (size, 1))
-        vectors = np.round(np.arange(len(fields.vector)) + shared + rng.normal(0.0, 0.5, (size, len(fields.vector))), 3)
+        own = rng.normal(0.0, 0.5, (size, len(fields.vector)))
+        vectors = np.round(np.asarray(fields.vector_means, dtype=float) + shared + own, 3)
         for i, (u, g, v, t) in enumerate(zip(unit_ids.tolist(), group_ids.tolist(), values.tolist(), times.tolist())):
             unit = f"u{u}"
             # a public group is drawn whole (one value per group_by field); a made-up one repeats its name

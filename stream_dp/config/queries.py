@@ -32,6 +32,7 @@ from stream_dp.config.query_options import (
     BoundsConfig,
     ContinualConfig,
     DurationMs,
+    ExpectedConfig,
     Groups,
     HierarchyConfig,
     check_groups_form,
@@ -196,6 +197,8 @@ class QueryConfig(_Strict):
     continual: ContinualConfig | None = None
     hierarchy: bool | HierarchyConfig = False
     local_dp: LocalDPConfig | None = None
+    # a planning hint (``plan`` and ``check-config`` set errors beside it); no setting a release depends on
+    expected: ExpectedConfig | None = None
     # the word the file wrote for mechanism when it differs from the one it is read as (geometric)
     _mechanism_written: str | None = PrivateAttr(None)
 
@@ -225,7 +228,7 @@ class QueryConfig(_Strict):
     def _groups_form(cls, value: Any) -> Any:
         return check_groups_form(value)
 
-    @field_validator("continual", "local_dp", mode="before")
+    @field_validator("continual", "local_dp", "expected", mode="before")
     @classmethod
     def _no_empty_option(cls, value: Any, info: Any) -> Any:
         return refuse_empty_options(cls, value, info.field_name)

@@ -28,7 +28,7 @@ from stream_dp.cli.main import main
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "queries.example.yaml"
 DOMAIN = ["chrome", "safari", "firefox", "edge", "other"]  # browsers_local's groups.public
 EPSILON = 2.0  # browsers_local's local_dp epsilon
-HOUR = 3_600_000  # browsers_local's window; allowed_lateness 1m
+HOUR = 3_600_000  # a window of browsers_local where a test sets it, else 120 of its 30 s windows
 T0 = 1_700_000_000_000 // HOUR * HOUR  # a window start
 P_MIN = 1e-4
 SECRET_ENV = "STREAM_DP_LOCAL_DP_SECRET"
@@ -51,11 +51,14 @@ def _secret(tmp_path: Path, content: bytes | None = None, name: str = "local-dp.
     return path
 
 
-def _config(tmp_path: Path, *, mechanism: str = "krr", local_first: bool = False) -> Path:
-    """The example's queries, browsers_local with ``mechanism`` (and first, if ``local_first``)."""
+def _config(tmp_path: Path, *, mechanism: str = "krr", local_first: bool = False, window: str | None = None) -> Path:
+    """The example's queries, browsers_local with ``mechanism`` (and first, if ``local_first``; on windows of
+    ``window``, if given)."""
     document = yaml.safe_load(EXAMPLE.read_text())
     (local,) = [q for q in document["queries"] if q["name"] == "browsers_local"]
     local["local_dp"]["mechanism"] = mechanism
+    if window is not None:
+        local["window"] = {"size": window}
     if local_first:
         document["queries"] = [local] + [q for q in document["queries"] if q is not local]
     path = tmp_path / "queries.yaml"
@@ -99,7 +102,7 @@ def test_one_report_per_unit_per_window(tmp_path, capsys):
     events += [{"device_id": "d2", "ts": T0 + 5, "browser": "chrome"}]
     events += [{"device_id": "d1", "ts": T0 + HOUR + i, "browser": "safari"} for i in range(3)]  # the next hour
     events += [{"device_id": 7, "ts": T0 + 1, "browser": "edge"}, {"device_id": "7", "ts": T0 + 2, "browser": "edge"}]
-    sent = _reports(tmp_path, events)
+    sent = _reports(tmp_path, events, _config(tmp_path, window="1h"))
     assert [(e["device_id"], e["ts"]) for _, e, _ in sent] == [("d1", T0), ("d2", T0 + 5), ("d1", T0 + HOUR), (7, T0 + 1)]
     err = capsys.readouterr().err
     assert "52 events were not sent: their unit had already reported in their window" in err  # 49 + 2 + the "7"
