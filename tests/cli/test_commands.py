@@ -430,6 +430,39 @@ def test_tail_prints_release_records(kafka_bootstrap, new_topic, monkeypatch, ca
     assert format_row(record) in out and "/docs" in out
 
 
+def test_tail_of_several_topics_prints_each_ones_first_windows_together(kafka_bootstrap, new_topic, monkeypatch,
+                                                                        capsys):
+    from kafka import KafkaProducer
+
+    def record(query: str, start_ms: int, page: str) -> dict:
+        return {"release_id": f"{query}:{start_ms}:{page}", "query": query,
+                "window": {"start": "x", "end": "y", "start_ms": start_ms, "end_ms": start_ms + 30_000},
+                "group": {"page": page}, "count": start_ms // 30_000, "sum": None, "mean": None,
+                "ci95": {"count": 1.0, "sum": None, "mean": None}, "std": {"count": 1.0, "sum": None},
+                "privacy": {"epsilon": 0.5}, "released_at_ms": 1, "released_at": "x"}
+
+    full, short = new_topic("full"), new_topic("short")
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    for start in (30_000, 60_000, 90_000):  # three windows of two groups
+        for page in ("/a", "/b"):
+            producer.send(full, orjson.dumps(record("q1", start, page)))
+    producer.send(short, orjson.dumps(record("q2", 30_000, "/a")))  # one window only
+    producer.flush()
+    producer.close()
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    assert main(["tail", "--topic", short, "--topic", full, "--from-beginning", "--windows", "2",
+                 "--max-seconds", "15"]) == 0
+    out = capsys.readouterr().out
+    # the complete topic first, with its first two windows and not the third; the other once the time is up
+    assert out.index(f"releases on {full} (2 windows, ") < out.index(f"releases on {short} (1 window, of the 2 "
+                                                                      "asked for, within the time, ")
+    assert sum("/a" in line or "/b" in line for line in out.splitlines() if not line.startswith("releases")) == 5
+    assert format_row(record("q1", 60_000, "/b")) in out and format_row(record("q1", 90_000, "/a")) not in out
+    assert format_row(record("q2", 30_000, "/a")) in out
+    assert main(["tail", "--topic", short, "--topic", full]) == 2
+    assert "several --topic need --windows N" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ["ok_quantiles_without_a_count", "ok_top_k_over_selected_groups_without_a_count",
                                   "ok_local_dp_without_the_querys_epsilon"])
 def test_plan_of_a_query_leaving_out_a_setting_is_the_plan_of_it_written_out(name, tmp_path, capsys):
