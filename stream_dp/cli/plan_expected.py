@@ -149,7 +149,7 @@ def expected_errors(query, plan) -> tuple[list[ExpectedError], list[str]]:
             out.append(ExpectedError("mean over blocks", sa.noise.ci_half_width(0.05) / sa.blocks, v,
                                      f"the output, {_num(v)}",
                                      (f"a narrower output_range than [{sa.lo:g}, {sa.hi:g}]", blocks)))
-    return out, missing
+    return out, list(dict.fromkeys(missing))  # a hierarchy's levels need the same value
 
 
 def ceil_significant(x: float, digits: int = 2) -> float:

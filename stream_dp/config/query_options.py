@@ -136,8 +136,8 @@ class ExpectedConfig(_Strict):
     does or releases depends on it).
 
     ``events_per_group``: its bounded events (what its count counts; a hierarchy's finest groups).
-    ``units_per_group``: its units (a mean_vector, covariance or sample_aggregate group; for local_dp, the
-    reports of one value, with as many for every value of the domain). ``value``: a typical value of what the
+    ``units_per_group``: its units (a mean_vector or covariance group; for local_dp, the reports of one
+    value, with as many for every value of the domain). ``value``: a typical value of what the
     query aggregates: of the summed field (a sum is then events x value, a mean the value), of a mean_vector's
     coordinates, of a covariance's variances, of the sample_aggregate function's output.
     """

@@ -207,6 +207,37 @@ def test_produce_local_dp_sends_one_bare_report_per_unit_and_window(tmp_path, mo
         (f"d{i}".encode(), FIELDS, T0 + i) for i in range(3)]
 
 
+def test_live_reports_go_out_at_their_own_time_though_most_events_send_none(tmp_path, monkeypatch):
+    """Synthetic events at a rate carry the wall clock's time; a local_dp producer sends one report per unit and
+    window of them, far fewer than the rate: each must still leave no earlier than its time (pacing by the
+    reports sent would let the event times run ahead of the clock, and the producer end early)."""
+    import kafka
+    import time as clock
+
+    sends: list[tuple[float, int]] = []
+
+    class Producer:
+        def __init__(self, **options):
+            pass
+
+        def send(self, topic, key, value, timestamp_ms):
+            sends.append((clock.time(), orjson.loads(value)["ts"]))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(kafka, "KafkaProducer", Producer)
+    # 400 events over 2 s, skewed over 20,000 units as the demo's are: new units, and so reports, all along
+    assert main(["produce", "--topic", "t", "--synthetic", "400", "--rate", "200", "--units", "20000", "--config",
+                 str(EXAMPLE), "--query", "browsers_local", "--local-dp", "browser", "--local-dp-secret-file",
+                 str(_secret(tmp_path)), "--quiet"]) == 0
+    assert 50 <= len(sends) < 400 and sends[-1][1] - sends[0][1] > 1_000
+    assert all(sent_at >= event_ms / 1000 - 0.001 for sent_at, event_ms in sends), sends
+
+
 def _produce(monkeypatch, events: Path, *options: str, config: Path = EXAMPLE) -> tuple[int, list[tuple]]:
     """Exit code and the (key, value bytes, record time) ``produce --file --local-dp browser`` handed to Kafka."""
     sent: list[tuple] = []

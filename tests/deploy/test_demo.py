@@ -172,6 +172,7 @@ def test_the_demo_releases_every_example_query(tmp_path, kafka_bootstrap, redis_
         for name, first, first_full in timings:
             full_s = "-" if first_full is None else f"{(first_full - started_ms) / 1000:.0f} s"
             print(f"  {name:<20} {(first - started_ms) / 1000:>4.0f} s  {full_s:>6}")
+        print("\n".join(line for line in out.splitlines() if line.startswith(("[+", "releases on"))))
         assert not problems, "\n".join(problems) + f"\ndemo output:\n{out[-4000:]}"
     finally:
         delete_topics(kafka_bootstrap, topics)
