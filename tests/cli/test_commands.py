@@ -228,15 +228,15 @@ def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
     assert _number(m.group(6)) / _number(m.group(5)) == pytest.approx(2**0.5, rel=0.01)
 
     # sample-and-aggregate: Laplace scale L0 (hi - lo) / epsilon; the mean's 95% half-width scale ln(20) / blocks
-    m = _one(blocks["sensor_median_temp"], r"sample_aggregate: statistics:median of field 'temp_c' on each of 100 blocks of "
-                                           r"units \(keyed hash\), outputs clipped to \[-10, 30\] \(a failed block "
+    m = _one(blocks["sensor_median_temp"], r"sample_aggregate: statistics:median of field 'temp_c' on each of 50 blocks of "
+                                           r"units \(keyed hash\), outputs clipped to \[0, 20\] \(a failed block "
                                            rf"counts as 10\), laplace noise of scale {NUM} on their sum; the released "
                                            rf"mean over blocks is within ±{NUM} of the blocks' mean at 95%; epsilon 1")
-    assert _number(m.group(1)) == pytest.approx(40 / 1.0, rel=1e-3)
-    assert _number(m.group(2)) == pytest.approx(40 * math.log(20) / 100, rel=0.01)
+    assert _number(m.group(1)) == pytest.approx(20 / 1.0, rel=1e-3)
+    assert _number(m.group(2)) == pytest.approx(20 * math.log(20) / 50, rel=0.01)
     m = _one(blocks["sensor_median_temp"], rf"sample_aggregate release time: at worst \(every block running out its "
-                                           rf"0\.1 s timeout\) {NUM} s per window \(2 groups\); typically .*")
-    assert _number(m.group(1)) == pytest.approx(2 * 100 * 0.1)  # groups x blocks x timeout: one block after another
+                                           rf"0\.2 s timeout\) {NUM} s per window \(2 groups\); typically .*")
+    assert _number(m.group(1)) == pytest.approx(2 * 50 * 0.2)  # groups x blocks x timeout: one block after another
 
     # local DP: named by its trust model, not the unused `mechanism: laplace`; p / q = e^epsilon
     lines = blocks["browsers_local"]
