@@ -39,13 +39,11 @@ config="${DEMO_CONFIG:-$here/queries.example.yaml}"
 producers=()
 stop_all() {
   for pid in "${producers[@]}"; do kill "$pid" 2>/dev/null || true; done
-  kill "$worker" 2>/dev/null
+  [ -z "$worker" ] || kill "$worker" 2>/dev/null
   wait 2>/dev/null || true
 }
-.venv/bin/stream-dp run --config "$config" > "$run_dir/worker.log" 2>&1 &
-worker=$!
+worker=""
 trap stop_all EXIT
-echo "worker started (pid $worker, log $run_dir/worker.log, metrics http://127.0.0.1:${STREAM_DP_METRICS_PORT:-9108}/metrics)"
 
 # Per input topic: the local_dp query reading it (if any) and its field; per output topic: the
 # query's window size.
@@ -80,6 +78,10 @@ while read -r topic local_query local_field; do
   producers+=($!)
   echo "publishing $rate live events a second to $topic (log $run_dir/producer-$topic.log)"
 done <<< "$inputs"
+# Started after the producers, so that the input topics are theirs to create.
+.venv/bin/stream-dp run --config "$config" > "$run_dir/worker.log" 2>&1 &
+worker=$!
+echo "worker started (pid $worker, log $run_dir/worker.log, metrics http://127.0.0.1:${STREAM_DP_METRICS_PORT:-9108}/metrics)"
 
 echo "[+${SECONDS} s] releases of each query's first two windows as they come out (noisy values with 95% half-widths;"
 echo "the first window began before the events did, so it holds only part of a window's events: smaller values, the"
