@@ -16,9 +16,10 @@ What is compared (``expected``: ``events_per_group`` n, ``units_per_group`` u, `
 * sample_aggregate: the mean over blocks' half-width against v; the median's rank error against half the blocks.
 
 A check whose count or value the block leaves out is not made (``plan`` says which). The epsilon named in
-a warning is the error-to-value ratio times the query's epsilon, rounded up to two significant digits --
-exact for Laplace noise, whose error falls as 1/epsilon, and more than enough for the others, whose error
-falls faster -- raised until the plan built with it brings the error to at most the value.
+a warning is the error-to-value ratio times the query's epsilon, rounded up to two significant digits (about
+right for Laplace noise, whose error falls as 1/epsilon), raised by 10% steps (again rounded up) until the
+plan built with it brings the error to at most the value: Gaussian noise's error falls more slowly at large
+epsilon, and a discrete half-width is not quite proportional.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from decimal import ROUND_CEILING, Decimal
 from stream_dp.config import format_duration_ms
 
 MAX_EPSILON = 10.0  # the most a query's (and a local_dp report's) epsilon may be
-_RAISES = 8  # a rounded-up epsilon the plan still finds short is raised by 10% at most this often
 
 
 @dataclass(frozen=True)
@@ -172,16 +172,15 @@ def epsilon_fix(query, what: str, ratio: float, build_plan) -> float | None:
     """The epsilon, two significant digits, at which check ``what`` of ``query`` is at most its value; None when
     no epsilon up to ``MAX_EPSILON`` is."""
     epsilon = query.local_dp.epsilon if query.local_dp is not None else query.epsilon
-    candidate = ceil_significant(epsilon * ratio)
-    for _ in range(_RAISES):
-        if candidate > MAX_EPSILON:
-            return None
+    candidate = min(ceil_significant(epsilon * ratio), MAX_EPSILON)  # the staircase's error falls faster
+    while True:
         changed = _with_epsilon(query, candidate)
         checks, _ = expected_errors(changed, build_plan(changed))
         if all(not c.exceeds for c in checks if c.what == what):
             return candidate
-        candidate = ceil_significant(candidate * 1.1)
-    return None
+        if candidate >= MAX_EPSILON:
+            return None
+        candidate = min(ceil_significant(candidate * 1.1), MAX_EPSILON)
 
 
 def warning_lines(query, checks: list[ExpectedError], build_plan) -> list[str]:

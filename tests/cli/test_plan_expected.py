@@ -184,3 +184,28 @@ def test_the_settings_fingerprint_ignores_the_hint():
     other = type("Runtime", (), {"namespace": "users", "cost": 0.5, "delta": 0.0,
                                  "config": parse_config(document).queries[0]})()
     assert charged_settings(runtime) == charged_settings(other)
+
+
+def test_a_gaussian_vectors_epsilon_is_raised_until_the_plan_built_with_it_fits(tmp_path, capsys):
+    """A Gaussian error falls more slowly than 1/epsilon at large epsilon: the epsilon named is checked against
+    the plan built with it, and the one 10% below it does not fit."""
+    import re
+
+    from stream_dp.worker.query_costs import build_plan
+
+    query = _count_query(1.0, {"units_per_group": 50, "value": 1.0}, name="means", mechanism="gaussian", delta=1e-6,
+                         aggregations={"mean_vector": {"fields": ["x", "y"], "clip_norm": 5}})
+    path = _file(tmp_path, query)
+    document = yaml.safe_load(path.read_text())
+    document["namespaces"]["users"]["budgets"][0]["delta"] = 1e-3
+    path.write_text(yaml.safe_dump(document))
+    text, _ = _plan(path, capsys)
+    (line,) = [line for line in text.splitlines() if "WARNING: query means" in line]
+    epsilon = float(re.search(r"raise epsilon to ([\d.]+) \(it is 1\)", line).group(1))
+
+    def worst_mean_error(at: float) -> float:
+        config = parse_config({**document, "queries": [{**query, "epsilon": at}]})
+        return build_plan(config.queries[0]).vector.errors_at(50)["mean"][1]
+
+    assert worst_mean_error(1.0) > 1.0 >= worst_mean_error(epsilon)
+    assert worst_mean_error(epsilon / 1.1) > 1.0
