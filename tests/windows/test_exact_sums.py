@@ -191,14 +191,15 @@ def test_pair_sums_stay_within_what_their_clipped_values_add_up_to(clip, max_eve
 
 @pytest.mark.parametrize("clip", CLIP_RANGES)
 def test_a_windows_group_sums_stay_within_count_times_the_clip_range(clip):
-    """Through the window engine: units at, over and under the clip, with fewer events than the bound."""
+    """Through the window engine: units at, over and under the clip, with fewer events than the bound; in
+    group "/top" every unit's values are at the top (or over it), in "/bottom" at the bottom (or under)."""
     lo, hi = clip
     engine, clock = make_engine(max_groups=1, max_events=10, clip=clip)
     events = []
-    for unit in range(60):
+    for unit in range(90):
         n = 1 + unit % 10  # 1 to 10 events: most units below max_events_per_group
-        value = [hi, hi + 1.0, lo, lo - 1.0, (lo + hi) / 2][unit % 5]
-        events += [event(f"u{unit}", W0 + 1 + i, "/a" if unit % 3 else "/b", value) for i in range(n)]
+        page, values = [("/top", (hi, hi + 1.0)), ("/bottom", (lo, lo - 1.0)), ("/mixed", (hi, lo, hi + 1.0))][unit % 3]
+        events += [event(f"u{unit}", W0 + 1 + i, page, values[i % len(values)]) for i in range(n)]
     engine.process(batch_of(events))
     clock.now_ms += 10 * 60_000
     (partial,) = engine.tick()
