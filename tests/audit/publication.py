@@ -211,15 +211,17 @@ def _event_bytes(query: Any, event: Event, start_ms: int) -> bytes:
     ts = start_ms + event.jitter_ms
     value = event.value
     fields = [b'"user_id":' + orjson.dumps(event.unit), b'"ts":%d' % ts]
+    # the page under both names a query here groups by ("group" in the audit's scenarios)
+    named = {"page": event.page, "group": event.page}
     if query.local_dp is not None:
-        page: Any = event.page
-        if query.local_dp.mechanism == "oue":
-            page = [event.page] if event.page in PAGES else []
         public = [key[0] for key in query.public_group_keys()]
+        report: Any = event.page
+        if query.local_dp.mechanism == "oue":
+            report = [event.page] if event.page in public else []
+        named[query.local_dp.field] = report
         tag = report_tag(LocalRandomizer.build(query.local_dp.mechanism, query.local_dp.epsilon, len(public)), public)
-        fields += [b'"page":' + orjson.dumps(page), b'"' + REPORT_TAG_FIELD.encode() + b'":' + orjson.dumps(tag)]
-    else:
-        fields.append(b'"page":' + orjson.dumps(event.page))
+        fields.append(b'"' + REPORT_TAG_FIELD.encode() + b'":' + orjson.dumps(tag))
+    fields += [orjson.dumps(name) + b":" + orjson.dumps(value) for name, value in named.items()]
     region = event.region or REGION.get(event.page, "r9")
     fields += [b'"region":' + orjson.dumps(region), b'"value":' + value, b'"vx":' + value, b'"vy":-1.5']
     return b"{" + b",".join(fields) + b"}"

@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from stream_dp.config.release_time import max_released_groups
+from tests.audit.claims import claim_problems
 from tests.audit.publication import T0, WINDOWS, Event, FixedSelection, pipeline_config, queries, run, seeded, streams
 
 EXAMPLES = int(os.environ.get("STREAM_DP_PUBLICATION_EXAMPLES", "60"))
@@ -75,6 +76,7 @@ def test_with_public_groups_neighbours_publish_the_same_windows_kinds_and_groups
     d_prime = run(query, background + target, partitions)
     assert d.keys() == d_prime.keys(), _difference(d, d_prime)
     assert not d.withheld and not d_prime.withheld, _difference(d, d_prime)
+    _check_claims(query, d, d_prime)
     # public groups publish every window from the query's first on, with data or without
     offset = pipeline_config(query).queries[0].window.offset_ms
     assert {start for start, *_ in d.keys()} >= {T0 + offset + w * 1000 for w in range(WINDOWS)}
@@ -96,10 +98,17 @@ def test_with_selected_groups_what_is_published_is_a_function_of_the_selection_a
     assert on_d.kept.keys() <= on_d_prime.kept.keys()
     assert all(kept == on_d.kept.get(start, set()) for start, kept in on_d_prime.kept.items())
     assert not d.withheld and not d_prime.withheld, _difference(d, d_prime)
+    _check_claims(query, d, d_prime)
     cap = max_released_groups(pipeline_config(query).queries[0])
     for label, published, selection in (("D", d, on_d), ("D'", d_prime, on_d_prime)):
         _check_against_the_outcome(label, published, selection.kept, cap, query)
     assert _outcome_view(d, cap) == _outcome_view(d_prime, cap), _difference(d, d_prime)
+
+
+def _check_claims(query: dict, *published) -> None:
+    """Every record states the epsilon, delta and mechanism its query configures (``claims``)."""
+    problems = [p for side in published for record in side.records for p in claim_problems(record, query)]
+    assert not problems, problems[:5]
 
 
 def _group(record: dict) -> tuple:
