@@ -16,7 +16,8 @@ class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.events = Counter(
             "stream_dp_events_total",
-            "Input events by outcome: accepted, rejected (invalid), late (window already closed), replayed (skipped after restart).",
+            "Input events by outcome: accepted, rejected (invalid), late (window already closed), replayed (skipped "
+            "after restart), unlisted (of a group outside the query's public list: set aside before bounding).",
             ["query", "outcome"],
             registry=registry,
         )

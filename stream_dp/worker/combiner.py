@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -350,6 +350,17 @@ class WindowCombiner:
             features=features,
             blocks=blocks,
         )
+
+    def as_if_empty(self, window: CombinedWindow, reason: str) -> CombinedWindow:
+        """``window`` without its partials' data, to be released as if empty (noise only) for ``reason``.
+
+        Every public group is there with zero counts and sums (with selected groups there is none), as in
+        a window no partition had any event in: what is published is then decided by configuration and noise
+        alone. The units stay charged, and the window keeps its sources (its partials are committed past
+        once it is published)."""
+        groups, count, sums, distinct, histogram, features, blocks = self._merge([])
+        return replace(window, groups=groups, count=count, sum=sums, distinct_units=distinct, withheld=reason,
+                       histogram=histogram, features=features, blocks=blocks)
 
     def _merge(
         self, partials: list[PartialAggregate]

@@ -356,6 +356,7 @@ def _top_k_record(query: Any, window: Any, noisy: Any, index: np.ndarray, noise:
         "release_id": release_id(query.name, window.window_start_ms, (None, "top_k")),
         "window": {"start": iso_utc(window.window_start_ms), "end": iso_utc(window.window_end_ms),
                    "start_ms": window.window_start_ms, "end_ms": window.window_end_ms},
+        **({} if getattr(window, "withheld", None) is None else {"as_if_empty": window.withheld}),
         "k": top_k.k,
         "top": [{"rank": rank, "group": dict(zip(names, group))} for rank, group in enumerate(groups, 1)],
         "candidates": int(len(index)),
