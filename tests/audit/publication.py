@@ -37,7 +37,6 @@ from stream_dp.worker.app import build_runtimes
 from stream_dp.worker.partials_out import partial_message
 from stream_dp.worker.records import Progress, decode_partial_payload, encode_partial_payload
 from stream_dp.worker.release_draw import draw_payload
-from stream_dp.worker.release_entry import decode_entry
 
 SECRET = b"publication-secret-0123456789abcdef"
 T0 = 1_700_000_000_000  # a whole second: windows of 1 s start at T0 + w * 1000 (+ the window offset)
@@ -287,13 +286,14 @@ class InProcessSandbox:
 @dataclass
 class Published:
     records: list[dict] = field(default_factory=list)
-    withheld: list[int] = field(default_factory=list)  # windows whose release could not be built
+    withheld: list[int] = field(default_factory=list)  # windows not published at all
+    as_if_empty: list[int] = field(default_factory=list)  # windows released without their data
 
     def keys(self) -> set[tuple]:
-        """(window start, kind, level, group) of every record."""
+        """(window start, kind, level, group, as_if_empty) of every record."""
         return {(r["window"]["start_ms"], r.get("kind", "group"), r.get("level"),
-                 None if "group" not in r else orjson.dumps(r["group"], option=orjson.OPT_SORT_KEYS))
-                for r in self.records}
+                 None if "group" not in r else orjson.dumps(r["group"], option=orjson.OPT_SORT_KEYS),
+                 r.get("as_if_empty")) for r in self.records}
 
 
 def run(query_dict: dict, events_: list[Event], partitions: int, selection: FixedSelection | None = None) -> Published:
@@ -340,14 +340,15 @@ async def _release(runtime: Any, combiner: Any, selection: FixedSelection | None
         previous = None
         if runtime.continual is not None:
             previous = states.get(runtime.continual.period_start(start))
-        payload = await draw_payload(runtime, window, noise, metrics, NOW_MS, previous)
-        if payload is None:
+        drawn = await draw_payload(runtime, window, noise, metrics, NOW_MS, previous)
+        if drawn is None:  # not even as if empty
             out.withheld.append(start)
             continue
-        entry = decode_entry(payload)
+        if drawn.window.withheld is not None:
+            out.as_if_empty.append(start)
         if runtime.continual is not None:
-            states[runtime.continual.period_start(start)] = entry.state
-        out.records += [orjson.loads(value) for _, value in entry.render()]
+            states[runtime.continual.period_start(start)] = drawn.release.state
+        out.records += [orjson.loads(value) for _, value in drawn.release.render()]
     return out
 
 
