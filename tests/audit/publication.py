@@ -231,10 +231,10 @@ def input_batch(query: Any, events_: list[Event], partitions: int) -> RawBatch:
     record per partition dated two windows after the last: its timestamp closes every window."""
     size, offset = query.window.size_ms, query.window.offset_ms
     units = [e.unit for e in events_]
-    closers = [_closer(p, partitions) for p in range(partitions)]
+    closers = [_closer(p, partitions, query.partitioner) for p in range(partitions)]
     values = [_event_bytes(query, e, T0 + offset + e.window * size) for e in events_]
-    closing = T0 + offset + (WINDOWS + 2) * size
-    values += [_event_bytes(query, Event(c, WINDOWS + 2, "a", b"1.0"), T0 + offset) for c in closers]
+    closing = T0 + offset + (WINDOWS + 2) * size  # in a window left open
+    values += [_event_bytes(query, Event(c, WINDOWS + 2, "a", b"1.0"), closing) for c in closers]
     keys = [u.encode() for u in units + closers]
     placed = expected_partitions(np.array(keys, dtype="S"), partitions, query.partitioner)
     stamps = [T0 + offset + e.window * size + e.jitter_ms for e in events_] + [closing] * partitions
@@ -245,9 +245,11 @@ def input_batch(query: Any, events_: list[Event], partitions: int) -> RawBatch:
     return RawBatch(values, placed, np.array(offsets), np.array(stamps, dtype=np.int64), keys)
 
 
-def _closer(partition: int, partitions: int) -> str:
+def _closer(partition: int, partitions: int, partitioner: str) -> str:
+    """A unit id the partitioner puts on ``partition``."""
     i = 0
-    while int(expected_partitions(np.array([f"closer-{partition}-{i}".encode()], dtype="S"), partitions)[0]) != partition:
+    while int(expected_partitions(np.array([f"closer-{partition}-{i}".encode()], dtype="S"), partitions,
+                                  partitioner)[0]) != partition:
         i += 1
     return f"closer-{partition}-{i}"
 
