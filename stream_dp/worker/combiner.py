@@ -352,12 +352,8 @@ class WindowCombiner:
         )
 
     def as_if_empty(self, window: CombinedWindow, reason: str) -> CombinedWindow:
-        """``window`` without its partials' data, to be released as if empty (noise only) for ``reason``.
-
-        Every public group is there with zero counts and sums (with selected groups there is none), as in
-        a window no partition had any event in: what is published is then decided by configuration and noise
-        alone. The units stay charged, and the window keeps its sources (its partials are committed past
-        once it is published)."""
+        """``window`` without its partials' data (every public group at zero, no selected group), to be
+        released as if empty for ``reason``: configuration and noise alone decide what it publishes."""
         groups, count, sums, distinct, histogram, features, blocks = self._merge([])
         return replace(window, groups=groups, count=count, sum=sums, distinct_units=distinct, withheld=reason,
                        histogram=histogram, features=features, blocks=blocks)
