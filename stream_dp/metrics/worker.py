@@ -97,9 +97,10 @@ class WorkerMetrics:
         )
         self.windows_withheld = Counter(
             "stream_dp_windows_withheld_total",
-            "Windows released without data (noise only) because their partials cannot be added up soundly: "
-            "charged under other query settings (settings_differ, settings_missing), placed under different "
-            "partition counts so a unit could sit on two partitions, or missing a part the query needs.",
+            "Windows released without data (noise only, records flagged as_if_empty) because their partials cannot "
+            "be added up soundly: charged under other query settings (settings_differ, settings_missing), placed "
+            "under different partition counts so a unit could sit on two partitions, or missing a part the query "
+            "needs; or because their release could not be built from the data (release_failed).",
             ["query", "reason"],
             registry=registry,
         )

@@ -37,7 +37,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.wire import WireFormatError
-from stream_dp.worker.combiner import CombinedWindow
+from stream_dp.worker.combiner import COMBINE_FAILED, CombinedWindow
 from stream_dp.worker.continual_release import PreviousTrees, opens_period
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.output import publish_release
@@ -192,6 +192,8 @@ class ReleaseStage:
                 started = time.perf_counter()
                 window = query.combiner.take(start)
                 self.metrics.release_stage_seconds.labels(query.name, "combine").observe(time.perf_counter() - started)
+                if window.withheld == COMBINE_FAILED:  # logged by the combiner; released as if empty
+                    self.metrics.internal_errors.labels(COMBINE_FAILED).inc()
                 self.intake.window_taken(query.name, start)
                 # Empty windows had no partial to check: their end alone decides (see the module docstring).
                 if too_old_to_release(window.window_end_ms, None, now_ms, self.release_age_limit_ms):
