@@ -90,18 +90,14 @@ class BoundsConfig(_Strict):
 
 class ContinualConfig(_Strict):
     """Running totals since the start of each ``period``, released after every window (binary tree mechanism).
-
-    ``max_windows_per_unit``: in how many windows of one period a unit may contribute; its
-    contributions to later windows of the period are left out. The period's loss is charged once,
-    at the first window a unit contributes to.
-    """
+    The period's loss is charged once, at the first window a unit contributes to."""
 
     period_ms: DurationMs = Field(alias="period", examples=["1d"],
-                                  description="The period the running totals start over at, charged once per unit "
-                                              "(a multiple of the window size, at least two windows).")
+                                  description="How long the running totals run before they start over, a multiple "
+                                              "of at least two windows; a unit is charged once per period.")
     max_windows_per_unit: int = Field(1, ge=1, le=10_000,
-                                      description="In how many windows of a period a unit counts; later ones leave "
-                                                  "it out.")
+                                      description="In how many windows of a period a unit counts; its events in later "
+                                                  "windows of the period are left out.")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
