@@ -40,3 +40,11 @@ def test_a_broken_link_an_unknown_anchor_or_a_page_left_out_fails_the_build(tmp_
             handle.write(text)
         done = _build(copy / "mkdocs.yml", copy / "site")
         assert done.returncode != 0, f"a {rot} that rots did not fail the build"
+
+
+def test_the_configuration_page_names_every_environment_setting():
+    from stream_dp.config import settings_env_names
+
+    page = (ROOT / "docs" / "reference" / "configuration.md").read_text()
+    missing = sorted(name for name in settings_env_names() if f"`{name}`" not in page)
+    assert not missing, f"docs/reference/configuration.md does not name {missing}"
