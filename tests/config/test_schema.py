@@ -147,12 +147,15 @@ def _cases() -> list[tuple[str, dict[str, Any], str, tuple[Any, ...]]]:
     JSON type than the file had (``retyped``), a bool for a number (``lax``), or else (``type``)."""
     cases = []
     seen: set[type[BaseModel]] = set()
+    blocks_done: set[tuple[str, str]] = set()  # a block written alike in two documents is changed once
     for name, document in _documents():
         done: set[type[BaseModel]] = set()
         for model, path in _blocks(document, PipelineConfig, ()):
-            if model in done:
+            block = (model.__name__, json.dumps(_at(document, path), sort_keys=True, default=str))
+            if model in done or block in blocks_done:
                 continue
             done.add(model)
+            blocks_done.add(block)
             seen.add(model)
             where = f"{name}: {'.'.join(map(str, path)) or '(top)'}"
             extra = copy.deepcopy(document)
@@ -221,4 +224,4 @@ def test_the_schema_refuses_every_key_and_type_error_the_loader_refuses_and_acce
             disagreements.append(f"the loader accepts, the schema refuses: {what}")
     assert not disagreements, "\n".join(disagreements)
     # not vacuous: many key and type errors were judged, and files accepted with a changed setting too
-    assert tally.get(("key_or_type", False), 0) >= 3000 and tally.get(("accepted", True), 0) >= 300, tally
+    assert tally.get(("key_or_type", False), 0) >= 3000 and tally.get(("accepted", True), 0) >= 200, tally
