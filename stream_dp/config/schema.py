@@ -70,14 +70,15 @@ def _tidy(definition: dict[str, Any]) -> None:
 
 
 def _no_empty_blocks(definition: dict[str, Any], definitions: dict[str, Any]) -> None:
-    """An option written with no value (``top_k:``, YAML null) is refused when its block has required settings
-    (``stream_dp.config.examples.refuse_empty_option``): its null branch goes, a block's without them stays."""
+    """An option written with no value (``top_k:``, YAML null) is read as ``{}`` (``stream_dp.config.examples.
+    refuse_empty_option``): refused when its block needs a setting (one required, or ``minProperties``), so its
+    null branch goes; a block that takes ``{}`` keeps it."""
     for prop in definition.get("properties", {}).values():
         branches = prop.get("anyOf", [])
         blocks = [b for b in branches if "$ref" in b]
         if len(blocks) == 1 and {"type": "null"} in branches:
             block = definitions[blocks[0]["$ref"].rsplit("/", 1)[-1]]
-            if block.get("required"):
+            if block.get("required") or block.get("minProperties"):
                 rest = [b for b in branches if b != {"type": "null"}]
                 del prop["anyOf"], prop["default"]
                 if len(rest) == 1:
