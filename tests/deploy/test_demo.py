@@ -9,11 +9,12 @@ ended before its last.
 
 In those full windows every released value must exceed the 95% error stated beside it (a count its
 ``ci95.count``, a quantile's group size at the quantile's rank its ``rank_error``, a mean vector's
-coordinate its ``mean_ci95``, ...): the example's settings make each error a small part of the value at
-the demo's volume (``stream-dp plan`` sets them side by side at each query's ``expected`` counts, all
-under a third), so a value falls below its error only when its noise draw is several times its 95%
-half-width -- for Laplace noise a chance under 1e-4 per value, for Gaussian far less -- or when the
-demo's events did not arrive.
+coordinate its ``mean_ci95``, ...). At the demo's volume the example's settings make each value about
+eight times its 95% half-width or more (``stream-dp plan`` sets them side by side at each query's
+``expected`` counts; the quantile ranks are about three times their stated error, but neither side of
+that comparison is a large noise draw: a stated rank error and a count noised by ±9), so a value falls
+below its error only with a noise draw beyond seven half-widths -- for Laplace noise a chance below 1e-9
+per value, for Gaussian far less -- or when the demo's events did not arrive.
 
 With ``-s`` it prints, per query, when its first release and its first release of a full window came,
 counted from the demo's start.
