@@ -70,15 +70,10 @@ def records_clock(timestamps: np.ndarray, producer_stamped: np.ndarray | None, r
     later); the caller keeps the largest clock it was given.
     """
     timestamps = np.asarray(timestamps, dtype=np.int64)
-    usable = timestamps > 0
-    broker = usable if producer_stamped is None else usable & ~producer_stamped
-    clock = int(timestamps[broker].max()) if broker.any() else int(NO_CLOCK)
-    if rule.trust_producer_timestamps and producer_stamped is not None:
-        trusted = np.minimum(timestamps[usable & producer_stamped], now_ms)
-        if len(trusted):
-            producer_stamps = top_stamps(producer_stamps, trusted, rule.quorum)
-            clock = max(clock, _quorum_clock(producer_stamps, rule.quorum))
-    return (None if clock == NO_CLOCK else min(clock, now_ms)), producer_stamps
+    clocks, kept = clocks_by_slot(np.zeros(len(timestamps), dtype=np.int64), 1, timestamps, producer_stamped, rule,
+                                  now_ms, [producer_stamps])
+    clock = int(clocks[0])
+    return (None if clock == NO_CLOCK else clock), kept[0]
 
 
 def clocks_by_slot(slots: np.ndarray, n_slots: int, timestamps: np.ndarray, producer_stamped: np.ndarray | None,
