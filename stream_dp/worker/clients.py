@@ -16,6 +16,9 @@ from stream_dp.worker.topic_setup import PRODUCER_MAX_REQUEST_BYTES, TopicLimits
 from stream_dp.worker.topics import RECORD_HEADROOM
 
 FETCH_PARTITION_BYTES = 8 * 1024 * 1024
+#: How old the consumers' topic metadata may grow (aiokafka's default is 5 minutes): partitions added to
+#: an input topic are read, placed and waited for by the release within seconds of the growth.
+METADATA_MAX_AGE_MS = 3_000
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ def kafka_clients(aio: dict[str, Any], *, client_id: str, group_id: str, limits:
         ingest_consumer=ColumnarConsumer(
             **aio, client_id=f"{client_id}-ingest", group_id=group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
-            fetch_max_bytes=64 * 1024 * 1024, **group,
+            fetch_max_bytes=64 * 1024 * 1024, metadata_max_age_ms=METADATA_MAX_AGE_MS, **group,
         ),
         # Partial chunks are up to the partials topic's record limit: a fetch takes several.
         release_consumer=AIOKafkaConsumer(
