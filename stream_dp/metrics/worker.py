@@ -90,7 +90,8 @@ class WorkerMetrics:
         )
         self.partition_count_changes = Counter(
             "stream_dp_partition_count_changes_total",
-            "Changes of an input topic's partition count seen by this worker; windows open across one are withheld.",
+            "Changes of an input topic's partition count seen by this worker; windows whose partitions were closed "
+            "under different counts are withheld.",
             ["topic"],
             registry=registry,
         )

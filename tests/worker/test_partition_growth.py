@@ -20,6 +20,7 @@ learned of new partitions after 5 minutes (their metadata age) and released with
 
 from __future__ import annotations
 
+import datetime
 import time
 
 import pytest
@@ -44,6 +45,21 @@ def _old_units() -> tuple[list[str], list[str], list[str]]:
             moving.append(unit)
         i += 1
     return staying, moving[:MOVED_TWICE], moving[MOVED_TWICE:]
+
+
+def _logged_at(log_text: str, needle: str) -> float | None:
+    """Epoch seconds of the first log line holding ``needle``."""
+    for line in log_text.splitlines():
+        if needle in line:
+            try:
+                return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+    return None
+
+
+def _delays(times: list[float | None], since: float) -> list[float]:
+    return sorted(round(t - since, 1) for t in times if t is not None)
 
 
 def _grow(bootstrap: str, topic: str, partitions: int) -> None:
@@ -76,6 +92,7 @@ def test_a_window_open_at_a_growth_keeps_every_event_sent_after_it(tmp_path, kaf
         before.flush()
         before.close()
         sleep_until(start + 4_000)
+        grown_at = time.time()
         _grow(kafka_bootstrap, stream.topic, 6)
         after = producer(kafka_bootstrap)
         deadline = time.monotonic() + 30
@@ -96,7 +113,11 @@ def test_a_window_open_at_a_growth_keeps_every_event_sent_after_it(tmp_path, kaf
         late_partials = stream.metric("stream_dp_late_partials_total", query=stream.query)
         rejected = {reason: stream.metric("stream_dp_events_rejected_total", query=stream.query, reason=reason)
                     for reason in ("wrong_partition", "wrong_key")}
-        report = (f"release {record and record['count']}, expected {STAYING + MOVED_TWICE + NEW}; new units on "
+        learned = [_logged_at(w.log_text(), f"input topic {stream.topic} now has 6 partitions") for w in stream.workers]
+        owned = [_logged_at(w.log_text(), f"'{stream.topic}[5]'") for w in stream.workers]
+        report = (f"workers saw the growth {_delays(learned, grown_at)} s after it, partition 5 was assigned "
+                  f"{_delays(owned, grown_at)} s after it; "
+                  f"release {record and record['count']}, expected {STAYING + MOVED_TWICE + NEW}; new units on "
                   f"partitions 0-1: {sum(p < 2 for p in placed.values())} of {len(placed)}; withheld {withheld}; "
                   f"late partials {late_partials}; rejected {rejected}")
         print(report)
