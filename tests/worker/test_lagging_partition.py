@@ -13,11 +13,14 @@ window of D' released with about 60 (partition 0's units only), D's with about 1
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
 import pytest
 
+from stream_dp.wire.letters import DEAD_LETTER_HEAD_BYTES
+from tests.reliability.topics import read_topic
 from tests.worker._live_streams import Deployment, event, producer, sleep_until, units_on
 
 WINDOW_MS = 10_000
@@ -114,9 +117,78 @@ def test_a_flooded_partition_is_waited_for_not_left_out(tmp_path, kafka_bootstra
             assert abs(counts["D"][start] - counts["D'"][start]) <= TOLERANCE, report
             assert abs(counts["D"][start] - 2 * UNITS_PER_PARTITION) <= TOLERANCE, report
         assert missing == {"D": 0, "D'": 0}, report
+        # The flood is in the dead-letter topic as bounded copies: about a kilobyte each, not 60 KiB.
+        flooded = streams["D'"]
+        messages = flood_sent[0] // FLOOD_MESSAGE_BYTES
+        deadline = time.monotonic() + 180
+        while (flooded.metric("stream_dp_events_rejected_total", query=flooded.query, reason="invalid_json") < messages
+               and time.monotonic() < deadline):
+            time.sleep(1)  # the flood after the last window is still being read
+        letters = read_topic(kafka_bootstrap, f"{flooded.prefix}dead-letter", timeout_s=120)
+        flood_letters = [r for r in letters if r.headers.get("reason") == b"invalid_json"]
+        assert len(flood_letters) == messages
+        assert max(len(r.value) for r in flood_letters) == DEAD_LETTER_HEAD_BYTES
+        assert all(int(r.headers["size"]) == FLOOD_MESSAGE_BYTES for r in flood_letters)
     finally:
         flood_stop.set()
         if flood is not None:
             flood.join(timeout=120)
         for stream in streams.values():
             stream.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_window_waits_for_a_paused_worker_and_says_so(tmp_path, kafka_bootstrap, redis_url):
+    """The worker reading one input partition is paused (SIGSTOP) with a window open: the window waits past
+    its release timeout, the releasing worker says so (gauge and log), and once the worker resumes the window
+    is released with both partitions' units. Seen on the code that released on timeout: 20 of 40."""
+    stream = Deployment("pause", tmp_path / "pause", kafka_bootstrap, redis_url, partitions=2, workers_count=2,
+                        query_settings={"release_timeout": "5s"})
+    paused = None
+    try:
+        stream.start()
+        stream.wait_assigned()
+        home = next(w for w in stream.workers if "release homes assigned [0]" in w.log_text())
+        paused = next(w for w in stream.workers if w is not home)
+        partition = 0 if f"{stream.topic}[0]" in stream.assignments()[stream.workers.index(paused)] else 1
+        units = [*units_on(0, 2, 20, "u"), *units_on(1, 2, 20, "u")]
+        client = producer(kafka_bootstrap)
+        first = (int(time.time() * 1000) // WINDOW_MS + 1) * WINDOW_MS
+        sleep_until(first + 2_000)
+        for unit in units:
+            client.send(stream.topic, key=unit.encode(), value=event(unit, int(time.time() * 1000)))
+        client.flush()
+        sleep_until(first + 5_000)  # the paused worker has read its partition's events: the window is open there
+        os.kill(paused._process.pid, signal.SIGSTOP)
+        sleep_until(first + WINDOW_MS + 2_000)
+        for unit in units:  # the next window's events close the first on the partition still read
+            client.send(stream.topic, key=unit.encode(), value=event(unit, int(time.time() * 1000)))
+        client.flush()
+        waiting = 0.0
+        deadline = time.monotonic() + 60
+        while waiting < 1 and time.monotonic() < deadline:
+            time.sleep(1)
+            waiting = metric_of(home, "stream_dp_release_waiting_windows", stream.query)
+        stream.collect([first], timeout_s=2)
+        early = stream.releases.pop(first, None)
+        logged = f"waits for input partition(s) [{partition}]" in home.log_text()
+        os.kill(paused._process.pid, signal.SIGCONT)
+        stream.collect([first], timeout_s=120)
+        record = stream.releases.get(first)
+        report = (f"released while paused: {early and early['count']}; windows waiting {waiting}, logged {logged}; "
+                  f"released after: {record and record['count']}")
+        print(report)
+        assert early is None and waiting >= 1 and logged, f"{report}\n{stream.log_tails()}"
+        assert record is not None and abs(record["count"] - len(units)) <= TOLERANCE, report
+        assert stream.metric("stream_dp_release_partitions_missing_total", query=stream.query) == 0
+    finally:
+        if paused is not None and paused.alive:
+            os.kill(paused._process.pid, signal.SIGCONT)
+        stream.stop()
+
+
+def metric_of(worker, name: str, query: str) -> float:
+    from tests.reliability.workers import metric_total
+
+    return metric_total(worker.scrape() or "", name, query=query)
