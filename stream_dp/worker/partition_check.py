@@ -48,13 +48,18 @@ class BrokerPartitions:
         self.committed = committed
         self.timeout_s = timeout_s
 
-    async def evidence(self, partitions: list[TopicPartition], close_ms: int) -> dict[TopicPartition, PartitionEvidence]:
-        """Each partition's offsets for a window closing at ``close_ms`` (see ``partition_lag``)."""
+    async def evidence(self, partitions: list[TopicPartition], close_ms: int, *,
+                       broker_stamps: bool = True) -> dict[TopicPartition, PartitionEvidence]:
+        """Each partition's offsets for a window closing at ``close_ms`` (see ``partition_lag``).
+
+        ``broker_stamps``: the partitions' clock is the broker's record timestamps (``LogAppendTime``); else
+        the producers' stamps decide (``trust_producer_timestamps``), by a rule no single record's timestamp
+        meets, so the first record stamped at the close time shows nothing and no close offset is read."""
         async def ask() -> dict[TopicPartition, PartitionEvidence]:
             committed = await self.committed(partitions)
             starts = await self.offsets.beginning_offsets(partitions)
             ends = await self.offsets.end_offsets(partitions)
-            closing = await self.offsets.offsets_for_times({tp: close_ms for tp in partitions})
+            closing = await self.offsets.offsets_for_times({tp: close_ms for tp in partitions}) if broker_stamps else {}
             return {
                 tp: PartitionEvidence(
                     committed=committed.get(tp), log_start=starts[tp], log_end=ends[tp],

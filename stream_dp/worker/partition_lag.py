@@ -18,7 +18,9 @@ unpublished (``commit_plan``), and the partials of what it passed were flushed b
 commit. So a partition whose committed offset has reached the close offset (its log end, when
 no record is that recent yet: the wall clock is past the close time, so any later record is
 stamped after it) holds nothing more for the window. A partition the group never committed
-counts from its log start.
+counts from its log start. Where the producers' stamps are the clock (``trust_producer_timestamps``),
+one record stamped at the close time does not close the window, so no close offset is read and
+only the log end counts.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class PartitionEvidence:
 
     ``committed``: the ingest group's committed offset (None: never committed); ``log_start`` and
     ``log_end``: the partition's first and next offsets; ``close_offset``: the first offset whose
-    record timestamp is at or after the close time (None: no such record yet).
+    record timestamp is at or after the close time (None: no such record yet, or not read).
     """
 
     committed: int | None

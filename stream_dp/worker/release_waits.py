@@ -57,18 +57,21 @@ class PartitionWaits:
         partials_topic: str,
         check: BrokerPartitions | None,
         partition_counts: Callable[[str], int] = lambda topic: 0,
+        broker_stamps: Callable[[QueryRuntime], bool] = lambda query: True,
         check_interval_s: float = 2.0,
         log_interval_s: float = 60.0,
         max_checks_per_step: int = 8,
         clock_s: Callable[[], float] = time.monotonic,
     ) -> None:
         """``check``: the broker's answers (None: overdue windows wait for their partitions' own reports);
-        ``partition_counts(topic)``: the input topic's partition count in the metadata (0: unknown)."""
+        ``partition_counts(topic)``: the input topic's partition count in the metadata (0: unknown);
+        ``broker_stamps(query)``: whether the broker's record timestamps are the query's window clock."""
         self.queries = queries
         self.metrics = metrics
         self.partials_topic = partials_topic
         self.check = check
         self.partition_counts = partition_counts
+        self.broker_stamps = broker_stamps
         self.check_interval_s = check_interval_s
         self.log_interval_s = log_interval_s
         self.max_checks_per_step = max_checks_per_step
@@ -136,7 +139,7 @@ class PartitionWaits:
         self._next_check_s[key] = now_s + self.check_interval_s
         partitions = [TopicPartition(topic, p) for p in window.partitions]
         try:
-            evidence = await self.check.evidence(partitions, close_ms)
+            evidence = await self.check.evidence(partitions, close_ms, broker_stamps=self.broker_stamps(query))
             nothing = frozenset(tp.partition for tp, e in evidence.items() if e.nothing_more)
             if nothing:
                 home = TopicPartition(self.partials_topic, window.home)

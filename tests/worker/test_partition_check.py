@@ -91,3 +91,40 @@ def test_a_broker_that_does_not_answer_fails_the_check(kafka_bootstrap):
             await offsets.stop()
 
     asyncio.run(scenario())
+
+
+def test_where_producers_stamp_the_clock_no_close_offset_is_read(kafka_bootstrap, new_topic, unique_name):
+    """With trust_producer_timestamps one record stamped at the close time closes nothing, so it shows nothing:
+    only a partition read and committed to its end holds nothing more."""
+    topic = new_topic(partitions=1)
+    now_ms = int(time.time() * 1000)
+
+    async def scenario():
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        await producer.start()
+        try:
+            # the broker takes stamps up to an hour ahead of its clock
+            await producer.send_and_wait(topic, value=b"ahead", partition=0, timestamp_ms=now_ms + 1_800_000)
+            await producer.send_and_wait(topic, value=b"after", partition=0, timestamp_ms=now_ms - 3_600_000)
+        finally:
+            await producer.stop()
+        ingest = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=f"{unique_name}-g",
+                                  enable_auto_commit=False)
+        offsets = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap)
+        await ingest.start()
+        await offsets.start()
+        try:
+            tp = TopicPartition(topic, 0)
+            ingest.assign([tp])
+            await ingest.commit({tp: OffsetAndMetadata(1, "")})
+            check = BrokerPartitions(offsets, committed_by(ingest), timeout_s=20)
+            trusted = (await check.evidence([tp], now_ms + 600_000, broker_stamps=False))[tp]
+            broker = (await check.evidence([tp], now_ms + 600_000))[tp]
+            return trusted, broker
+        finally:
+            await ingest.stop()
+            await offsets.stop()
+
+    trusted, broker = asyncio.run(scenario())
+    assert broker.close_offset == 0 and broker.nothing_more  # taken at its word, the stamp 'closes' at offset 0
+    assert trusted.close_offset is None and not trusted.nothing_more and trusted.records_behind == 1

@@ -33,7 +33,7 @@ class _Broker:
         self.asked: list[tuple[list[int], int]] = []
         self.fail = False
 
-    async def evidence(self, partitions, close_ms):
+    async def evidence(self, partitions, close_ms, broker_stamps=True):
         if self.fail:
             raise PartitionCheckFailed("the broker did not answer")
         self.asked.append(([tp.partition for tp in partitions], close_ms))
