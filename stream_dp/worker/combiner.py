@@ -48,10 +48,8 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 
-import numpy as np
 
-from stream_dp.windows.histogram import SparseHistogram, add_histograms
-from stream_dp.windows.partial import BlockValues
+from stream_dp.worker.combined import CombinedWindow, merge_partials
 from stream_dp.worker.partial_checks import (
     blocks_conflict,
     features_conflict,
@@ -96,35 +94,6 @@ class Overdue:
     first_seen_ms: int
     home: int
     partitions: list[int]
-
-
-@dataclass(frozen=True)
-class CombinedWindow:
-    """Totals of one window over all partitions that reported, ready for noise."""
-
-    query: str
-    window_start_ms: int
-    window_end_ms: int
-    home: int
-    groups: list[GroupKey]
-    count: np.ndarray
-    sum: np.ndarray | None
-    distinct_units: np.ndarray
-    partitions_missing: list[int]
-    units_charged: int
-    units_excluded: int
-    closed_at_ms: int | None  # earliest close time among partials (None for an empty window)
-    source_offsets: list[tuple[int, int]] = field(default_factory=list)
-    #: Why the partials' data was left out (the window is released as if empty), or None.
-    withheld: str | None = None
-    #: Quantiles queries: per-group value histogram, sparse, rows aligned with ``groups`` (a group
-    #: without data has no cell); None for other queries (and windows without any histogram to add).
-    histogram: SparseHistogram | None = None
-    #: Vector queries: per-group sums of the units' feature vectors, (groups, width); None for others.
-    features: np.ndarray | None = None
-    #: Sample-and-aggregate queries: every kept event's (group, block, value), groups as in ``groups``,
-    #: partitions in order; None for others.
-    blocks: BlockValues | None = None
 
 
 class WindowCombiner:
@@ -368,7 +337,10 @@ class WindowCombiner:
                 "stay charged -- expected while workers restart onto a changed query",
                 window_start_ms, self.query, {p.partition: p.settings for p in partials}, self.settings,
             )
-        groups, count, sums, distinct, histogram, features, blocks = self._merge([] if withheld else partials)
+        groups, count, sums, distinct, histogram, features, blocks = merge_partials(
+            [] if withheld else partials, public_groups=self.public_groups, public_index=self._public_index,
+            has_sum=self.has_sum, quantile_bins=self.quantile_bins, feature_width=self.feature_width,
+            blocks=self.blocks)
         reported = {p.partition for p in partials}
         missing = [
             p for p in range(self.input_partitions)
@@ -394,49 +366,3 @@ class WindowCombiner:
             features=features,
             blocks=blocks,
         )
-
-    def _merge(
-        self, partials: list[PartialAggregate]
-    ) -> tuple[list[GroupKey], np.ndarray, np.ndarray | None, np.ndarray, SparseHistogram | None, np.ndarray | None,
-               BlockValues | None]:
-        if self._public_index is not None:
-            index = self._public_index
-            groups = list(self.public_groups)  # type: ignore[arg-type]
-        else:
-            index = {}
-            for partial in partials:
-                for group in partial.groups:
-                    index.setdefault(group, len(index))
-            groups = list(index)
-        n = len(groups)
-        count = np.zeros(n, dtype=np.int64)
-        distinct = np.zeros(n, dtype=np.int64)
-        sums = np.zeros(n, dtype=np.float64) if self.has_sum else None
-        histograms: list[SparseHistogram] = []
-        features = None if self.feature_width is None else np.zeros((n, self.feature_width), dtype=np.float64)
-        block_parts: list[BlockValues] = []
-        for partial in partials:
-            # Groups outside the public list are dropped here (-1): they are never released.
-            positions = np.fromiter((index.get(g, -1) for g in partial.groups), dtype=np.int64, count=len(partial.groups))
-            keep = positions >= 0
-            np.add.at(count, positions[keep], partial.count[keep])
-            np.add.at(distinct, positions[keep], partial.distinct_units[keep])
-            if sums is not None and partial.sum is not None:
-                np.add.at(sums, positions[keep], partial.sum[keep])
-            if partial.histogram is not None:
-                histograms.append(partial.histogram.take_groups(positions, n))
-            if features is not None and partial.features is not None:
-                np.add.at(features, positions[keep], partial.features[keep])
-            if self.blocks and partial.blocks is not None and len(partial.blocks):
-                where = positions[partial.blocks.group]
-                inside = where >= 0
-                block_parts.append(BlockValues(where[inside].astype(np.int32), partial.blocks.block[inside],
-                                               partial.blocks.value[inside]))
-        bins = self.quantile_bins if self.quantile_bins is not None else (histograms[0].bins if histograms else None)
-        histogram = None if bins is None else add_histograms(histograms, n, bins)
-        blocks = None
-        if self.blocks:
-            blocks = BlockValues(*(np.concatenate([getattr(b, name) for b in block_parts]) if block_parts
-                                   else np.zeros(0, dtype) for name, dtype in
-                                   (("group", np.int32), ("block", np.int32), ("value", np.float64))))
-        return groups, count, sums, distinct, histogram, features, blocks
