@@ -46,8 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass, field
-
+from dataclasses import dataclass, field, replace
 
 from stream_dp.worker.combined import CombinedWindow, merge_partials
 from stream_dp.worker.partial_checks import (
@@ -61,6 +60,7 @@ from stream_dp.worker.records import GroupKey, PartialAggregate, Progress
 
 log = logging.getLogger(__name__)
 MAX_EMPTY_WINDOWS_PER_STEP = 1_000  # bounds the work after a long silence
+COMBINE_FAILED = "combine_failed"  # the ``withheld`` reason of a window whose partials raised when added up
 
 
 def window_home(query: str, window_start_ms: int, partials_partitions: int, period: tuple[int, int] | None = None) -> int:
@@ -337,10 +337,13 @@ class WindowCombiner:
                 "stay charged -- expected while workers restart onto a changed query",
                 window_start_ms, self.query, {p.partition: p.settings for p in partials}, self.settings,
             )
-        groups, count, sums, distinct, histogram, features, blocks = merge_partials(
-            [] if withheld else partials, public_groups=self.public_groups, public_index=self._public_index,
-            has_sum=self.has_sum, quantile_bins=self.quantile_bins, feature_width=self.feature_width,
-            blocks=self.blocks)
+        try:
+            groups, count, sums, distinct, histogram, features, blocks = self._merge([] if withheld else partials)
+        except Exception:  # a fault the partials hit: released as if empty, never silent (``release_draw``)
+            log.exception("window %d of %s: its partials cannot be added up; it is released as if empty",
+                          window_start_ms, self.query)
+            withheld = COMBINE_FAILED
+            groups, count, sums, distinct, histogram, features, blocks = self._merge([])
         reported = {p.partition for p in partials}
         missing = [
             p for p in range(self.input_partitions)
@@ -366,3 +369,16 @@ class WindowCombiner:
             features=features,
             blocks=blocks,
         )
+
+    def as_if_empty(self, window: CombinedWindow, reason: str) -> CombinedWindow:
+        """``window`` without its partials' data (every public group at zero, no selected group), to be
+        released as if empty for ``reason``: configuration and noise alone decide what it publishes."""
+        groups, count, sums, distinct, histogram, features, blocks = self._merge([])
+        return replace(window, groups=groups, count=count, sum=sums, distinct_units=distinct, withheld=reason,
+                       histogram=histogram, features=features, blocks=blocks)
+
+    def _merge(self, partials: list[PartialAggregate]) -> tuple:
+        """The totals of ``partials`` under this query's groups and options (``combined.merge_partials``)."""
+        return merge_partials(partials, public_groups=self.public_groups, public_index=self._public_index,
+                              has_sum=self.has_sum, quantile_bins=self.quantile_bins,
+                              feature_width=self.feature_width, blocks=self.blocks)
