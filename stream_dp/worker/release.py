@@ -96,10 +96,13 @@ class ReleaseStage:
         publish_budget_s: float = 60.0,
         partition_check: BrokerPartitions | None = None,
         input_partition_counts: Callable[[str], int] = lambda topic: 0,
+        broker_stamps: Callable[[QueryRuntime], bool] = lambda query: True,
     ) -> None:
         """``partition_check``: the broker's answers about input partitions that overdue windows wait for
         (None: such windows wait for the partitions' own reports); ``input_partition_counts(topic)``: the
-        input topic's partition count in the metadata (0: unknown), which every window waits for."""
+        input topic's partition count in the metadata (0: unknown), which every window waits for;
+        ``broker_stamps(query)``: whether the broker's record timestamps are the query's window clock
+        (``release_waits``)."""
         self.queries = {q.name: q for q in queries}
         # False until the ledger's Redis is known to be the one released from so far (``store_guard``).
         self.store_ready = store_ready
@@ -130,7 +133,7 @@ class ReleaseStage:
         self.output_batch_bytes = output_batch_bytes
         self.output_record_bytes = dict(output_record_bytes or {})
         self.waits = PartitionWaits(self.queries, metrics, partials_topic=partials_topic, check=partition_check,
-                                    partition_counts=input_partition_counts)
+                                    partition_counts=input_partition_counts, broker_stamps=broker_stamps)
         self.intake = PartialsIntake(
             metrics, topic=partials_topic, age_limit_ms=release_age_limit_ms,
             quiet_ms=lambda name: q.combiner.release_timeout_ms if (q := self.queries.get(name)) else None,
