@@ -34,7 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
-from aiokafka.structs import TopicPartition
 
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.wire import WireFormatError
@@ -48,7 +47,7 @@ from stream_dp.worker.partition_check import BrokerPartitions
 from stream_dp.worker.records import PartialAggregate
 from stream_dp.worker.release_draw import draw_payload
 from stream_dp.worker.release_entry import ReleaseEntry, StoredRecords, decode_entry
-from stream_dp.worker.release_waits import PartitionWaits
+from stream_dp.worker.release_waits import PartitionWaits, home_position
 from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
@@ -201,7 +200,7 @@ class ReleaseStage:
             if records:
                 self.commits.read_through(tp.partition, records[-1].offset)
         self.waits.follow_partition_counts()
-        await self.waits.step(now_ms, owned, self._home_position)
+        await self.waits.step(now_ms, owned, home_position(self.consumer, self.partials_topic))
         for query in self.queries.values():
             expired: list[int] = []
             for start in query.combiner.ready(owned):
@@ -228,17 +227,6 @@ class ReleaseStage:
         self.intake.drop_stale()
         await self._publish_pending()
         await self._commit()
-
-    async def _home_position(self, home: int) -> int | None:
-        """The next offset the release consumer returns from partials partition ``home`` (None: unknown)."""
-        tp = TopicPartition(self.partials_topic, home)
-        if tp not in self.consumer.assignment():
-            return None
-        try:
-            return await self.consumer.position(tp)
-        except Exception as exc:  # revoked meanwhile, or no position yet: the left-out partitions wait
-            log.debug("no position on %s yet: %s", tp, exc)
-            return None
 
     async def _learn_query_starts(self) -> None:
         """Until known, ask the ledger (every few seconds) where each query's releases began."""

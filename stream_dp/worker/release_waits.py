@@ -26,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from stream_dp.metrics.worker import WorkerMetrics
@@ -46,6 +47,22 @@ class _LeftOut:
     partitions: frozenset[int]
     home: int
     home_end: int
+
+
+def home_position(consumer: AIOKafkaConsumer, partials_topic: str) -> Callable[[int], Awaitable[int | None]]:
+    """The next offset ``consumer`` returns from a partials partition (None: not assigned or not known)."""
+
+    async def position(home: int) -> int | None:
+        tp = TopicPartition(partials_topic, home)
+        if tp not in consumer.assignment():
+            return None
+        try:
+            return await consumer.position(tp)
+        except Exception as exc:  # revoked meanwhile, or no position yet: the left-out partitions wait
+            log.debug("no position on %s yet: %s", tp, exc)
+            return None
+
+    return position
 
 
 class PartitionWaits:

@@ -106,7 +106,8 @@ class Deployment:
                    STREAM_DP_CONTRIBUTION_SECRET=SECRET, STREAM_DP_OUTPUT_PARTITIONS="1",
                    STREAM_DP_PARTIALS_PARTITIONS="1",
                    # workers share two busy cores here: a starved one must not be rebalanced out mid-test
-                   STREAM_DP_CONSUMER_SESSION_TIMEOUT_MS="45000", **self.env_extra)
+                   STREAM_DP_CONSUMER_SESSION_TIMEOUT_MS="45000")
+        env.update(self.env_extra)
         self.workers = [WorkerProcess(f"{self.label}-worker{i}", config_path, env, self.work_dir)
                         for i in range(self.workers_count)]
         for worker in self.workers:

@@ -128,3 +128,29 @@ def test_where_producers_stamp_the_clock_no_close_offset_is_read(kafka_bootstrap
     trusted, broker = asyncio.run(scenario())
     assert broker.close_offset == 0 and broker.nothing_more  # taken at its word, the stamp 'closes' at offset 0
     assert trusted.close_offset is None and not trusted.nothing_more and trusted.records_behind == 1
+
+
+def test_the_home_position_is_where_the_release_consumer_reads_next(kafka_bootstrap, new_topic):
+    """Left-out partitions wait until the window's home partition is read up to where it ended after the
+    broker's answer: the position is the release consumer's next offset, none for a partition it does not own."""
+    from stream_dp.worker.release_waits import home_position
+
+    topic = new_topic(partitions=2)
+
+    async def scenario():
+        await _produce(kafka_bootstrap, topic, 0, 3)
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False,
+                                    auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            consumer.assign([TopicPartition(topic, 0)])
+            position = home_position(consumer, topic)
+            before = await position(0)
+            read = 0
+            while read < 3:
+                read += sum(len(r) for r in (await consumer.getmany(timeout_ms=1_000)).values())
+            return before, await position(0), await position(1)
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(scenario()) == (0, 3, None)
