@@ -32,6 +32,7 @@ from stream_dp.config.query_checks import check_query_options
 from stream_dp.config.query_options import (
     BoundsConfig,
     ContinualConfig,
+    ExpectedConfig,
     Groups,
     HierarchyConfig,
     check_groups_form,
@@ -280,6 +281,10 @@ class QueryConfig(_Strict):
     local_dp: LocalDPConfig | None = Field(
         None, description="Count reports randomized by their producers (local differential privacy) instead of "
                           "true values.")
+    expected: ExpectedConfig | None = Field(
+        None, description="What a typical group holds per window, so that plan and check-config set each 95% error "
+                          "beside the value it qualifies and warn when the error exceeds it (a planning hint: "
+                          "nothing released depends on it).")
     # the word the file wrote for mechanism when it differs from the one it is read as (geometric)
     _mechanism_written: str | None = PrivateAttr(None)
 
@@ -309,7 +314,7 @@ class QueryConfig(_Strict):
     def _groups_form(cls, value: Any) -> Any:
         return check_groups_form(value)
 
-    @field_validator("continual", "local_dp", mode="before")
+    @field_validator("continual", "local_dp", "expected", mode="before")
     @classmethod
     def _no_empty_option(cls, value: Any, info: Any) -> Any:
         return refuse_empty_options(cls, value, info.field_name)

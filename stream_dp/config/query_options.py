@@ -10,7 +10,7 @@ import difflib
 import math
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from stream_dp.config.durations import DurationMs
 
@@ -149,3 +149,45 @@ class HierarchyConfig(_Strict):
                 f"every level at least {MIN_LEVEL_SHARE:g} of the total, e.g. [1, 1, 2]"
             )
         return value
+
+
+class ExpectedConfig(_Strict):
+    """What a typical group holds in one window, so that ``plan`` and ``check-config`` can set each 95% error
+    beside the value it qualifies and warn when the error is the larger (a hint for planning: nothing a worker
+    does or releases depends on it).
+
+    ``events_per_group``: its bounded events (what its count counts; a hierarchy's finest groups).
+    ``units_per_group``: its units (a mean_vector or covariance group; for local_dp, the reports of one
+    value, with as many for every value of the domain). ``value``: a typical value of what the
+    query aggregates: of the summed field (a sum is then events x value, a mean the value), of a mean_vector's
+    coordinates, of a covariance's variances, of the sample_aggregate function's output.
+    """
+
+    events_per_group: int | None = Field(
+        None, ge=1, examples=[2000],
+        description="The bounded events a typical group holds per window (a hierarchy's finest groups).")
+    units_per_group: int | None = Field(
+        None, ge=1, examples=[500],
+        description="The units a typical mean_vector or covariance group holds per window; for local_dp, the "
+                    "reports of one value per window.")
+    value: float | None = Field(
+        None, allow_inf_nan=False, examples=[40.0],
+        description="A typical value of what the query aggregates (not 0): the summed field's, a mean_vector's "
+                    "coordinate, a covariance's variance, the sample_aggregate function's output.")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra={"minProperties": 1})
+
+    @field_validator("value")
+    @classmethod
+    def _not_zero(cls, value: float | None) -> float | None:
+        if value == 0:
+            raise ValueError("expected.value 0 leaves nothing for an error to be compared with; give a typical "
+                             "non-zero value, or leave value out")
+        return value
+
+    @model_validator(mode="after")
+    def _something(self) -> ExpectedConfig:
+        if self.events_per_group is None and self.units_per_group is None and self.value is None:
+            raise ValueError("expected gives none of events_per_group, units_per_group and value; give what a typical "
+                             "group holds per window, e.g. expected: {events_per_group: 2000, value: 40}, or remove it")
+        return self
