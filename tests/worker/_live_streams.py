@@ -121,7 +121,7 @@ class Deployment:
             out.append(set(re.findall(r"'([^']+)'", lines[-1])) if lines else set())
         return out
 
-    def wait_assigned(self, partitions: int | None = None, timeout_s: float = 120.0, settled_s: float = 3.0) -> None:
+    def wait_assigned(self, partitions: int | None = None, timeout_s: float = 180.0, settled_s: float = 3.0) -> None:
         """Until the workers own all ``partitions`` (default: the topic's) together, each once, every worker
         joined both groups, and the assignment did not change for ``settled_s``."""
         wanted = {f"{self.topic}[{p}]" for p in range(partitions or self.partitions)}
