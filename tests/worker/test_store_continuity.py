@@ -48,7 +48,8 @@ def _committed_tokens(d: _Deployment) -> dict[int, str | None]:
 
 def _wipe_store(d: _Deployment) -> int:
     """Delete every key of the deployment in Redis: its ledger (store markers included) and its budgets."""
-    keys = [*d.redis.scan_iter(f"{d.ledger_prefix}:*"), *d.redis.scan_iter(f"*{d.name}-users*")]
+    keys = [*d.redis.scan_iter(f"{d.ledger_prefix}:*", count=10_000),
+            *d.redis.scan_iter(f"*{d.name}-users*", count=10_000)]
     for key in keys:
         d.redis.delete(key)
     return len(keys)
