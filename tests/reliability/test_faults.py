@@ -8,13 +8,18 @@ poison records on the partials topic, the output topic deleted, a worker
 clock ten minutes ahead, the leader broker of a partials partition killed in
 a 3-broker cluster -- each checked against the model for every invariant of
 ``checks`` and ``state_checks``. A run whose fault was not really injected fails.
+
+The full suite (``STREAM_DP_FULL_TESTS=1``) also runs every seeded run of
+``full_catalogue``. The runs are independent: under pytest-xdist they run side
+by side, but those that stop the module's private broker share one worker
+process (one xdist group), and so do those on the private 3-broker cluster.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.reliability.catalogue import ci_catalogue
+from tests.reliability.catalogue import ci_catalogue, full_catalogue
 from tests.reliability.harness import FaultRun
 from tests.reliability.report import describe
 from tests.reliability.services import PrivateKafka, PrivateKafkaCluster
@@ -42,9 +47,21 @@ def private_cluster(tmp_path_factory):
         cluster.stop()
 
 
+def _marks(planned) -> list:
+    """One xdist group per private broker: its runs stop it, so they run one after the other."""
+    if planned.needs_cluster:
+        return [pytest.mark.xdist_group("kafka-cluster")]
+    if planned.needs_private_broker:
+        return [pytest.mark.xdist_group("private-kafka")]
+    return []
+
+
 def _cases():
     for planned in ci_catalogue():
-        yield pytest.param(planned, id=planned.kind.replace(" ", "-"))
+        yield pytest.param(planned, id=planned.kind.replace(" ", "-"), marks=_marks(planned))
+    for planned in full_catalogue():
+        yield pytest.param(planned, id=f"full-{planned.kind.replace(' ', '-')}-seed{planned.seed}",
+                           marks=[pytest.mark.full, *_marks(planned)])
 
 
 @pytest.mark.parametrize("planned", list(_cases()))
