@@ -33,7 +33,7 @@ def private_kafka(tmp_path_factory):
     kafka = PrivateKafka(tmp_path_factory.mktemp("kafka"))
     kafka.start()
     yield kafka
-    kafka.stop()
+    kafka.stop(crash=True)  # its data is thrown away: no controlled shutdown to wait for
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,8 @@ def private_cluster(tmp_path_factory):
         cluster.start()
         yield cluster
     finally:
-        cluster.stop()
+        # Its data is thrown away: a controlled shutdown of the last node waits 30 s for a quorum already gone.
+        cluster.stop(crash=True)
 
 
 def _marks(planned) -> list:
