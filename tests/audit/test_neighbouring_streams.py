@@ -28,7 +28,7 @@ from tests.audit.neighbours import SCENARIOS, START_AGO_S, Deployment, Scenario
 from tests.audit.stats import DEFAULT_ALPHA, epsilon_lower_bound, grid
 from tests.suite import FULL
 
-pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(3600 if FULL else 1500)]
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(3600 if FULL else 1500)]
 
 # 800 windows per stream in the default suite, 2,000 in the full one (STREAM_DP_FULL_TESTS=1); fewer only
 # to try the harness.
