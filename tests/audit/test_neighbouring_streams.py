@@ -28,10 +28,13 @@ import pytest
 
 from tests.audit.neighbours import SCENARIOS, START_AGO_S, Deployment, Scenario
 from tests.audit.stats import DEFAULT_ALPHA, epsilon_lower_bound, grid
+from tests.suite import FULL
 
-pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(3600 if FULL else 1500)]
 
-WINDOWS = int(os.environ.get("STREAM_DP_AUDIT_WINDOWS", "800"))  # fewer only to try the harness
+# 800 windows per stream in the default suite, 2,000 in the full one (STREAM_DP_FULL_TESTS=1); fewer only
+# to try the harness.
+WINDOWS = int(os.environ.get("STREAM_DP_AUDIT_WINDOWS") or (2_000 if FULL else 800))
 COLLECT_TIMEOUT_S = 600  # after the last segment: the rest of the backlog (about 40 windows/s per stream here)
 # The target's events on the two partitions its key does not map to; nothing else may be rejected or lost.
 EXPECTED_REJECTIONS = {"D'": "three_partitions_three_workers:wrong_partition"}
