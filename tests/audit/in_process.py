@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,24 +44,43 @@ BATCH_RECORDS = 20_000  # records per engine batch (the real workers read a few 
 START_MS = 1_795_438_896_000  # an even second: continual periods of two windows begin on the stream's first
 
 
-def run_stream(scenario: Scenario, windows: int, *, with_target: bool, doctoring: str | None = None,
-               repeats: int = 1, start_ms: int = START_MS) -> Releases:
-    """What the scenario's query publishes for D (``with_target`` False) or D'.
+@dataclass
+class Combined:
+    """One stream's windows of a scenario, charged and combined, ready for release (and released again)."""
 
-    ``repeats``: the combined windows are released that many times, each time by a new release stage
-    with a ledger of its own, so with fresh noise: ``windows * repeats`` samples, as many windows of the
-    same events would give (the windows' events are those of ``windows`` windows repeated; a
-    continual query's trees are drawn anew each time). Released windows are numbered on: the
-    ``r``-th release of window ``w`` is window ``r * windows + w`` of the result.
-    """
-    if repeats > 1 and windows % 2:
-        raise ValueError("repeat an even number of windows: continual periods of two windows must stay whole")
-    with doctored(doctoring):
-        return _run(scenario, windows, with_target, doctoring, repeats, start_ms)
+    scenario: Scenario
+    windows: int
+    start_ms: int
+    runtime: Any
+    windows_combined: list[Any]
+    clock: Any
+
+    def release(self, doctoring: str | None = None, repeats: int = 1) -> Releases:
+        """The records of every window, released ``repeats`` times with fresh noise: ``windows * repeats``
+        samples, as many windows of the same events would give (a continual query's trees drawn anew each
+        time). The ``r``-th release of window ``w`` is window ``r * windows + w`` of the result."""
+        if repeats > 1 and self.windows % 2:
+            raise ValueError("repeat an even number of windows: continual periods of two windows must stay whole")
+        out = Releases(self.start_ms, self.windows * repeats)
+        with doctored(doctoring):
+            noise = app.noise_source("exact")  # the worker's default sampler (doctored when asked)
+            for r in range(repeats):
+                shift = r * self.windows * 1000
+                for record in _release(self.runtime, self.windows_combined, noise, self.clock):
+                    record["window"]["start_ms"] += shift
+                    record["window"]["end_ms"] += shift
+                    out.add(self.scenario, record)
+        return out
+
+    def close(self) -> None:
+        if self.runtime.sandbox is not None:
+            self.runtime.sandbox.close()
 
 
-def _run(scenario: Scenario, windows: int, with_target: bool, doctoring: str | None, repeats: int,
-         start_ms: int) -> Releases:
+def combine(scenario: Scenario, windows: int, *, with_target: bool, doctoring: str | None = None,
+            start_ms: int = START_MS) -> Combined:
+    """D (``with_target`` False) or D' of ``scenario`` through engine, charge, partials and combiner
+    (``doctoring``: the local-DP producers', see ``neighbours.records``). Close it when done."""
     config = _config("ip", {s.topic: f"in-{s.topic}" for s in SCENARIOS}, {s.name: f"out-{s.name}" for s in SCENARIOS})
     config["queries"] = [q for q in config["queries"] if q["name"] == f"ip_{scenario.name}"]
     config["namespaces"] = {q["privacy_unit"]["namespace"]: config["namespaces"][q["privacy_unit"]["namespace"]]
@@ -77,18 +97,21 @@ def _run(scenario: Scenario, windows: int, with_target: bool, doctoring: str | N
         _combine(runtime, parsed, partials, partitions, clock)
         combiner = runtime.combiner
         combined = [combiner.take(start) for start in combiner.ready(clock())]
-        out = Releases(start_ms, windows * repeats)
-        noise = app.noise_source("exact")  # the worker's default sampler (doctored too when asked)
-        for r in range(repeats):
-            shift = r * windows * 1000
-            for record in _release(runtime, combined, noise, clock):
-                record["window"]["start_ms"] += shift
-                record["window"]["end_ms"] += shift
-                out.add(scenario, record)
-    finally:
+    except BaseException:
         if runtime.sandbox is not None:
             runtime.sandbox.close()
-    return out
+        raise
+    return Combined(scenario, windows, start_ms, runtime, combined, clock)
+
+
+def run_stream(scenario: Scenario, windows: int, *, with_target: bool, doctoring: str | None = None,
+               repeats: int = 1, start_ms: int = START_MS) -> Releases:
+    """What the scenario's query publishes for D (``with_target`` False) or D', doctored when asked."""
+    combined = combine(scenario, windows, with_target=with_target, doctoring=doctoring, start_ms=start_ms)
+    try:
+        return combined.release(doctoring, repeats)
+    finally:
+        combined.close()
 
 
 def _closed_partials(runtime: Any, scenario: Scenario, sent: list[tuple[bytes, bytes, int, int | None]],

@@ -49,13 +49,15 @@ def _true_count(group: str) -> int:
     return BACKGROUND_UNITS if group == "a" else 0
 
 
-def _both_above(released: tuple[float, float], true: tuple[float, float],
-                shift: tuple[float, float] = (2, 2)) -> float:
-    """How many of two released values are at least their ``shift`` above their true value in D (0, 1 or 2).
+def _excess(released: tuple[float, float], true: tuple[float, float], shift: tuple[float, float] = (2, 2)) -> float:
+    """How far both of two released values are above their true value in D, in units of what the target
+    adds to each (``shift``): the smaller of the two excesses.
 
-    The target adds ``shift`` to both: for two independent Laplace noises this event has the pair's largest
-    likelihood ratio, where a sum of the two would reach it only far in the tails."""
-    return float(sum(r >= t + d for r, t, d in zip(released, true, shift)))
+    Its threshold 1 is the event "both at least their shift above": for two independent Laplace noises the
+    event of the pair's largest likelihood ratio, where a sum of the two would reach it only far in the
+    tails. The other thresholds find that event where D's values are not the ones designed here (a
+    doctored build that doubles every total doubles D's too)."""
+    return min((r - t) / d for r, t, d in zip(released, true, shift))
 
 
 @dataclass
@@ -105,16 +107,15 @@ class Releases:
                     for s in starts]
         if scenario.statistic == "sa_value":
             return [float(releases[(s, group)]["sample_aggregate"]["value"]) for s in starts]
-        if scenario.name == "continual":  # a period's two running totals, each far above D's
-            return [_both_above((releases[(s - 1000, group)]["count"], releases[(s, group)]["count"]),
-                                (_true_count(group), 2 * _true_count(group))) for s in starts]
+        if scenario.name == "continual":  # a period's two running totals, both far above D's
+            return [_excess((releases[(s - 1000, group)]["count"], releases[(s, group)]["count"]),
+                            (_true_count(group), 2 * _true_count(group))) for s in starts]
         if scenario.statistic == "count_and_sum":  # both far above D's (the target's 2 events clipped to 10)
-            return [float(_both_above((releases[(s, group)]["count"], releases[(s, group)]["sum"]),
-                                      (_true_count(group), BACKGROUND_VALUE * _true_count(group)), (2, 20)) == 2)
-                    for s in starts]
+            return [_excess((releases[(s, group)]["count"], releases[(s, group)]["sum"]),
+                            (_true_count(group), BACKGROUND_VALUE * _true_count(group)), (2, 20)) for s in starts]
         if scenario.statistic == "both_levels":  # the region's count and the group's, both far above D's
-            return [float(_both_above((releases[(s, "region")]["count"], releases[(s, group)]["count"]),
-                                      (BACKGROUND_UNITS, _true_count(group))) == 2) for s in starts]
+            return [_excess((releases[(s, "region")]["count"], releases[(s, group)]["count"]),
+                            (BACKGROUND_UNITS, _true_count(group))) for s in starts]
         if scenario.statistic == "cov_units":
             return [float(releases[(s, group)]["covariance"]["units"]) for s in starts]
         if scenario.statistic == "cov_second_moment":

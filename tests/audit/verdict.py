@@ -22,7 +22,8 @@ from tests.audit.releases import Releases
 from tests.audit.stats import DEFAULT_ALPHA, EpsilonBound, RhoBound, epsilon_lower_bound, grid, rho_lower_bound
 
 #: Statistics read as real numbers (thresholds on a grid of quantiles); the others are whole numbers.
-REAL_STATISTICS = ("sum", "median", "vector_sum", "cov_units", "cov_second_moment", "sa_value")
+REAL_STATISTICS = ("sum", "median", "vector_sum", "cov_units", "cov_second_moment", "sa_value", "count_and_sum",
+                   "both_levels")
 #: For the rho check, which splits alpha over fewer thresholds: the (epsilon, delta) grid's are wasted on it.
 RHO_THRESHOLDS = 12
 
@@ -58,7 +59,7 @@ class Verdict:
 
 
 def _thresholds(scenario: Scenario, a: np.ndarray, b: np.ndarray) -> list[float]:
-    if scenario.statistic in REAL_STATISTICS or scenario.name.startswith("local_dp"):
+    if scenario.statistic in REAL_STATISTICS or scenario.name.startswith(("local_dp", "continual")):
         return grid(a, b)
     return [float(t) for t in range(int(min(a.min(), b.min())), int(max(a.max(), b.max())) + 1)]
 
