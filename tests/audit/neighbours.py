@@ -116,14 +116,18 @@ SCENARIOS += (
     # values clipped to 10 make the middle candidate (5) the best instead of 0 (with no other values in
     # its group, both sides would give every candidate the same score). Three candidates: each sample
     # says more. The count beside the quantile (which sizes its 95% interval) takes half of epsilon: the
-    # lower bound can reach about a quarter of the claim here (the normalisers do not move). Seen: about 0,
-    # and 1.07 with the exponential scale divided by 4.
+    # bound is held against the quantiles' own claim (``privacy.quantiles.epsilon``, 0.5). In D every
+    # candidate scores the same, so this pair's loss is about 0.3 of that 0.5, and with the scale halved
+    # about 0.55: a 2x error shows only by a margin no affordable sample resolves (3,200 samples in process:
+    # 0.46 and 0.52, tests/audit/test_negative_controls.py). Seen: about 0 at 800 windows, and 1.07 of a
+    # claimed 1.0 with the exponential scale divided by 4.
     Scenario("quantiles", "quant", "median", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "aggregations": {"count": {}, "quantiles": {"field": "value", "q": [0.5], "bounds": [0, 10], "bins": 2}}}),
-    # The target moves both levels (each spends its share of epsilon) by 2: sampled as whether the region's
-    # consistent count and the group's are both at least 2 above D's true counts, the event of the largest
-    # likelihood ratio for the two levels' noises (as for continual). Consistent counts hold less than the
+    # The target moves both levels (each spends its share of epsilon) by 2: sampled as how far both the
+    # region's consistent count and the group's are above D's true counts (``releases._excess``), whose
+    # threshold 2 is the event of the largest likelihood ratio for the two levels' noises (as for
+    # continual). The target's one kept group is "a", beside the background. Consistent counts hold less than the
     # two levels' noisy counts (the region's own count is only seen mixed with its children's). Seen: 0.18
     # to 0.36 when sound; 1.11 with every level's noise calibrated to twice its share (twice the claimed loss),
     # which the sum of the two counts, audited before, did not reach (0.90); 2.32 with the noise / 4.
@@ -155,16 +159,22 @@ SCENARIOS += (
     Scenario("staircase_sum", "main", "sum", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "mechanism": "staircase", "aggregations": {"sum": {"field": "value", "clip": [0, 10]}}}),
-    # The target's value 1e6 in every group, against a clip norm of 10: the first coordinate of the sum.
-    # Gaussian: seen about 0 when sound (as for ``gaussian``), 1.39 with the noise divided by 8.
+    # The target's value 1e6 in every group, against a clip norm of 10: the augmented sum's two coordinates
+    # added up, ``sum[0] + clip_norm * units`` (each unit adds (x, C), C the clip norm): the one statistic
+    # that carries the whole claim (the first coordinate alone carries half of its rho, and doubled no more
+    # than the claim). Gaussian: seen about 0 when sound (as for ``gaussian``), 1.39 with the noise divided
+    # by 8 (on the first coordinate); rho bound 0.034 and 0.040 of a claimed 0.024 at 6,400 samples with the
+    # noise halved or the sensitivity doubled.
     Scenario("mean_vector", "main", "vector_sum", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "mechanism": "gaussian", "delta": 1e-6,
               "aggregations": {"mean_vector": {"fields": ["value"], "clip_norm": 10.0}}}),
-    # The same target against a covariance query: its (x, C) adds C^2 to the corner of the augmented
-    # matrix. Audited on ``units``, the corner over C^2 after noise and PSD projection, released always.
-    # Seen about 0 when sound, 0.95 to 1.34 with the noise divided by 8 (not always caught: see the next).
-    Scenario("covariance", "main", "cov_units", GROUPS,
+    # The same target against a covariance query: its (x, C) adds x^2, x C and C^2 to the augmented matrix.
+    # Audited on the sum of those three entries read back from units, mean and second moment after noise
+    # and PSD projection (the corner alone, units * C^2, when fewer than one noisy unit leaves no mean).
+    # Seen about 0 when sound; on the corner alone, 0.95 to 1.34 with the noise divided by 8 (not always
+    # caught: see the next).
+    Scenario("covariance", "main", "cov_total", GROUPS,
              {"bounds": {"max_groups_per_unit": 1, "max_events_per_group": 2}, "epsilon": 1.0,
               "mechanism": "gaussian", "delta": 1e-6,
               "aggregations": {"covariance": {"fields": ["value"], "clip_norm": 10.0}}}),
@@ -198,8 +208,8 @@ SCENARIOS += (
                                                     "output_range": [0, 10], "aggregate": "median", "bins": 3,
                                                     "timeout": "35ms"}}}),
     # Periods of two windows; the target counts in its first window of each (max_windows_per_unit 1).
-    # It moves both tree nodes of the period: sampled as how many of the period's two running totals are
-    # at least its 2 events above D's true total. Both are with probability about 1/4 in D' and
+    # It moves both tree nodes of the period: sampled as how far both of the period's two running totals are
+    # above D's true totals (``releases._excess``); both at least its 2 events above with probability about 1/4 in D' and
     # e^(-epsilon)/4 in D (each node spends half): the likelihood ratio of the pair at its largest.
     # Seen 0.20 to 0.33 when sound (a 1/4 event: fewer samples where the ratio is largest), 1.07 with the
     # tree's depth ignored in the calibration.

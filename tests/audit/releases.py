@@ -60,6 +60,16 @@ def _excess(released: tuple[float, float], true: tuple[float, float], shift: tup
     return min((r - t) / d for r, t, d in zip(released, true, shift))
 
 
+def _covariance_total(block: dict, clip_norm: float) -> float:
+    """S_00 + S_01 + S_11 of a one-field covariance release, from its units, mean and second moment (the
+    corner alone when fewer than one noisy unit leaves no mean)."""
+    units = float(block["units"])
+    corner = units * clip_norm * clip_norm
+    if block["mean"] is None:
+        return corner
+    return corner + float(block["mean"][0]) * clip_norm * units + float(block["second_moment"][0][0]) * units
+
+
 @dataclass
 class Releases:
     """The records of one stream (D or D') of ``windows`` one-second windows from ``start_ms``."""
@@ -121,8 +131,13 @@ class Releases:
         if scenario.statistic == "cov_second_moment":
             blocks = [releases[(s, group)]["covariance"] for s in starts]
             return [0.0 if b["second_moment"] is None else float(b["second_moment"][0][0]) * b["units"] for b in blocks]
-        if scenario.statistic == "vector_sum":
-            return [float(releases[(s, group)]["mean_vector"]["sum"][0]) for s in starts]
+        if scenario.statistic == "vector_sum":  # both coordinates of the augmented sum: (x, C) per unit
+            blocks = [releases[(s, group)]["mean_vector"] for s in starts]
+            clip_norm = float(releases[(starts[0], group)]["privacy"]["mean_vector"]["clip_norm"])
+            return [float(b["sum"][0]) + clip_norm * float(b["units"]) for b in blocks]
+        if scenario.statistic == "cov_total":  # the augmented matrix's three entries (x^2, x C, C^2 per unit)
+            clip_norm = float(releases[(starts[0], group)]["privacy"]["covariance"]["clip_norm"])
+            return [_covariance_total(releases[(s, group)]["covariance"], clip_norm) for s in starts]
         if scenario.statistic == "median":
             return [float(releases[(s, group)]["quantiles"]["0.5"]["value"]) for s in starts]
         return [float(releases[(s, group)][scenario.statistic]) for s in starts]

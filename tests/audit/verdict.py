@@ -22,7 +22,7 @@ from tests.audit.releases import Releases
 from tests.audit.stats import DEFAULT_ALPHA, EpsilonBound, RhoBound, epsilon_lower_bound, grid, rho_lower_bound
 
 #: Statistics read as real numbers (thresholds on a grid of quantiles); the others are whole numbers.
-REAL_STATISTICS = ("sum", "median", "vector_sum", "cov_units", "cov_second_moment", "sa_value", "count_and_sum",
+REAL_STATISTICS = ("sum", "median", "vector_sum", "cov_units", "cov_second_moment", "sa_value", "count_and_sum", "cov_total",
                    "both_levels")
 #: For the rho check, which splits alpha over fewer thresholds: the (epsilon, delta) grid's are wasted on it.
 RHO_THRESHOLDS = 12
