@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated, Union
+
+from pydantic import BeforeValidator, Field
 
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -40,3 +43,11 @@ def format_duration_ms(ms: int) -> str:
         if ms and ms % _UNIT_MS[unit] == 0:
             return f"{ms // _UNIT_MS[unit]}{unit}"
     return f"{ms}ms"
+
+
+# A duration setting of the query file: read into whole milliseconds; its JSON Schema (editors, the
+# query-file reference) shows how it is written, a whole number of milliseconds or a number and a unit.
+DurationMs = Annotated[int, BeforeValidator(
+    parse_duration_ms,
+    json_schema_input_type=Union[Annotated[int, Field(ge=0)], Annotated[str, Field(pattern=_DURATION.pattern)]],
+)]

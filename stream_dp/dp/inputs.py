@@ -13,8 +13,8 @@ from numpy.typing import NDArray
 
 from stream_dp.dp.bounds import ClipRange, ContributionBounds
 
-# Relative slack for float rounding when summing clipped values.
-_SUM_TOLERANCE = 1e-9
+# float64's unit roundoff: one addition is off by at most this much of its result.
+_UNIT_ROUNDOFF = 2.0**-53
 
 
 def _as_vector(name: str, values: object) -> NDArray[np.generic]:
@@ -77,7 +77,14 @@ def as_sums(sums: object, counts: NDArray[np.int64], clip: ClipRange) -> NDArray
 
     A sum of ``c`` values clipped into ``[lo, hi]`` lies in ``[c lo, c hi]``;
     anything else means the values were not clipped and the sensitivity the
-    noise is calibrated for does not hold.
+    noise is calibrated for does not hold. The worker's sums are in the range
+    exactly (``stream_dp.windows.exact_sums``); the only slack allowed is what
+    float64 additions of ``c`` such values can be off by in any order,
+    ``gamma_c * c * max(|lo|, |hi|)`` with ``gamma_n = n u / (1 - n u)``
+    (Higham, *Accuracy and Stability of Numerical Algorithms*, 4.2), doubled
+    to cover the rounding of the range's own ends. So no volume of data can
+    make a sum of clipped values fail this check, and no sum of unclipped ones
+    passes it by more than rounding.
     """
     if sums is None:
         raise ValueError("this plan releases sums or means: pass the per-group clipped sums")
@@ -92,7 +99,8 @@ def as_sums(sums: object, counts: NDArray[np.int64], clip: ClipRange) -> NDArray
     if not np.all(np.isfinite(array)):
         raise ValueError("sums must be finite (no NaN or infinity); nothing is released")
     count_f = counts.astype(np.float64)
-    slack = _SUM_TOLERANCE * count_f * clip.magnitude
+    rounding = count_f * _UNIT_ROUNDOFF
+    slack = 2.0 * rounding / np.maximum(1.0 - rounding, 0.5) * count_f * clip.magnitude
     outside = int(np.count_nonzero((array < count_f * clip.lo - slack) | (array > count_f * clip.hi + slack)))
     if outside:
         raise ValueError(

@@ -16,7 +16,8 @@ class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.events = Counter(
             "stream_dp_events_total",
-            "Input events by outcome: accepted, rejected (invalid), late (window already closed), replayed (skipped after restart).",
+            "Input events by outcome: accepted, rejected (invalid), late (window already closed), replayed (skipped "
+            "after restart), unlisted (of a group outside the query's public list: set aside before bounding).",
             ["query", "outcome"],
             registry=registry,
         )
@@ -96,9 +97,10 @@ class WorkerMetrics:
         )
         self.windows_withheld = Counter(
             "stream_dp_windows_withheld_total",
-            "Windows released without data (noise only) because their partials cannot be added up soundly: "
-            "charged under other query settings (settings_differ, settings_missing), placed under different "
-            "partition counts so a unit could sit on two partitions, or missing a part the query needs.",
+            "Windows released without data (noise only, records flagged as_if_empty) because their partials cannot "
+            "be added up soundly: charged under other query settings (settings_differ, settings_missing), placed "
+            "under different partition counts so a unit could sit on two partitions, or missing a part the query "
+            "needs; or because their release could not be built from the data (release_failed).",
             ["query", "reason"],
             registry=registry,
         )

@@ -65,6 +65,8 @@ class BatchResult:
     rejected: dict[RejectReason, int]
     rejections: list[Rejection]
     partials: list[WindowPartial]
+    #: Valid events of groups the query does not release (outside its public list): set aside before bounding.
+    unlisted: int = 0
 
     @property
     def late(self) -> int:
@@ -72,4 +74,4 @@ class BatchResult:
 
     @property
     def balanced(self) -> bool:
-        return self.accepted + sum(self.rejected.values()) + self.replayed == self.input_count
+        return self.accepted + sum(self.rejected.values()) + self.replayed + self.unlisted == self.input_count

@@ -10,14 +10,17 @@ as ``replayed`` and skipped, open windows are rebuilt exactly.
 
 Every message of a batch is accounted for exactly once::
 
-    accepted + sum(rejected.values()) + replayed == input_count
+    accepted + sum(rejected.values()) + replayed + unlisted == input_count
 
-(``rejected`` includes ``RejectReason.LATE``.)
+(``rejected`` includes ``RejectReason.LATE``.) With ``public_groups``, the
+events of other groups are ``unlisted``: valid, but never released by this
+query, so they are set aside before bounding -- they take none of a unit's
+``max_groups_per_unit`` slots and charge no unit that sent nothing else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 
 import numpy as np
 
@@ -65,6 +68,7 @@ class WindowEngine(EngineState):
         clock_ms: Callable[[], int],
         compact_min_rows: int = 262_144,
         partitioner: Partitioner | None = None,
+        public_groups: Iterable[tuple[str | int, ...]] | None = None,
     ) -> None:
         if compact_min_rows < 1:
             raise ValueError(f"compact_min_rows must be positive, got {compact_min_rows}")
@@ -83,6 +87,15 @@ class WindowEngine(EngineState):
         # partition that partitioner gives its key, so that each unit is bounded in one place.
         self._partitioner = partitioner
         self._partition_count: int | None = None
+        # The groups a query with public groups releases, as decoded keys (a one-field key is its value).
+        self._public: frozenset[Hashable] | None = None
+        if public_groups is not None:
+            if not schema.group_by:
+                raise ValueError("public_groups need group_by fields to read each event's group from")
+            keys = [tuple(key) for key in public_groups]
+            if any(len(key) != len(schema.group_by) for key in keys):
+                raise ValueError(f"each public group needs one value per group_by field {list(schema.group_by)}")
+            self._public = frozenset(key[0] if len(key) == 1 else key for key in keys)
 
     # -- partitions ---------------------------------------------------------------
 
@@ -219,6 +232,10 @@ class WindowEngine(EngineState):
             [_ALWAYS if p.replay_until_offset is None else p.replay_until_offset for p in progress], dtype=np.int64
         )
         replayed = (ends <= restored_through[event_slots]) & (batch.offsets[index] < replay_until[event_slots])
+        listed = self._listed(decoded)
+        if listed is not None:  # the other groups' events are neither counted, late nor replayed here
+            closed &= listed
+            replayed &= listed
         late = closed & ~replayed
         note_records(progress, slots, record_ms, now)
         if late.any():
@@ -227,7 +244,7 @@ class WindowEngine(EngineState):
             for i in late_rows.tolist():
                 detail = f"window [{int(starts[i])}, {int(ends[i])}) ms had already closed"
                 rejections.append(rejection_of(batch, int(index[i]), RejectReason.LATE, detail))
-        accepted = np.flatnonzero(~closed)
+        accepted = np.flatnonzero(~closed if listed is None else ~closed & listed)
         self._ingest(decoded, accepted, batch, starts, event_slots)
         return BatchResult(
             input_count=len(batch),
@@ -236,7 +253,21 @@ class WindowEngine(EngineState):
             rejected=rejected,
             rejections=rejections,
             partials=self._advance(now),
+            unlisted=0 if listed is None else int(len(listed) - np.count_nonzero(listed)),
         )
+
+    def _listed(self, decoded: DecodedEvents) -> np.ndarray | None:
+        """Which decoded events are of a public group; None when all are (or the query has no public list).
+
+        Decided before bounding: an event of a group the query never releases must not take one of its
+        unit's ``max_groups_per_unit`` slots from a group it does release, nor charge its unit."""
+        public, keys = self._public, decoded.group_keys
+        if public is None or keys is None:
+            return None
+        flags = {key: key in public for key in dict.fromkeys(keys)}  # each distinct key looked up once
+        if all(flags.values()):
+            return None
+        return np.fromiter(map(flags.__getitem__, keys), dtype=bool, count=len(keys))
 
     def _ingest(
         self, decoded: DecodedEvents, accepted: np.ndarray, batch: RawBatch, starts: np.ndarray, slots: np.ndarray

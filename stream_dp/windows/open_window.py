@@ -113,7 +113,7 @@ class OpenWindow:
                     partition_count=self.partition_count,
                     partition_count_changed=self.partition_count_changed,
                     keep_values=keep_values,
-                    pair_sum_bound=bounding.pair_sum_bound,
+                    pair_sums=bounding.pair_sums,
                 )
             )
         if len(partitions) == len(self.offsets):

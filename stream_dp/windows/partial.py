@@ -24,7 +24,7 @@ from stream_dp.dp.local import UnaryReports
 from stream_dp.dp.sample_aggregate import block_of
 from stream_dp.dp.vectors import FeatureSpec, group_row_sums_in_blocks
 from stream_dp.windows.bounding import ContributionRows, unit_starts
-from stream_dp.windows.exact_sums import quantise_pair_sums, truncate_features
+from stream_dp.windows.exact_sums import PairSumGrid, truncate_features
 from stream_dp.windows.histogram import HistogramSpec, SparseHistogram
 from stream_dp.windows.interning import GroupTable
 from stream_dp.windows.names import UnitNames, to_str
@@ -275,7 +275,7 @@ def build_partial(
     partition_count: int = 0,
     partition_count_changed: bool = False,
     keep_values: bool = True,
-    pair_sum_bound: float = 0.0,
+    pair_sums: PairSumGrid | None = None,
 ) -> WindowPartial:
     """The partial of one partition's pruned rows of one window.
 
@@ -284,9 +284,9 @@ def build_partial(
     on the rows, never on how they arrived. Groups are listed by their
     canonical encoding. ``offsets`` is (first offset, last offset, accepted events).
     ``keep_values=False`` (a query without a value field) leaves ``row_value`` out.
-    ``pair_sum_bound``: the largest magnitude of one pair's sum (``max_events_per_group``
-    times the clip's largest magnitude); pair sums are put on its grid
-    (:mod:`stream_dp.windows.exact_sums`) so that group sums add up exactly.
+    ``pair_sums``: the grid of the query's pair sums (``BoundingSpec.pair_sums``); each pair's sum is
+    put on it, within what its clipped values can add up to (:mod:`stream_dp.windows.exact_sums`), so
+    that group sums add up exactly and stay in their range. None (no values): every pair sum is 0.
     """
     n = len(rows)
     new_unit = unit_starts(rows.unit)
@@ -300,6 +300,7 @@ def build_partial(
     group_ids = group_ids[np.argsort(groups.canonical_ranks()[group_ids], kind="stable")]
     group_index = np.zeros(len(groups), dtype=np.int64)
     group_index[group_ids] = np.arange(len(group_ids))
+    pair_count = np.diff(np.append(starts, n)).astype(np.int64)
     return WindowPartial(
         window_start_ms=window_start_ms,
         window_end_ms=window_end_ms,
@@ -311,11 +312,11 @@ def build_partial(
         groups=groups.as_tuples(group_ids),
         pair_unit=unit_of_row[starts].astype(np.int32),
         pair_group=group_index[rows.group[starts]].astype(np.int32),
-        pair_count=np.diff(np.append(starts, n)).astype(np.int64),
+        pair_count=pair_count,
         # each pair's values are added in event-hash order, so every replay rounds the same way
         # (a vector query has no scalar sum: its vectors stay in row_value)
-        pair_sum=(quantise_pair_sums(np.add.reduceat(rows.value, starts), pair_sum_bound)
-                  if n and rows.value.ndim == 1 else np.zeros(len(starts))),
+        pair_sum=(pair_sums.quantise(np.add.reduceat(rows.value, starts), pair_count)
+                  if n and rows.value.ndim == 1 and pair_sums is not None else np.zeros(len(starts))),
         partition_count=partition_count,
         partition_count_changed=partition_count_changed,
         # rows are pair by pair already: the value column is kept as it is (no copy, no work)

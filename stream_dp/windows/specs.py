@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
+from stream_dp.windows.exact_sums import PairSumGrid
+
 TimestampFormat = Literal["auto", "epoch_s", "epoch_ms", "iso8601"]
 TIMESTAMP_FORMATS: tuple[str, ...] = ("auto", "epoch_s", "epoch_ms", "iso8601")
 
@@ -238,8 +240,9 @@ class BoundingSpec:
             "secret must be at least 16 bytes; generate one with secrets.token_bytes(32) "
             "and load it from the worker's secret store",
         )
+        _ = self.pair_sums  # refuses a clip range too narrow for the pair sums' grid, here rather than mid-stream
 
-    @property
-    def pair_sum_bound(self) -> float:
-        """The largest magnitude of one unit's clipped sum in one group."""
-        return self.max_events_per_group * max(abs(self.clip_lo), abs(self.clip_hi))
+    @cached_property
+    def pair_sums(self) -> PairSumGrid:
+        """Where one unit's clipped sum in one group goes (:mod:`stream_dp.windows.exact_sums`)."""
+        return PairSumGrid(float(self.clip_lo), float(self.clip_hi), self.max_events_per_group)

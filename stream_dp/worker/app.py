@@ -97,6 +97,8 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
             ),
             clock_ms=clock_ms,
             partitioner=query.partitioner,
+            # events of groups outside a public list are set aside before bounding (a unary report has no group)
+            public_groups=None if unary else query.public_group_keys(),
         )
         described = plan.describe()
         privacy = privacy_statement(query, plan, described)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -55,6 +55,7 @@ from stream_dp.worker.records import GroupKey, PartialAggregate, Progress
 
 log = logging.getLogger(__name__)
 MAX_EMPTY_WINDOWS_PER_STEP = 1_000  # bounds the work after a long silence
+COMBINE_FAILED = "combine_failed"  # the ``withheld`` reason of a window whose partials raised when added up
 
 
 def window_home(query: str, window_start_ms: int, partials_partitions: int, period: tuple[int, int] | None = None) -> int:
@@ -324,7 +325,13 @@ class WindowCombiner:
                 "stay charged -- expected while workers restart onto a changed query",
                 window_start_ms, self.query, {p.partition: p.settings for p in partials}, self.settings,
             )
-        groups, count, sums, distinct, histogram, features, blocks = self._merge([] if withheld else partials)
+        try:
+            groups, count, sums, distinct, histogram, features, blocks = self._merge([] if withheld else partials)
+        except Exception:  # a fault the partials hit: released as if empty, never silent (``release_draw``)
+            log.exception("window %d of %s: its partials cannot be added up; it is released as if empty",
+                          window_start_ms, self.query)
+            withheld = COMBINE_FAILED
+            groups, count, sums, distinct, histogram, features, blocks = self._merge([])
         reported = {p.partition for p in partials}
         missing = [
             p for p in range(self.input_partitions)
@@ -350,6 +357,13 @@ class WindowCombiner:
             features=features,
             blocks=blocks,
         )
+
+    def as_if_empty(self, window: CombinedWindow, reason: str) -> CombinedWindow:
+        """``window`` without its partials' data (every public group at zero, no selected group), to be
+        released as if empty for ``reason``: configuration and noise alone decide what it publishes."""
+        groups, count, sums, distinct, histogram, features, blocks = self._merge([])
+        return replace(window, groups=groups, count=count, sum=sums, distinct_units=distinct, withheld=reason,
+                       histogram=histogram, features=features, blocks=blocks)
 
     def _merge(
         self, partials: list[PartialAggregate]

@@ -36,6 +36,7 @@ class _LevelWindow:
     window_start_ms: int
     window_end_ms: int
     groups: list[Any]
+    withheld: str | None = None  # the window's: a level released as if empty says so too
 
 
 @lru_cache(maxsize=64)
@@ -112,7 +113,8 @@ def release_levels(query: Any, window: Any, finest: Any, noise: Any, released_at
         privacy = {**query.privacy, "level_epsilon": plan.levels[level].loss.epsilon,
                    "count_scale": described[level]["count_scale"], "sum_scale": described[level]["sum_scale"]}
         entries.append(build_entry(
-            query, _LevelWindow(window.window_start_ms, window.window_end_ms, keys[level]), out[level], released_at_ms,
+            query, _LevelWindow(window.window_start_ms, window.window_end_ms, keys[level],
+                                getattr(window, "withheld", None)), out[level], released_at_ms,
             group_names=names[:level + 1], groups=keys[level], extra_prefix=b',"level":%d' % level, privacy=privacy,
         ))
     return out[-1], entries

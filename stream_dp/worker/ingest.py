@@ -305,6 +305,7 @@ class IngestStage:
         self.metrics.events.labels(name, "accepted").inc(result.accepted)
         self.metrics.events.labels(name, "late").inc(result.late)
         self.metrics.events.labels(name, "replayed").inc(result.replayed)
+        self.metrics.events.labels(name, "unlisted").inc(result.unlisted)
         rejected = 0
         for reason, n in result.rejected.items():
             if reason == RejectReason.LATE:

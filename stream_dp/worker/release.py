@@ -37,7 +37,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.wire import WireFormatError
-from stream_dp.worker.combiner import CombinedWindow
+from stream_dp.worker.combiner import COMBINE_FAILED, CombinedWindow
 from stream_dp.worker.continual_release import PreviousTrees, opens_period
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.output import publish_release
@@ -45,7 +45,7 @@ from stream_dp.worker.partials_commits import PartialsCommits
 from stream_dp.worker.partials_in import PartialsIntake, too_old_to_release
 from stream_dp.worker.records import PartialAggregate
 from stream_dp.worker.release_draw import draw_payload
-from stream_dp.worker.release_entry import decode_entry
+from stream_dp.worker.release_entry import ReleaseEntry, StoredRecords, decode_entry
 from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ class _Unpublished:
     window_end_ms: int
     window: CombinedWindow | None = None  # None: republishing a stored release
     payload: bytes | None = None  # the release as the ledger stores it (``release_entry``)
+    release: ReleaseEntry | StoredRecords | None = None  # ``payload`` read back, when this worker drew it
     sources: list[tuple[int, int]] = field(default_factory=list)
     attempts: int = 0
     next_attempt_s: float = 0.0
@@ -191,6 +192,8 @@ class ReleaseStage:
                 started = time.perf_counter()
                 window = query.combiner.take(start)
                 self.metrics.release_stage_seconds.labels(query.name, "combine").observe(time.perf_counter() - started)
+                if window.withheld == COMBINE_FAILED:  # logged by the combiner; released as if empty
+                    self.metrics.internal_errors.labels(COMBINE_FAILED).inc()
                 self.intake.window_taken(query.name, start)
                 # Empty windows had no partial to check: their end alone decides (see the module docstring).
                 if too_old_to_release(window.window_end_ms, None, now_ms, self.release_age_limit_ms):
@@ -295,13 +298,16 @@ class ReleaseStage:
                 # Asked before this window's own publish raises the ledger's released-through past it.
                 item.opens_period = previous is None and await asyncio.to_thread(
                     opens_period, self.ledger, query, item.window_start_ms)  # LedgerUnavailable: held
-            payload = await draw_payload(query, window, self.noise, self.metrics, self.clock_ms(), previous)
-            if payload is None:  # withheld (``release_draw``), unless an earlier run stored its release
+            drawn = await draw_payload(query, window, self.noise, self.metrics, self.clock_ms(), previous)
+            if drawn is None:  # not even as if empty (``release_draw``), unless an earlier run stored its release
                 earlier = await asyncio.to_thread(self.ledger.get, query.name, item.window_start_ms)
                 if earlier is None:
                     return  # dropped, so its partials are committed past
-                payload = earlier.payload
-            item.payload = payload
+                item.payload = earlier.payload
+            else:
+                # the window as drawn: without its data if the build fell back (``withheld`` says why)
+                item.window, item.payload, item.release = drawn.window, drawn.payload, drawn.release
+                window = drawn.window
         started = time.perf_counter()
         stored = await asyncio.to_thread(self.ledger.claim, query.name, item.window_start_ms, item.payload)
         timing.labels(query.name, "ledger").observe(time.perf_counter() - started)
@@ -311,7 +317,8 @@ class ReleaseStage:
             self.metrics.republished.labels(query.name).inc()
         started = time.perf_counter()
         try:
-            release = decode_entry(stored.payload)
+            # what this worker drew and read back, if that is what the ledger took; else what it holds
+            release = item.release if stored.newly_written and item.release is not None else decode_entry(stored.payload)
         except WireFormatError as exc:
             # Nothing else could publish it either: count it and never retry (a retry loop would stall the stage).
             self.metrics.internal_errors.labels("unreadable_ledger_entry").inc()

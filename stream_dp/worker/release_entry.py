@@ -158,6 +158,12 @@ def _value_column(values: Any, index: np.ndarray, requested: bool) -> np.ndarray
     raise TypeError(f"a release column of dtype {picked.dtype} cannot be rendered")
 
 
+def as_if_empty_field(window: Any) -> bytes:
+    """``,"as_if_empty":"<reason>"`` for a window released without its data (noise only), else nothing."""
+    reason = getattr(window, "withheld", None)
+    return b"" if reason is None else b',"as_if_empty":' + orjson.dumps(reason)
+
+
 def build_entry(
     query: Any,
     window: Any,
@@ -174,7 +180,8 @@ def build_entry(
 
     ``group_names`` / ``groups`` replace the query's group-by fields and the window's groups (a
     coarser level of a hierarchy); ``extra_prefix`` (``,"name":value``) is added to every record
-    after its window block; ``privacy`` replaces the query's privacy block."""
+    after its window block; ``privacy`` replaces the query's privacy block. A window released as if empty
+    (``window.withheld``) says so in every record (``as_if_empty``)."""
     aggregations = query.config.aggregations
     want_count, want_sum, want_mean = (aggregations.count is not None, aggregations.sum is not None,
                                        aggregations.mean is not None)
@@ -196,7 +203,8 @@ def build_entry(
             "mean": _value_column(noisy.mean, index, want_mean),
             "mean_ci": _value_column(noisy.mean_ci95, index, want_mean),
         },
-        prefix=b'{"query":' + orjson.dumps(query.name) + b',"window":' + orjson.dumps(window_block) + extra_prefix,
+        prefix=(b'{"query":' + orjson.dumps(query.name) + b',"window":' + orjson.dumps(window_block)
+                + as_if_empty_field(window) + extra_prefix),
         ci=(orjson.dumps(_finite(noisy.count_ci95) if want_count else None),
             orjson.dumps(_finite(noisy.sum_ci95) if want_sum else None)),
         tail=orjson.dumps({

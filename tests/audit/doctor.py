@@ -14,8 +14,9 @@ doctored from its environment, only by running this test module's entry point.
 * ``noise_half``: every noise draw at half its scale (every noise source the worker builds, and the
   staircase at half its stair width); producers randomizing local-DP reports at twice their
   epsilon, which the audit's producer does when asked (``local_epsilon``).
-* ``presence_leak``: a release adds one record ``{"kind": "presence"}`` for every group in which
-  some unit was counted: the records published say, without noise, which groups had data.
+* ``presence_leak``: a release adds one record ``{"kind": "presence"}`` (with the query's privacy
+  statement, as every record) for every group in which some unit was counted: the records published
+  say, without noise, which groups had data.
 """
 
 from __future__ import annotations
@@ -153,6 +154,6 @@ def presence_records(query: Any, window: Any) -> list[tuple[bytes, bytes]]:
         out.append((orjson.dumps(group), orjson.dumps({
             "query": query.name, "kind": PRESENCE_KIND,
             "window": {"start_ms": window.window_start_ms, "end_ms": window.window_end_ms},
-            "group": dict(zip(names, group)),
+            "group": dict(zip(names, group)), "privacy": query.privacy,
         })))
     return out

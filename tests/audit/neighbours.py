@@ -25,9 +25,9 @@ from pathlib import Path
 import orjson
 import yaml
 
+from tests.audit.claims import claim_problems
 from tests.audit.doctor import ENV as DOCTOR_ENV
 from tests.audit.doctor import local_epsilon
-
 from tests.reliability.topics import _kafka, create_topic, delete_topics
 from tests.reliability.workers import WorkerProcess
 
@@ -387,6 +387,10 @@ class Deployment:
     workers: list[WorkerProcess] = field(default_factory=list)
     doctoring: str | None = None  # workers run doctored (tests/audit/doctor.py)
     releases: Any = None  # a ``releases.Releases``
+    queries: dict[str, dict] = field(default_factory=dict)  # each scenario's query, as the file configures it
+    # per scenario: how many records were read, and how each record's privacy statement departs from its query
+    claims_checked: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    claims_wrong: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
     def __post_init__(self) -> None:
         from tests.audit.releases import Releases  # (it reads this module's scenarios)
@@ -399,8 +403,10 @@ class Deployment:
         self.outputs = {s.name: f"{self.run}-out-{s.name}" for s in SCENARIOS}
         for name, partitions in TOPIC_PARTITIONS.items():
             create_topic(self.bootstrap, self.topics[name], partitions)
+        config = _config(self.run, self.topics, self.outputs)
+        self.queries = {s.name: query for s, query in zip(SCENARIOS, config["queries"], strict=True)}
         config_path = self.work_dir / "queries.yaml"
-        config_path.write_text(yaml.safe_dump(_config(self.run, self.topics, self.outputs), sort_keys=False))
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "STREAM_DP_", "REDIS_"))}
         env.update(KAFKA_BOOTSTRAP_SERVERS=self.bootstrap, REDIS_URL=self.redis_url,
                    STREAM_DP_GROUP_ID=f"{self.run}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{self.run}.",
@@ -503,7 +509,11 @@ class Deployment:
             while time.monotonic() < deadline:
                 polled = consumer.poll(0.5)
                 for topic, value in polled:
-                    self.releases.add(scenarios[by_topic[topic]], orjson.loads(value))
+                    record, name = orjson.loads(value), by_topic[topic]
+                    # every record, audited or not, states what its query configures (``claims``)
+                    self.claims_checked[name] += 1
+                    self.claims_wrong[name] += claim_problems(record, self.queries[name])
+                    self.releases.add(scenarios[name], record)
                 self.check_workers()
                 if self.missing():
                     continue

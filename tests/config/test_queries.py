@@ -88,6 +88,7 @@ def _error(data: dict) -> str:
          r"one report\), not 1\.0; or leave it out, and it is local_dp\.epsilon$"),
         (lambda d: d["queries"][6]["bounds"].update(max_events_per_group=3), r"one report per unit per window"),
         (lambda d: d["queries"][6].update(group_by=["os"]), r"local_dp needs group_by: \[browser\]"),
+        (lambda d: d["queries"][6].update(groups={"select": {"delta": 1e-6}}), r"groups\.public listing the field's domain"),
         (lambda d: d["queries"][6]["local_dp"].update(mechanism="rappor"), r"local_dp\.mechanism"),
         (lambda d: d["queries"][7].update(mechanism="laplace", delta=0.0), r"mean_vector needs mechanism: gaussian"),
         (lambda d: d["queries"][8]["aggregations"].update(sum={"field": "v", "clip": [0, 1]}),

@@ -159,3 +159,37 @@ def test_a_coarser_level_states_the_quantiles_it_does_not_carry():
     coarse = [r for r in RECORDS if "level_epsilon" in r["privacy"] and "quantiles" in r["privacy"]]
     assert coarse and all("quantiles" not in r for r in coarse)
     assert all(_validator().is_valid(r) for r in coarse)
+
+
+def test_the_records_of_a_window_released_as_if_empty_are_valid_and_say_so():
+    """Built as the release stage builds a fallback: the query's combiner takes the data out of the window
+    (``WindowCombiner.as_if_empty``), and every record -- each group's, each hierarchy level's, the top-k
+    list -- carries the reason; a reason of another type is refused."""
+    import numpy as np
+
+    from stream_dp.config import parse_config
+    from stream_dp.dp import OpenDPNoise
+    from stream_dp.worker.app import build_runtimes
+    from stream_dp.worker.release_build import build_release
+
+    query = {
+        "name": "fallback", "input_topic": "in", "output_topic": "out",
+        "privacy_unit": {"namespace": "users", "field": "user_id"}, "timestamp_field": "ts",
+        "window": {"size": "1m"}, "group_by": ["region", "page"],
+        "groups": {"public": [["r", "/a"], ["r", "/b"], ["s", "/a"]]}, "hierarchy": True,
+        "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
+        "aggregations": {"count": {}, "top_k": {"k": 1}}, "epsilon": 1.0,
+    }
+    config = parse_config({"namespaces": {"users": {"budgets": [{"horizon": "1h", "epsilon": 10.0}]}},
+                           "queries": [query]})
+    (runtime,) = build_runtimes(config, secret=b"test-secret-0123456789abcdef", clock_ms=lambda: 0)
+    window = runtime.combiner.take(60_000)
+    window = runtime.combiner.as_if_empty(
+        type(window)(**{**window.__dict__, "count": np.array([5, 0, 2]), "distinct_units": np.array([5, 0, 2])}),
+        "release_failed")
+    records = [json.loads(value) for _, value in build_release(runtime, window, OpenDPNoise(), 130_000).render()]
+    assert {r.get("kind", r.get("level")) for r in records} == {0, 1, "top_k"}
+    for record in records:
+        assert record["as_if_empty"] == "release_failed", record
+        _validator().validate(record)
+    assert not _validator().is_valid({**records[0], "as_if_empty": True})

@@ -283,3 +283,15 @@ def test_other_queries_have_no_histogram_and_quantile_bins_are_checked():
     assert c.take(0).histogram is None
     with pytest.raises(ValueError, match="pass the query's quantiles.bins"):
         _quantiles(bins=0)
+
+
+def test_partials_that_cannot_be_added_up_make_a_window_released_as_if_empty(caplog):
+    # A partial whose counts do not line up with its groups (a fault no producer can cause, but which
+    # must not stop the release stage on every restart): the window goes out without data, flagged.
+    c = _combiner(public=[("a",), ("b",)], timeout=1)
+    broken = replace(_partial(0, 0, [("a",), ("b",)], [2, 3]), count=np.array([2], dtype=np.int64))
+    c.add_partial(broken, now_ms=0)
+    window = c.take(0)
+    assert window.withheld == "combine_failed"
+    assert window.groups == [("a",), ("b",)] and window.count.tolist() == [0, 0] and window.sum.tolist() == [0.0, 0.0]
+    assert "its partials cannot be added up; it is released as if empty" in caplog.text

@@ -194,17 +194,23 @@ def test_sums_of_more_kept_groups_than_max_groups_are_released():
     assert len(records) == MAX_GROUPS + 1 and all(np.isfinite(r["sum"]) for r in records)
 
 
-def test_a_window_whose_release_cannot_be_built_is_withheld_not_retried_on_every_restart(monkeypatch, caplog):
+@pytest.mark.parametrize("groups", ["selected", "public"])
+def test_a_window_whose_release_cannot_be_built_is_released_as_if_empty(monkeypatch, caplog, groups):
     """A release that cannot be built fails the same way on every retry, and after a restart the window's
     partials are replayed and it fails again: the worker used to exit, every time (a window of more groups
-    than a plan's max_groups did). Here building raises: the window is withheld -- counted, logged, nothing
-    stored or published -- and the stage goes on."""
-    runtime = _runtime({"count": {}, "sum": {"field": "value", "clip": [0, 1]}})
-    units = [KEPT_UNITS] * (MAX_GROUPS + 1)
+    than a plan's max_groups did), and later withheld the window, publishing nothing of it. Here building
+    raises for the window's data: it is released as if empty -- noise only, flagged, counted, logged,
+    stored once -- and the stage goes on."""
+    public = {"public": [f"p{i}" for i in range(4)]} if groups == "public" else None
+    runtime = _runtime({"count": {}, "sum": {"field": "value", "clip": [0, 1]}}, groups=public)
+    units = [KEPT_UNITS] * 4
     window = _window(units, sum=np.full(len(units), 10.0))
+    real_build = release_draw.build_release
 
-    def cannot_be_built(*_args: Any, **_kwargs: Any) -> None:
-        raise ValueError("the release cannot be built from these partials")
+    def cannot_be_built(query: Any, built: Any, *args: Any, **kwargs: Any) -> Any:
+        if built.withheld is None:
+            raise ValueError("the release cannot be built from these partials")
+        return real_build(query, built, *args, **kwargs)
 
     monkeypatch.setattr(release_draw, "build_release", cannot_be_built)
     stage, ledger, registry, published = _stage(runtime, monkeypatch)
@@ -212,9 +218,15 @@ def test_a_window_whose_release_cannot_be_built_is_withheld_not_retried_on_every
     with caplog.at_level(logging.ERROR, logger="stream_dp.worker.release_draw"):
         asyncio.run(stage._publish_pending())
     assert stage._unpublished == [] and stage._holds() == {}  # its partials are committed past
-    assert ledger.get("probe", START) is None and published == []
+    assert ledger.get("probe", START).published
+    # every public group, flagged; with selected groups an empty window selects none
+    assert sorted(r["group"]["page"] for r in published) == ([f"p{i}" for i in range(4)] if public else [])
+    assert all(r["as_if_empty"] == "release_failed" for r in published)
     assert registry.get_sample_value("stream_dp_internal_errors_total", {"kind": "release_failed"}) == 1
-    assert any("window 60000 of probe is withheld" in r.getMessage() for r in caplog.records), caplog.text
+    assert registry.get_sample_value("stream_dp_windows_withheld_total",
+                                     {"query": "probe", "reason": "release_failed"}) == 1
+    assert any("window 60000 of probe could not be built from its data; it is released as if empty" in r.getMessage()
+               for r in caplog.records), caplog.text
 
 
 def _stage(runtime: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[ReleaseStage, MemoryReleaseLedger,
@@ -329,13 +341,16 @@ def test_at_most_max_released_groups_are_released_those_with_the_largest_noisy_c
 
 def test_a_window_an_earlier_run_stored_is_published_even_if_it_cannot_be_built_again(monkeypatch):
     # An earlier run drew and stored the release, then stopped before publishing: the stored values are the
-    # window's release, whatever building it again would do.
+    # window's release, whatever building it again would do -- the fallback drawn as if empty is never used.
     runtime = _runtime({"count": {}, "sum": {"field": "value", "clip": [0, 1]}})
     window = _window([KEPT_UNITS] * 3, sum=np.full(3, 10.0))
     drawn = encode_entry(build_release(runtime, window, OpenDPNoise(), 130_000))
+    real_build = release_draw.build_release
 
-    def cannot_be_built(*_args: Any, **_kwargs: Any) -> None:
-        raise ValueError("the release cannot be built from these partials")
+    def cannot_be_built(query: Any, built: Any, *args: Any, **kwargs: Any) -> Any:
+        if built.withheld is None:
+            raise ValueError("the release cannot be built from these partials")
+        return real_build(query, built, *args, **kwargs)
 
     monkeypatch.setattr(release_draw, "build_release", cannot_be_built)
     stage, ledger, registry, published = _stage(runtime, monkeypatch)
@@ -344,20 +359,27 @@ def test_a_window_an_earlier_run_stored_is_published_even_if_it_cannot_be_built_
     asyncio.run(stage._publish_pending())
     expected = [orjson.loads(v) for _, v in decode_entry(drawn).render()]
     assert published == expected and len(published) == 3
+    assert not any("as_if_empty" in r for r in published)
 
 
-def test_an_error_that_may_pass_is_not_taken_for_a_window_that_cannot_be_built(monkeypatch):
-    # Out of file descriptors, say, while starting a sandbox: withholding would drop a window a retry releases.
-    runtime = _runtime({"count": {}, "sum": {"field": "value", "clip": [0, 1]}})
+def test_an_error_that_may_pass_falls_back_too_rather_than_decide_when_the_window_is_published(monkeypatch):
+    # Out of file descriptors, say, while starting a sandbox: a retry might release the window's data, but
+    # the error (and whatever caused it) would then decide when the window is published, and an error that
+    # does not pass would stop every release after it. The window is released as if empty at once.
+    runtime = _runtime({"count": {}, "sum": {"field": "value", "clip": [0, 1]}}, groups={"public": ["p0", "p1", "p2"]})
     window = _window([KEPT_UNITS] * 3, sum=np.full(3, 10.0))
+    real_build = release_draw.build_release
 
-    def out_of_descriptors(*_args: Any, **_kwargs: Any) -> None:
-        raise OSError(24, "Too many open files")
+    def out_of_descriptors(query: Any, built: Any, *args: Any, **kwargs: Any) -> Any:
+        if built.withheld is None:
+            raise OSError(24, "Too many open files")
+        return real_build(query, built, *args, **kwargs)
 
     monkeypatch.setattr(release_draw, "build_release", out_of_descriptors)
     stage, ledger, registry, published = _stage(runtime, monkeypatch)
     stage._unpublished.append(_Unpublished(runtime, START, END, window=window, sources=[(0, 7)]))
-    with pytest.raises(OSError, match="Too many open files"):
-        asyncio.run(stage._publish_pending())
-    assert registry.get_sample_value("stream_dp_internal_errors_total", {"kind": "release_failed"}) is None
-    assert ledger.get("probe", START) is None and published == []
+    asyncio.run(stage._publish_pending())
+    assert registry.get_sample_value("stream_dp_internal_errors_total", {"kind": "release_failed"}) == 1
+    assert ledger.get("probe", START).published
+    assert sorted(r["group"]["page"] for r in published) == ["p0", "p1", "p2"]
+    assert all(r["as_if_empty"] == "release_failed" for r in published)
