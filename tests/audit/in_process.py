@@ -179,9 +179,10 @@ def _release(runtime: Any, combined: list[Any], noise: Any, clock: Any) -> list[
     for window in combined:
         state = None
         if runtime.plan.continual is not None:
-            period_start, _ = period_of(runtime, window.window_start_ms)
-            if previous is not None and previous[0] == window.window_start_ms - size and window.window_start_ms != period_start:
-                state = previous[1]
+            start = window.window_start_ms
+            period_start, _ = period_of(runtime, start)
+            if previous is not None and previous[0] == start - size and start != period_start:
+                state = previous[1]  # the tree continues from the window before, in its period
         entry = release_draw.build_release(runtime, window, noise, clock(), state)
         previous = (window.window_start_ms, entry.state)
         published.extend(orjson.loads(value) for _, value in entry.render())

@@ -208,9 +208,9 @@ SCENARIOS += (
                                                     "output_range": [0, 10], "aggregate": "median", "bins": 3,
                                                     "timeout": "35ms"}}}),
     # Periods of two windows; the target counts in its first window of each (max_windows_per_unit 1).
-    # It moves both tree nodes of the period: sampled as how far both of the period's two running totals are
-    # above D's true totals (``releases._excess``); both at least its 2 events above with probability about 1/4 in D' and
-    # e^(-epsilon)/4 in D (each node spends half): the likelihood ratio of the pair at its largest.
+    # It moves both tree nodes of the period: sampled as how far both of the period's two running totals
+    # are above D's true totals (``releases._excess``); both at least its 2 events above with probability
+    # about 1/4 in D' and e^(-epsilon)/4 in D (each node spends half): the pair's likelihood ratio at its largest.
     # Seen 0.20 to 0.33 when sound (a 1/4 event: fewer samples where the ratio is largest), 1.07 with the
     # tree's depth ignored in the calibration.
     Scenario("continual", "main", "count", GROUPS,
