@@ -5,9 +5,9 @@ producer's partitioner gives their keys (or the explicit ones), through the quer
 batches, the budget charge (in-memory store and journal, the ingest stage's ``charge_in_order``),
 the partials' binary records, the window combiner, and the release build the release stage calls
 (noise drawn by the worker's default noise source, continual trees carried from window to window).
-The transport, the release ledger and the output producer are left out, so a window costs
-milliseconds instead of the real-worker audit's tenths of a second: the negative controls run their
-scenarios here, at sizes the real workers could not afford.
+The transport, the release ledger and the output producer are left out, so a release costs about a
+millisecond and needs no service: the negative controls run their scenarios here, at sizes the
+real-worker audit could not afford.
 
 A doctoring (``tests/audit/doctor.py``) is switched on around the run when asked for.
 """
@@ -26,16 +26,15 @@ from kafka.partitioner.default import murmur2
 from stream_dp.budget import MemoryBudgetStore, policy_from_config
 from stream_dp.config import parse_config
 from stream_dp.windows import RawBatch
-from stream_dp.worker import app
+from stream_dp.worker import app, release_draw
 from stream_dp.worker.charging import charge_in_order, excluded_units
+from stream_dp.worker.continual_release import period_of
 from stream_dp.worker.emit import window_charge
 from stream_dp.worker.ledger import MemoryReleaseLedger
 from stream_dp.worker.partials_in import PartialsReader
 from stream_dp.worker.partials_out import partial_message
 from stream_dp.worker.periods import MemoryPeriodRegister
 from stream_dp.worker.records import Progress, partial_records
-from stream_dp.worker import release_draw
-from stream_dp.worker.continual_release import period_of
 from tests.audit.doctor import doctored
 from tests.audit.neighbours import SCENARIOS, SECRET, TOPIC_PARTITIONS, Scenario, _config, records
 from tests.audit.releases import Releases
@@ -61,6 +60,8 @@ class Combined:
         time). The ``r``-th release of window ``w`` is window ``r * windows + w`` of the result."""
         if repeats > 1 and self.windows % 2:
             raise ValueError("repeat an even number of windows: continual periods of two windows must stay whole")
+        if repeats > 1 and self.runtime.plan.local is not None:
+            raise ValueError("a local-DP release draws no noise (the producers do): take more windows, not repeats")
         out = Releases(self.start_ms, self.windows * repeats)
         with doctored(doctoring):
             noise = app.noise_source("exact")  # the worker's default sampler (doctored when asked)

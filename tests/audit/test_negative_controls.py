@@ -60,7 +60,7 @@ CONTROLS = [pair for pair in ALL_CONTROLS if FULL or pair not in FULL_ONLY]
 _FEW_WINDOWS = "its target is in {} of the 800 windows: a doubled loss in those cannot show over all of them"
 _NO_NEW_GROUP = "its target adds to groups that hold data in D too: no group has data in D' only"
 _HALF_RANGE = ("its target moves one block's output by half the output range: the pair's loss is half the "
-               "claim, so twice it reaches the claim and no more (caught with the noise divided by 4 or more)")
+               "claim, so twice it reaches the claim and no more (2.97 seen with the noise divided by 8)")
 UNSEEN = {
     ("exhausted_budget", "sensitivity_x2"): _FEW_WINDOWS.format(10),
     ("exhausted_budget", "noise_half"): _FEW_WINDOWS.format(10),
