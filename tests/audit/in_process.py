@@ -97,7 +97,7 @@ def combine(scenario: Scenario, windows: int, *, with_target: bool, doctoring: s
         partials = _closed_partials(runtime, scenario, sent, partitions, windows, with_target)
         _combine(runtime, parsed, partials, partitions, clock)
         combiner = runtime.combiner
-        combined = [combiner.take(start) for start in combiner.ready(clock())]
+        combined = [combiner.take(start) for start in combiner.ready()]
     except BaseException:
         if runtime.sandbox is not None:
             runtime.sandbox.close()
