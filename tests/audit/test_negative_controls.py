@@ -20,7 +20,6 @@ test keeps the two lists covering every scenario and doctoring.
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -30,8 +29,7 @@ from tests.audit.in_process import Combined, combine
 from tests.audit.neighbours import SCENARIOS, Scenario
 from tests.audit.releases import Releases
 from tests.audit.verdict import epsilon_bound, presence
-
-FULL = os.environ.get("STREAM_DP_FULL_TESTS") == "1"
+from tests.suite import FULL
 WINDOWS = 800  # the real-worker audit's (test_neighbouring_streams.WINDOWS)
 PRESENCE_WINDOWS = 20  # any window tells: the exhausted target's budget covers the first 10
 
@@ -47,15 +45,15 @@ SIZES = {
     "local_dp": (4 * WINDOWS, 1), "local_dp_oue": (16 * WINDOWS, 1),
 }
 TWICE = {"sensitivity_x2": sorted(set(SIZES) - {"local_dp", "local_dp_oue"}), "noise_half": sorted(SIZES)}
-#: The costliest pairs (a minute or more each on two shared cores) run with STREAM_DP_FULL_TESTS=1 only: each
-#: of their scenarios has its other doctoring in the default run (local_dp_oue has no other: it runs in full only).
+#: The costliest pairs (a minute or more each on two shared cores) run in the full suite only (marked ``full``):
+#: each of their scenarios has its other doctoring in the default run (local_dp_oue has no other).
 FULL_ONLY = {("gaussian", "sensitivity_x2"), ("mean_vector", "noise_half"), ("local_dp_oue", "noise_half")}
 SEEN_PRESENCE = ("over_bounds", "sum_clipping", "gaussian", "exhausted_budget", "staircase", "staircase_sum",
                  "mean_vector", "covariance", "covariance_entry", "sample_aggregate", "sample_aggregate_median",
                  "continual")
 ALL_CONTROLS = [(name, doctoring) for doctoring, names in TWICE.items() for name in names] + [
     (name, "presence_leak") for name in SEEN_PRESENCE]
-CONTROLS = [pair for pair in ALL_CONTROLS if FULL or pair not in FULL_ONLY]
+CONTROLS = [pytest.param(*pair, marks=pytest.mark.full) if pair in FULL_ONLY else pair for pair in ALL_CONTROLS]
 
 _FEW_WINDOWS = "its target is in {} of the 800 windows: a doubled loss in those cannot show over all of them"
 _NO_NEW_GROUP = "its target adds to groups that hold data in D too: no group has data in D' only"
@@ -152,7 +150,7 @@ def _run(streams, name: str, doctoring: str | None, size_of: str | None,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "doctoring"), CONTROLS, ids=[f"{n}-{d}" for n, d in CONTROLS])
+@pytest.mark.parametrize(("name", "doctoring"), CONTROLS, ids=[f"{n}-{d}" for n, d in ALL_CONTROLS])
 def test_a_doctored_build_fails_the_audit(streams, name, doctoring):
     scenario = _scenario(name)
     started = time.perf_counter()
@@ -167,7 +165,9 @@ def test_a_doctored_build_fails_the_audit(streams, name, doctoring):
     assert verdict.caught, f"{name}: the audit did not see {doctoring} at {verdict.windows} samples: {verdict}"
 
 
-SOUND = sorted({name for name, doctoring in CONTROLS})
+_IN_DEFAULT = {name for name, doctoring in ALL_CONTROLS if (name, doctoring) not in FULL_ONLY}
+SOUND = [name if name in _IN_DEFAULT else pytest.param(name, marks=pytest.mark.full)
+         for name in sorted({name for name, _ in ALL_CONTROLS})]
 
 
 @pytest.mark.slow
