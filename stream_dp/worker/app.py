@@ -338,6 +338,9 @@ class Worker:
             clock_ms=self.clock_ms, store_ready=store.ready,
             partition_check=BrokerPartitions(clients.release_consumer, committed_by(clients.ingest_consumer)),
             input_partition_counts=lambda topic: len(clients.ingest_consumer.partitions_for_topic(topic) or ()),
+            # a query trusting its producers' stamps closes windows by a quorum of them, which no one record's
+            # timestamp the broker can look up meets (``stream_dp.windows.record_clock``)
+            broker_stamps=lambda query: not query.config.trust_producer_timestamps,
         )
         clients.release_consumer.subscribe([settings.partials_topic], listener=release.rebalance_listener())
         clients.ingest_consumer.subscribe(sorted(input_topics),
