@@ -33,6 +33,7 @@ from stream_dp.config.query_options import (
     ContinualConfig,
     DurationMs,
     Groups,
+    InstantMs,
     HierarchyConfig,
     check_groups_form,
     LocalDPConfig,
@@ -159,6 +160,9 @@ class WindowConfig(_Strict):
     allowed_lateness_ms: DurationMs = Field(0, alias="allowed_lateness")
     offset_ms: DurationMs = Field(0, alias="offset")
     idle_timeout_ms: DurationMs = Field(30_000, alias="idle_timeout")
+    # Public groups: where publication starts (the first published window is the one holding this instant),
+    # instead of the query's first start less allowed_lateness; set to publish a retained backlog.
+    publish_from_ms: InstantMs | None = Field(None, alias="publish_from", examples=["2026-01-01T00:00:00Z"])
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

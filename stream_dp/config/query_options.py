@@ -12,9 +12,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator
 
-from stream_dp.config.durations import parse_duration_ms
+from stream_dp.config.durations import parse_duration_ms, parse_instant_ms
 
 DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
+InstantMs = Annotated[int, BeforeValidator(parse_instant_ms)]
 
 
 class _Strict(BaseModel):

@@ -37,7 +37,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.wire import WireFormatError
-from stream_dp.worker.combiner import COMBINE_FAILED, CombinedWindow
+from stream_dp.worker.combiner import COMBINE_FAILED, CombinedWindow, first_window_start
 from stream_dp.worker.continual_release import PreviousTrees, opens_period
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.output import publish_release
@@ -139,20 +139,28 @@ class ReleaseStage:
         return _Listener()
 
     async def on_assigned(self, homes: set[int]) -> None:
-        """Load how far each query was released from these homes, so empty public windows continue from there."""
+        """Load how far each query was released from these homes, so public windows continue from there."""
         log.info("release homes assigned %s", sorted(homes))
         async with self._lock:
             for query in self.queries.values():
                 for home in homes:
-                    try:
-                        through = await asyncio.to_thread(self.ledger.released_through, query.name, home)
-                    except LedgerUnavailable as exc:
-                        self.metrics.internal_errors.labels("ledger_unavailable").inc()
-                        log.warning("cannot read release progress of %s/%d (%s); empty windows resume after the next release",
-                                    query.name, home, exc)
-                        continue
-                    if through is not None:
-                        query.combiner.restore_released_through(home, through)
+                    await self._read_released_mark(query, home)
+
+    async def _read_released_mark(self, query: QueryRuntime, home: int) -> None:
+        """A home whose mark cannot be read releases nothing of a public-groups query until it is (read again
+        every few seconds): from the query's first window, it would draw windows released long ago again."""
+        try:
+            through = await asyncio.to_thread(self.ledger.released_through, query.name, home)
+        except LedgerUnavailable as exc:
+            self.metrics.internal_errors.labels("ledger_unavailable").inc()
+            if home not in query.combiner.unknown_homes:
+                log.warning("cannot read release progress of %s/%d (%s); its public windows wait until it is read",
+                            query.name, home, exc)
+            query.combiner.unknown_homes.add(home)
+            return
+        query.combiner.unknown_homes.discard(home)
+        if through is not None:
+            query.combiner.restore_released_through(home, through)
 
     async def on_revoked(self, homes: set[int]) -> None:
         """Hand over: commit what is released, forget the rest (the new owner replays it)."""
@@ -187,6 +195,8 @@ class ReleaseStage:
             if records:
                 self.commits.read_through(tp.partition, records[-1].offset)
         for query in self.queries.values():
+            for start, partials in query.combiner.discard_unreleasable(owned):
+                await self._unreleasable(query, start, start + query.combiner.window_size_ms, partials)
             expired: list[int] = []
             for start in query.combiner.ready(now_ms, owned):
                 started = time.perf_counter()
@@ -214,17 +224,56 @@ class ReleaseStage:
         await self._commit()
 
     async def _learn_query_starts(self) -> None:
-        """Until known, ask the ledger (every few seconds) where each query's releases began."""
+        """Until known (asked every few seconds), where each public-groups query's publication starts, and the
+        released marks of homes that could not be read at assignment.
+
+        The start is the wall clock when a worker first ran the query, less its ``allowed_lateness`` (the
+        earliest time whose window could still take an event on time then), kept in the ledger by the first
+        worker that asks; ``window.publish_from`` replaces it. No data takes part, so neighbouring streams
+        publish the same windows: the first is the one holding the start, and every later one is published,
+        data or not.
+        """
         now_s = time.monotonic()
         if now_s < self._next_start_lookup_s:
             return
         self._next_start_lookup_s = now_s + 2.0
         for query in self.queries.values():
-            if query.combiner.query_start_ms is None and query.public_groups is not None:
-                try:
-                    query.combiner.query_start_ms = await asyncio.to_thread(self.ledger.query_start, query.name)
-                except LedgerUnavailable:
-                    self.metrics.internal_errors.labels("ledger_unavailable").inc()
+            if query.public_groups is None:
+                continue
+            for home in sorted(query.combiner.unknown_homes):
+                await self._read_released_mark(query, home)
+            if query.combiner.query_start_ms is not None:
+                continue
+            window = query.config.window
+            try:
+                kept = await asyncio.to_thread(self.ledger.publication_start, query.name,
+                                               self.clock_ms() - window.allowed_lateness_ms)
+            except LedgerUnavailable as exc:
+                self.metrics.internal_errors.labels("ledger_unavailable").inc()
+                log.warning("cannot read where %s publishes from (%s); its windows wait until it is read", query.name, exc)
+                continue
+            start = kept if window.publish_from_ms is None else window.publish_from_ms
+            query.combiner.query_start_ms = first_window_start(start, window.size_ms, window.offset_ms)
+            log.info("%s publishes every window from %d on (its publication start %d: %s)", query.name,
+                     query.combiner.query_start_ms, start,
+                     "window.publish_from" if window.publish_from_ms is not None else "its first run, less allowed_lateness")
+
+    async def _unreleasable(self, query: QueryRuntime, start: int, end: int, partials: int) -> None:
+        """Partials of a public-groups window its home never releases (``WindowCombiner.unreleasable``)."""
+        if not query.combiner.is_released(start, end):  # a home that released nothing: before the query's start
+            self.metrics.partials_unreleasable.labels(query.name, "before_start").inc(partials)
+            return
+        try:
+            stored = await asyncio.to_thread(self.ledger.get, query.name, start)
+        except LedgerUnavailable:
+            self.metrics.internal_errors.labels("ledger_unavailable").inc()
+            stored = None  # a window behind the mark is published, or never is: only its stored release could go
+        if stored is None:
+            self.metrics.partials_unreleasable.labels(query.name, "behind_mark").inc(partials)
+        elif not stored.published:
+            self._unpublished.append(_Unpublished(query, start, end, payload=stored.payload))
+        else:
+            self.metrics.late_partials.labels(query.name).inc(partials)
 
     async def _take_record(
         self, partition: int, offset: int, value: bytes, now_ms: int, timestamp_ms: int | None = None
@@ -239,6 +288,9 @@ class ReleaseStage:
             return
         if query.combiner.add_partial(message, now_ms, source):
             return
+        if query.combiner.unreleasable(message.window_start_ms):
+            await self._unreleasable(query, message.window_start_ms, message.window_end_ms, 1)
+            return
         # A window at or before what this home released: ask the ledger what became of it.
         try:
             stored = await asyncio.to_thread(self.ledger.get, query.name, message.window_start_ms)
@@ -248,7 +300,7 @@ class ReleaseStage:
             self.metrics.internal_errors.labels("ledger_unavailable").inc()
             stored = None
         if stored is None:
-            # Never released (a later window of this home went first): combine it normally.
+            # Never released (selected groups: a later window of this home went first): combine it normally.
             query.combiner.add_partial(message, now_ms, source, unreleased=True)
         elif not stored.published:
             self._unpublished.append(
@@ -262,17 +314,24 @@ class ReleaseStage:
             return
         now_s = time.monotonic()
         remaining: list[_Unpublished] = []
-        # A continual query's window continues the tree of the one before: after a held window,
-        # the later ones of that query wait too.
-        held_continual: set[str] = set()
+        # After a held window, the later ones of its home wait too, so a home's released mark never passes a
+        # window it has not published: one behind the mark is then published or never released, data or not.
+        # A continual query's window continues the tree of the one before: the later ones of the query wait.
+        held: set[tuple[str, int | None]] = set()
+
+        def hold(item: _Unpublished) -> None:
+            remaining.append(item)
+            continual = item.query.plan.continual is not None
+            held.add((item.query.name, None if continual else item.query.combiner.home(item.window_start_ms)))
+
         deadline_s = now_s + self.publish_budget_s
         attempted = False
         for item in sorted(self._unpublished, key=lambda u: u.window_start_ms):
             out_of_time = attempted and time.monotonic() > deadline_s  # the rest waits for the next step, in order
-            if out_of_time or item.next_attempt_s > now_s or item.query.name in held_continual:
-                remaining.append(item)
-                if item.query.plan.continual is not None:
-                    held_continual.add(item.query.name)
+            home = item.query.combiner.home(item.window_start_ms)
+            if (out_of_time or item.next_attempt_s > now_s or (item.query.name, None) in held
+                    or (item.query.name, home) in held):
+                hold(item)
                 continue
             attempted = True
             try:
@@ -282,9 +341,7 @@ class ReleaseStage:
                 item.next_attempt_s = now_s + min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (item.attempts - 1))
                 self.metrics.internal_errors.labels("ledger_unavailable").inc()
                 log.warning("release of %s/%d held: %s", item.query.name, item.window_start_ms, exc)
-                remaining.append(item)
-                if item.query.plan.continual is not None:
-                    held_continual.add(item.query.name)
+                hold(item)
         self._unpublished = remaining
 
     async def _publish(self, item: _Unpublished) -> None:
@@ -346,9 +403,6 @@ class ReleaseStage:
         await asyncio.to_thread(self.ledger.mark_published, query.name, item.window_start_ms)
         home = query.combiner.home(item.window_start_ms)
         await asyncio.to_thread(self.ledger.raise_released_through, query.name, home, item.window_end_ms)
-        if query.combiner.query_start_ms is None:
-            await asyncio.to_thread(self.ledger.mark_query_start, query.name, item.window_start_ms)
-            query.combiner.query_start_ms = await asyncio.to_thread(self.ledger.query_start, query.name)
         timing.labels(query.name, "ledger").observe(time.perf_counter() - started)
         if stored.newly_written and window is not None:
             self.metrics.windows_released.labels(query.name).inc()
