@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import datetime
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -125,11 +124,6 @@ class Deployment:
 
 def wall_ms() -> int:
     return int(time.time() * 1000)
-
-
-def iso_ms(ms: int) -> str:
-    """``ms`` as a query file writes an instant (``window.publish_from``)."""
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat()
 
 
 def by_window(releases: list[dict]) -> dict[int, list[bytes]]:

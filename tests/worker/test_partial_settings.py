@@ -224,6 +224,7 @@ class _Consumer:
 
 def _stage(releasing: Any, ledger: MemoryReleaseLedger, monkeypatch: pytest.MonkeyPatch
            ) -> tuple[ReleaseStage, CollectorRegistry, list[dict]]:
+    ledger.publication_start("visits", START)  # the query has been running since the window began
     return offline_stage(releasing, monkeypatch, ledger=ledger, consumer=_Consumer(), now_ms=NOW_MS)
 
 

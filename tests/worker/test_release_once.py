@@ -28,7 +28,8 @@ import yaml
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
-from tests.worker._release_once import Deployment, by_window, iso_ms, metric, wall_ms
+from tests.worker._release_once import Deployment, by_window, metric, wall_ms
+from tests.worker._support import iso_ms
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
