@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,14 +78,19 @@ return {false, ARGV[4], n, 1}
 """
 
 # KEYS[1]: a query's publication start; KEYS[2]: the first window it released, as earlier versions kept it.
-# ARGV[1]: the start to keep if none is kept yet. Returns the start kept. Written once, never expires.
+# ARGV[1]: the query's allowed lateness (ms). Keeps, unless one is kept already, Redis's clock less ARGV[1]
+# (or KEYS[2]'s window); returns the start kept. Written once, never expires.
 _KEEP_START = """
 local kept = redis.call('GET', KEYS[1])
 if kept then
-  return kept
+  return tonumber(kept)
 end
-local start = redis.call('GET', KEYS[2]) or ARGV[1]
-redis.call('SET', KEYS[1], start)
+local start = tonumber(redis.call('GET', KEYS[2]) or '')
+if not start then
+  local t = redis.call('TIME')
+  start = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[1])
+end
+redis.call('SET', KEYS[1], string.format('%d', start))
 return start
 """
 
@@ -129,7 +136,7 @@ class ReleaseLedger(Protocol):
     def released_through(self, query: str, home: int) -> int | None: ...
     def raise_released_through(self, query: str, home: int, window_end_ms: int) -> None: ...
     def remember_units(self, charge_id: str, units: list[str]) -> list[str]: ...
-    def publication_start(self, query: str, now_start_ms: int) -> int: ...
+    def publication_start(self, query: str, lateness_ms: int) -> int: ...
     def store_markers(self) -> StoreMarkers: ...
 
 
@@ -272,12 +279,13 @@ class RedisReleaseLedger:
             raise _unavailable("charge journal", exc, "; not charging") from exc
         return units if new else _unpack_units(stored)
 
-    def publication_start(self, query: str, now_start_ms: int) -> int:
-        """The instant a public-groups query's publication starts at: ``now_start_ms`` if none is kept yet
-        (the first caller's wins, kept for good), else the one kept. A query that earlier versions released
+    def publication_start(self, query: str, lateness_ms: int) -> int:
+        """The instant a public-groups query's publication starts at: Redis's clock the first time any worker
+        asks, less ``lateness_ms`` (kept for good), else the one kept. One clock for every worker, as the
+        budget store's: a worker whose own clock is off cannot move it. A query that earlier versions released
         keeps the first window they released (their ``start`` key, which expired with the ledger's entries)."""
         prefix = f"{self._prefix}:{{{query}}}"
-        keys, args = [f"{prefix}:publication-start", f"{prefix}:start"], [now_start_ms]
+        keys, args = [f"{prefix}:publication-start", f"{prefix}:start"], [lateness_ms]
         try:
             if self._wait is None:
                 return int(self._keep_start(keys=keys, args=args))
@@ -313,7 +321,8 @@ def _unpack_units(payload: bytes) -> list[str]:
 class MemoryReleaseLedger:
     """In-process ledger for a single worker without Redis, and for tests."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+        self._clock_ms = clock_ms  # the store's clock (``publication_start``)
         self._entries: dict[tuple[str, int], tuple[bytes, bool]] = {}
         self._through: dict[tuple[str, int], int] = {}
         self._units: dict[str, list[str]] = {}
@@ -348,9 +357,9 @@ class MemoryReleaseLedger:
         with self._lock:
             return list(self._units.setdefault(charge_id, list(units)))
 
-    def publication_start(self, query: str, now_start_ms: int) -> int:
+    def publication_start(self, query: str, lateness_ms: int) -> int:
         with self._lock:
-            return self._starts.setdefault(query, now_start_ms)
+            return self._starts.setdefault(query, self._clock_ms() - lateness_ms)
 
     def released_through(self, query: str, home: int) -> int | None:
         return self._through.get((query, home))

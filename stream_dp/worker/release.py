@@ -227,9 +227,9 @@ class ReleaseStage:
         """Until known (asked every few seconds), where each public-groups query's publication starts, and the
         released marks of homes that could not be read at assignment.
 
-        The start is the wall clock when a worker first ran the query, less its ``allowed_lateness`` (the
-        earliest time whose window could still take an event on time then), kept in the ledger by the first
-        worker that asks; ``window.publish_from`` replaces it. No data takes part, so neighbouring streams
+        The start is the ledger's clock (Redis's, one for every worker) when a worker first ran the query,
+        less its ``allowed_lateness`` (the earliest time whose window could still take an event on time then),
+        kept in the ledger by the first worker that asks; ``window.publish_from`` replaces it. No data takes part, so neighbouring streams
         publish the same windows: the first is the one holding the start, and every later one is published,
         data or not.
         """
@@ -246,8 +246,7 @@ class ReleaseStage:
                 continue
             window = query.config.window
             try:
-                kept = await asyncio.to_thread(self.ledger.publication_start, query.name,
-                                               self.clock_ms() - window.allowed_lateness_ms)
+                kept = await asyncio.to_thread(self.ledger.publication_start, query.name, window.allowed_lateness_ms)
             except LedgerUnavailable as exc:
                 self.metrics.internal_errors.labels("ledger_unavailable").inc()
                 log.warning("cannot read where %s publishes from (%s); its windows wait until it is read", query.name, exc)

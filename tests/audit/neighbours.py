@@ -13,6 +13,7 @@ on D'.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import time
@@ -327,7 +328,7 @@ def _randomized(records_: list[tuple[bytes, bytes, int, int | None]],
     return out
 
 
-def _config(run: str, topics: dict[str, str], outputs: dict[str, str]) -> dict:
+def _config(run: str, topics: dict[str, str], outputs: dict[str, str], start_ms: int) -> dict:
     namespaces, queries = {}, []
     for s in SCENARIOS:
         limit = float(EXHAUSTED_AFTER) if s.name == "exhausted_budget" else 4000.0
@@ -349,6 +350,10 @@ def _config(run: str, topics: dict[str, str], outputs: dict[str, str]) -> dict:
             "release_timeout": "300s",  # a busy worker's partials are waited for, not released without
         }
         query.update(s.settings)
+        if "public" in query["groups"]:
+            # the backlog is older than the workers: its windows are published because the file says so
+            since = datetime.datetime.fromtimestamp(start_ms / 1000, datetime.timezone.utc).isoformat()
+            query["window"] = {**query["window"], "publish_from": since}
         queries.append(query)
     return {"namespaces": namespaces, "queries": queries}
 
@@ -406,7 +411,8 @@ class Deployment:
         for name, partitions in TOPIC_PARTITIONS.items():
             create_topic(self.bootstrap, self.topics[name], partitions)
         config_path = self.work_dir / "queries.yaml"
-        config_path.write_text(yaml.safe_dump(_config(self.run, self.topics, self.outputs), sort_keys=False))
+        config_path.write_text(yaml.safe_dump(_config(self.run, self.topics, self.outputs, self.start_ms),
+                                              sort_keys=False))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "STREAM_DP_", "REDIS_"))}
         env.update(KAFKA_BOOTSTRAP_SERVERS=self.bootstrap, REDIS_URL=self.redis_url,
                    STREAM_DP_GROUP_ID=f"{self.run}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{self.run}.",

@@ -89,13 +89,13 @@ class _Consumer:
 
 
 def _release(runtime: Any, records: list[bytes], through_ms: int, *, ledger: MemoryReleaseLedger | None = None,
-             clock_ms: int = T, monkeypatch: pytest.MonkeyPatch) -> tuple[set[tuple[int, str]], Any]:
-    """What a release stage on a wall clock of ``clock_ms`` publishes after reading ``records`` and progress
-    through ``through_ms``: its (window start, page) records, and its metrics registry."""
-    stage, registry, published = offline_stage(runtime, monkeypatch, ledger=ledger or MemoryReleaseLedger(),
-                                               consumer=_Consumer(), now_ms=clock_ms)
+             monkeypatch: pytest.MonkeyPatch) -> tuple[set[tuple[int, str]], Any]:
+    """What a release stage publishes after reading ``records`` and progress through ``through_ms`` (its ledger's
+    clock at ``T``): its (window start, page) records, and its metrics registry."""
+    stage, registry, published = offline_stage(runtime, monkeypatch, ledger=ledger or MemoryReleaseLedger(clock_ms=lambda: T),
+                                               consumer=_Consumer(), now_ms=T)
     values = records + [encode_progress(Progress("pages", 0, 1, through_ms))]
-    asyncio.run(stage._step({TopicPartition("partials", 0): [_Record(i, v, clock_ms) for i, v in enumerate(values)]}))
+    asyncio.run(stage._step({TopicPartition("partials", 0): [_Record(i, v, T) for i, v in enumerate(values)]}))
     return {(r["window"]["start_ms"], r["group"]["page"]) for r in published}, registry
 
 
@@ -146,11 +146,13 @@ def test_windows_before_the_start_are_dropped_and_counted_unless_publish_from_sa
 def test_the_first_workers_start_is_kept_for_every_later_worker(monkeypatch):
     """A restart half an hour later (a fresh combiner, the same ledger) publishes from the same first window,
     and so would any other worker of the query."""
-    ledger = MemoryReleaseLedger()
+    clock = [T]
+    ledger = MemoryReleaseLedger(clock_ms=lambda: clock[0])
     first, _ = _release(_runtime(), [], W0 + 2 * MIN, ledger=ledger, monkeypatch=monkeypatch)
     assert _windows(first) == [0, 1]
+    clock[0] += 30 * MIN
     later = _runtime()
-    stage, _, _ = offline_stage(later, monkeypatch, ledger=ledger, consumer=_Consumer(), now_ms=T + 30 * MIN)
+    stage, _, _ = offline_stage(later, monkeypatch, ledger=ledger, consumer=_Consumer(), now_ms=clock[0])
     asyncio.run(stage._learn_query_starts())
     assert later.combiner.query_start_ms == W0
 
@@ -159,7 +161,7 @@ def test_a_partial_behind_its_homes_mark_with_no_stored_release_is_never_publish
     """An earlier run released the home through window 4 (its mark) but, by the ledger, never window 2: a partial
     of window 2 is dropped and counted (behind_mark), as its empty siblings there would be. Published as it was,
     it would tell that window 2 had data."""
-    ledger = MemoryReleaseLedger()
+    ledger = MemoryReleaseLedger(clock_ms=lambda: T)
     ledger.raise_released_through("pages", 0, W0 + 5 * MIN)
     runtime = _runtime()
     stage, registry, published = offline_stage(runtime, monkeypatch, ledger=ledger, consumer=_Consumer(), now_ms=T)
@@ -175,7 +177,7 @@ class _HoldsOnce(MemoryReleaseLedger):
     """A ledger that cannot store one window's release the first time it is asked to."""
 
     def __init__(self, window_start_ms: int) -> None:
-        super().__init__()
+        super().__init__(clock_ms=lambda: T)
         self.failing = window_start_ms
 
     def claim(self, query: str, window_start_ms: int, payload: bytes) -> Any:
