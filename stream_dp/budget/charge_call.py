@@ -105,7 +105,7 @@ def check_status(
             f"the store clock ({now_ms}); its buckets may be forgotten. "
             + (
                 f"Namespace {namespace}'s budgets were laid out for that delay by an earlier version; "
-                "buckets older than it may be pruned, so it is kept (see README, budget store)"
+                "buckets older than it may be pruned, so it is kept (see docs/concepts/how-it-works.md, Budget)"
                 if legacy
                 else "Raise StoreOptions.max_delay_ms (the worker: STREAM_DP_INPUT_RETENTION_MS) if windows "
                 "close this late"

@@ -243,7 +243,7 @@ def key_layout_mismatch(namespace: str, stored: str, wanted: str) -> str:
             f"layout ({stored!r}), and this store runs on a Redis Cluster, which needs hash-tagged keys "
             f"({wanted!r}). Those keys are not migrated: keep this deployment on one Redis (a redis:// REDIS_URL), "
             "or start the cluster on a new key prefix once the old budgets' longest horizon plus "
-            "STREAM_DP_INPUT_RETENTION_MS has passed (see README, budget store operations)"
+            "STREAM_DP_INPUT_RETENTION_MS has passed (see docs/operations/redis.md)"
         )
     return (
         f"namespace {namespace}: budgets under this key prefix were written on a Redis Cluster in its hash-tagged "

@@ -60,7 +60,9 @@ def _input_retention_ms(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from stream_dp.budget import StoreOptions
+    from stream_dp.cli.plan_expected import expected_errors, warning_lines
     from stream_dp.worker.app import build_worker_parts
+    from stream_dp.worker.query_costs import build_plan
 
     try:
         retention_ms = _input_retention_ms(args)
@@ -101,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"  continual: a unit counts in at most {windows} window(s) of each period "
                   f"(max_windows_per_unit {windows}{given}); its events in later windows of the period are "
                   f"left out, counted as stream_dp_window_units_total{{outcome=\"over_period_cap\"}}")
+        if query.expected is not None:
+            # the file is valid: a warning says a release would be mostly noise at the counts it expects
+            checks, _ = expected_errors(query, build_plan(query))
+            for line in warning_lines(query, checks, build_plan):
+                print(f"  {line}")
     print(f"budget buckets checked for an input retention of {format_duration_ms(retention_ms)} (see --input-retention-ms)")
     print(f"{args.config}: OK ({len(config.queries)} queries)")
     return 0

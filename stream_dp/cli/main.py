@@ -11,10 +11,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from stream_dp.cli import budget, check_config, plan, produce, run, tail
+from stream_dp.cli import budget, check_config, plan, produce, run, schema, tail
 from stream_dp.worker.process_guard import make_undumpable
 
-SUBCOMMANDS = ("run", "check-config", "plan", "produce", "tail", "budget")
+SUBCOMMANDS = ("run", "check-config", "plan", "produce", "tail", "budget", "schema")
 
 
 def _not_implemented(args: argparse.Namespace) -> int:
@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         "produce": "publish events (from a file or synthetic) keyed by privacy unit",
         "tail": "print released aggregates from an output topic",
         "budget": "inspect or reset per-unit privacy budgets",
+        "schema": "print the query file's JSON Schema (or its reference page)",
     }
     registered = {
         "run": run.register,
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         "produce": produce.register,
         "tail": tail.register,
         "budget": budget.register,
+        "schema": schema.register,
     }
     for name in SUBCOMMANDS:
         if name in registered:

@@ -7,6 +7,7 @@ import json
 import sys
 
 from stream_dp.config import ConfigError, format_duration_ms, load_config
+from stream_dp.cli.plan_expected import accuracy_line, expected_errors, expected_summary
 from stream_dp.cli.plan_namespaces import charges_in, namespace_lines, namespace_summaries
 from stream_dp.cli.plan_options import continual_summary, fmt, option_lines, vector_summary
 
@@ -94,6 +95,9 @@ def plan_config(config) -> list[dict]:
             # mean_vector / covariance: sensitivity, noise sd and the 95% errors the text line prints
             "vector": None if plan.vector is None else vector_summary(plan.vector),
             "options": option_lines(query, plan, described),
+            # each 95% error beside the value it qualifies at the query's expected counts, and the warnings
+            "expected": expected_summary(query, plan, build_plan),
+            "accuracy_line": accuracy_line(query, *expected_errors(query, plan)),
         })
     return out
 
@@ -244,6 +248,10 @@ def run(args: argparse.Namespace) -> int:
         for h in p["horizons"]:
             print("  " + _horizon_line(p, h, sharing[p["namespace"]]))
         for line in p["options"]:
+            print("  " + line)
+        if p["accuracy_line"] is not None:
+            print("  " + p["accuracy_line"])
+        for line in p["expected"]["warnings"]:
             print("  " + line)
         if p["charged_per"] == "period":
             print("  a period's charge covers all of the unit's windows of the period: the events of an interval of "

@@ -1,6 +1,6 @@
 """``stream-dp plan``: what all the queries of a namespace spend together on one unit.
 
-Every query reading a namespace draws on the same per-unit budget (README "Privacy"), so a query's own
+Every query reading a namespace draws on the same per-unit budget (docs/privacy/index.md, Budgets), so a query's own
 horizon lines, which count its charges alone, overstate how long a unit active in several queries
 lasts: three queries that each fit a horizon alone may together spend three times its limit. The
 summary adds, per horizon, what a unit active in every window of every query of the namespace is

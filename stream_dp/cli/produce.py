@@ -12,6 +12,7 @@ its times advance. ``--record-time now`` leaves the timestamp to the client
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 import warnings
@@ -66,13 +67,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 class _Fields:
     """The event fields synthetic events fill: ``group_by`` holds every grouping field, and ``public`` whole
     group keys (one value per grouping field), so that every event carries a field of each; ``values`` the
-    numeric fields, ``vector`` the fields of a mean vector or covariance (correlated readings)."""
+    numeric fields, ``vector`` the fields of a mean vector or covariance (correlated readings around
+    ``vector_means``, by default 0, 1, 2, ...)."""
 
     def __init__(self, unit: str = "user_id", ts: str = "ts", group_by: tuple[str, ...] = ("page",),
                  values: tuple[str, ...] = ("value",), public: list[tuple] | None = None,
-                 timestamp_format: str = "auto", partitioner: str = "murmur2", vector: tuple[str, ...] = ()) -> None:
+                 timestamp_format: str = "auto", partitioner: str = "murmur2", vector: tuple[str, ...] = (),
+                 vector_means: tuple[float, ...] | None = None) -> None:
         self.unit, self.ts, self.group_by, self.values, self.public = unit, ts, group_by, values, public
         self.timestamp_format, self.partitioner, self.vector = timestamp_format, partitioner, vector
+        self.vector_means = tuple(float(i) for i in range(len(vector))) if vector_means is None else vector_means
 
 
 # What every query reading one topic must agree on for one synthetic event to fit them all.
@@ -107,7 +111,15 @@ def _fields(args: argparse.Namespace) -> _Fields:
     queries = _queries_filled(args)
     query = queries[0]
     values = dict.fromkeys(q.aggregations.value_field for q in queries if q.aggregations.value_field is not None)
-    vector = dict.fromkeys(f for q in queries if q.aggregations.vector is not None for f in q.aggregations.vector.fields)
+    # A covariance's readings are centred (0, 1, 2, ...: its noise grows with their norm, as accelerometer axes
+    # keep it small); a mean vector's lie far from 0 (10, 20, ...), as temperatures and humidities do, so
+    # that its means are told apart from 0 by their errors.
+    vector: dict[str, float] = {}
+    for q in queries:
+        if q.aggregations.vector is not None:
+            centred = q.aggregations.vector_kind == "covariance"
+            for j, name in enumerate(q.aggregations.vector.fields):
+                vector.setdefault(name, float(j) if centred else 10.0 * (j + 1))
     return _Fields(
         unit=query.privacy_unit.field,
         ts=query.timestamp_field,
@@ -117,6 +129,7 @@ def _fields(args: argparse.Namespace) -> _Fields:
         timestamp_format=query.timestamp_format,
         partitioner=query.partitioner,
         vector=tuple(vector),
+        vector_means=tuple(vector.values()),
     )
 
 
@@ -131,9 +144,10 @@ def synthetic_events(n: int, units: int, groups: int, fields: _Fields, *, seed: 
         group_ids = rng.integers(0, groups, size)
         values = np.round(rng.gamma(2.0, 20.0, size), 2)
         times = start_ms + ((base + np.arange(size)) * step_ms).astype(np.int64)
-        # vector fields: correlated readings around small means (field i ~ i + shared + own noise)
+        # vector fields: correlated readings around their means (field i ~ mean_i + shared + own noise)
         shared = rng.normal(0.0, 1.0, (size, 1))
-        vectors = np.round(np.arange(len(fields.vector)) + shared + rng.normal(0.0, 0.5, (size, len(fields.vector))), 3)
+        own = rng.normal(0.0, 0.5, (size, len(fields.vector)))
+        vectors = np.round(np.asarray(fields.vector_means, dtype=float) + shared + own, 3)
         for i, (u, g, v, t) in enumerate(zip(unit_ids.tolist(), group_ids.tolist(), values.tolist(), times.tolist())):
             unit = f"u{u}"
             # a public group is drawn whole (one value per group_by field); a made-up one repeats its name
@@ -212,12 +226,14 @@ def run(args: argparse.Namespace) -> int:
     if local is not None:
         events = local.apply(events)
         total = None  # one report per unit per window: fewer are sent than read, so no bar to a total
+    # Synthetic events at a rate are timed by the wall clock: each goes out at its own time, also when a
+    # local_dp producer sends only some of them (one report per unit and window).
     return _send(args.topic, events, total, args.rate, quiet=args.quiet, record_time=args.record_time,
-                 partitioner=args.partitioner or fields.partitioner)
+                 partitioner=args.partitioner or fields.partitioner, live=args.synthetic is not None and args.rate > 0)
 
 
 def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool, record_time: str = "event",
-          partitioner: str = "murmur2") -> int:
+          partitioner: str = "murmur2", live: bool = False) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # kafka-python 3.x import-time warnings
         from kafka import KafkaProducer
@@ -228,13 +244,15 @@ def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool, re
     stamp_event_time = record_time == "event"
     sent = 0
     started = time.monotonic()
-    last_report = 0.0
+    last_report = -math.inf  # the first progress line at once, however long the machine has been up
     try:
         for key, value, event_ms in events:
+            if live and event_ms is not None and (ahead := event_ms / 1000 - time.time()) > 0:
+                time.sleep(ahead)  # not before its time: the event's time is the wall clock's when it is sent
             # No explicit partition: the partitioner places the key, as the worker checks.
             producer.send(topic, key=key, value=value, timestamp_ms=event_ms if stamp_event_time else None)
             sent += 1
-            if rate > 0:
+            if rate > 0 and not live:
                 ahead = sent / rate - (time.monotonic() - started)
                 if ahead > 0:
                     time.sleep(ahead)

@@ -14,7 +14,7 @@ from stream_dp.config import ConfigError, Settings, load_config
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "run", help="run the worker: consume events, release noisy window aggregates",
-        description="Run a worker. Connections come from the environment (see README: Configuration).",
+        description="Run a worker. Connections come from the environment (see docs/reference/configuration.md).",
     )
     parser.add_argument("--config", required=True, metavar="FILE", help="query configuration YAML")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])

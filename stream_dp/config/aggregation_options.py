@@ -11,12 +11,16 @@ be combined with.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from stream_dp.config.durations import parse_duration_ms
-from stream_dp.config.release_time import MAX_RELEASED_GROUPS, release_time_fixes
+from stream_dp.config.durations import DurationMs
+from stream_dp.config.release_time import (
+    MAX_RELEASED_GROUPS,
+    MAX_RELEASED_GROUPS_DESCRIPTION,
+    release_time_fixes,
+)
 from stream_dp.dp.sample_aggregate import MAX_BLOCKS, check_output_range, parse_function_path
 from stream_dp.dp.vectors import MAX_DIMENSIONS
 from stream_dp.windows.specs import MAX_ABS_VALUE
@@ -26,10 +30,14 @@ class _VectorAggregation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: ClassVar[str]
 
-    fields: list[str] = Field(min_length=1, examples=[["lat", "lon"]])
-    clip_norm: float = Field(examples=[10.0])
+    fields: list[str] = Field(min_length=1, examples=[["lat", "lon"]],
+                              description="The numeric event fields read as one vector, each once.")
+    clip_norm: float = Field(examples=[10.0],
+                             description="The l2 norm each unit's vector (the mean of its kept events' vectors) is "
+                                         "scaled down to; the noise grows with it.")
     # With privately selected groups: the most groups a window releases (``stream_dp.config.release_time``).
-    max_released_groups: int | None = Field(None, ge=1, le=MAX_RELEASED_GROUPS)
+    max_released_groups: int | None = Field(None, ge=1, le=MAX_RELEASED_GROUPS,
+                                            description=MAX_RELEASED_GROUPS_DESCRIPTION)
 
     @field_validator("fields")
     @classmethod
@@ -84,20 +92,31 @@ class SampleAggregateAggregation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     # No min_length: the path check below says how to write one, which a length bound would not.
-    function: str = Field(description="package.module:function, called with a block's values",
+    function: str = Field(description="package.module:function, importable by the worker, called with a block's "
+                                      "values (a numpy array) and returning a real number.",
                           examples=["statistics:median"])
     # The event field the function is handed; `value`, as in the examples, unless named.
-    field: str = Field("value", min_length=1)
-    blocks: int = Field(ge=2, le=MAX_BLOCKS, examples=[50])
-    output_range: tuple[float, float] = Field(examples=[[-20, 50]])
-    timeout_ms: Annotated[int, BeforeValidator(parse_duration_ms)] = Field(1_000, alias="timeout", ge=1, le=60_000)
-    aggregate: Literal["mean", "median"] = "mean"
-    bins: int = Field(64, ge=1, le=4096, description="aggregate: median only: candidates are the bins + 1 edges")
+    field: str = Field("value", min_length=1, description="The numeric event field the function is handed.")
+    blocks: int = Field(ge=2, le=MAX_BLOCKS, examples=[50],
+                        description="Into how many disjoint blocks units are split by a keyed hash of their id: "
+                                    "more blocks, less noise, fewer units per block.")
+    output_range: tuple[float, float] = Field(examples=[[-20, 50]],
+                                              description="[lo, hi]: each block's output is clipped into it; the "
+                                                          "noise scales with hi - lo.")
+    timeout_ms: DurationMs = Field(1_000, alias="timeout", ge=1, le=60_000,
+                                   description="How long one block's call may run (at most 1m); a block that runs "
+                                               "over counts as the range's midpoint.")
+    aggregate: Literal["mean", "median"] = Field(
+        "mean", description="How the blocks' outputs are combined: a noisy mean, or a median drawn by the "
+                            "exponential mechanism (mechanism: laplace).")
+    bins: int = Field(64, ge=1, le=4096, description="With aggregate: median only: the candidates are the bins + 1 "
+                                                     "edges of output_range.")
     # With privately selected groups, a window releases at most this many of the groups selection keeps
     # (those with the largest noisy counts): it bounds the function's work, which nothing else bounds when
     # a producer can make up any number of groups. Required then; public groups are bounded by their list
     # (``stream_dp.config.release_time``; quantiles and vectors hold the same option).
-    max_released_groups: int | None = Field(None, ge=1, le=MAX_RELEASED_GROUPS)
+    max_released_groups: int | None = Field(None, ge=1, le=MAX_RELEASED_GROUPS,
+                                            description=MAX_RELEASED_GROUPS_DESCRIPTION)
 
     @field_validator("function")
     @classmethod

@@ -18,7 +18,7 @@ from stream_dp.config.aggregation_options import (
     SampleAggregateAggregation,
 )
 from stream_dp.config.examples import refuse_empty_options
-from stream_dp.config.release_time import MAX_RELEASED_GROUPS
+from stream_dp.config.release_time import MAX_RELEASED_GROUPS, MAX_RELEASED_GROUPS_DESCRIPTION
 from stream_dp.dp.quantiles import opendp_alpha, opendp_level
 from stream_dp.windows.specs import MAX_ABS_VALUE
 
@@ -28,12 +28,16 @@ class _Strict(BaseModel):
 
 
 class CountAggregation(_Strict):
-    pass
+    """The group's noisy count of bounded events; written ``count: {}``."""
 
 
 class SumAggregation(_Strict):
-    field: str = Field(min_length=1, examples=["value"])
-    clip: tuple[float, float] = Field(examples=[[0, 100]])
+    """The group's noisy sum of a numeric field, each value clipped into a range first."""
+
+    field: str = Field(min_length=1, examples=["value"], description="The numeric event field summed.")
+    clip: tuple[float, float] = Field(examples=[[0, 100]],
+                                      description="[lo, hi]: each value is clipped into this range before it is "
+                                                  "added; the noise grows with its larger end.")
 
     @field_validator("clip")
     @classmethod
@@ -42,7 +46,9 @@ class SumAggregation(_Strict):
 
 
 class MeanAggregation(_Strict):
-    field: str = Field(min_length=1, examples=["value"])
+    """The noisy sum over the noisy count (post-processing, no extra cost); needs the sum of the same field."""
+
+    field: str = Field(min_length=1, examples=["value"], description="The field of the query's sum.")
 
 
 def _check_range(value: tuple[float, float], name: str) -> tuple[float, float]:
@@ -60,23 +66,35 @@ def _check_range(value: tuple[float, float], name: str) -> tuple[float, float]:
 class TopKAggregation(_Strict):
     """The ``k`` groups with the most bounded events of each window, best first (permute-and-flip)."""
 
-    k: int = Field(ge=1, le=1000, examples=[10])
+    k: int = Field(ge=1, le=1000, examples=[10],
+                   description="How many groups a window ranks, best first: fewer than the public groups (each pick is "
+                               "charged, and the last one left is forced).")
 
 
 class QuantilesAggregation(_Strict):
     """Quantiles of ``field`` per group per window (exponential mechanism over ``bins`` candidates in ``bounds``)."""
 
-    field: str = Field(min_length=1, examples=["value"])
-    q: list[float] = Field(min_length=1, max_length=20, examples=[[0.5, 0.9, 0.99]])
-    bounds: tuple[float, float] = Field(examples=[[0, 500]])
-    bins: int = Field(256, ge=2, le=4096)
+    field: str = Field(min_length=1, examples=["value"], description="The numeric event field.")
+    q: list[float] = Field(min_length=1, max_length=20, examples=[[0.5, 0.9, 0.99]],
+                           description="The quantile levels, strictly between 0 and 1, increasing, at most four "
+                                       "decimals; each takes an equal part of the quantiles' share.")
+    bounds: tuple[float, float] = Field(examples=[[0, 500]],
+                                        description="[lo, hi]: values are clipped into it, and the candidates are "
+                                                    "spread evenly over it (the sum's clip, when both are given).")
+    bins: int = Field(256, ge=2, le=4096,
+                      description="The candidates are the bins + 1 evenly spaced edges of bounds; choose bins "
+                                  "finer than the field's steps.")
     # A 95% interval in the field's units per quantile, from a noisy histogram that takes half the quantiles'
     # share of epsilon (``stream_dp.dp.quantile_intervals``). Left out of dumps when off, so that a query
     # without it keeps the settings fingerprint (``worker.runtime``) it had before the option existed.
-    value_interval: bool = Field(False, exclude_if=lambda on: not on)
+    value_interval: bool = Field(False, exclude_if=lambda on: not on,
+                                 description="Also release, per q, a 95% interval [lower, upper] in the field's "
+                                             "units, read off a noisy histogram that takes half the quantiles' "
+                                             "share.")
     # With privately selected groups: the most groups a window releases, those with the largest noisy
     # counts; required then, as each group takes an OpenDP draw per q (``stream_dp.config.release_time``).
-    max_released_groups: int | None = Field(None, ge=1, le=MAX_RELEASED_GROUPS)
+    max_released_groups: int | None = Field(None, ge=1, le=MAX_RELEASED_GROUPS,
+                                            description=MAX_RELEASED_GROUPS_DESCRIPTION)
 
     @field_validator("q")
     @classmethod
@@ -105,16 +123,24 @@ class QuantilesAggregation(_Strict):
 
 
 class Aggregations(_Strict):
+    """What each record releases: at least one aggregation; every one given takes an equal share of epsilon
+    (a mean is free)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra={"examples": [{"count": {}}]})
 
-    count: CountAggregation | None = None
-    sum: SumAggregation | None = None
-    mean: MeanAggregation | None = None
-    top_k: TopKAggregation | None = None
-    quantiles: QuantilesAggregation | None = None
-    mean_vector: MeanVectorAggregation | None = None
-    covariance: CovarianceAggregation | None = None
-    sample_aggregate: SampleAggregateAggregation | None = None
+    count: CountAggregation | None = Field(None, description="The noisy count of bounded events.")
+    sum: SumAggregation | None = Field(None, description="The noisy sum of a clipped field.")
+    mean: MeanAggregation | None = Field(None, description="The sum over the count, with a 95% interval.")
+    top_k: TopKAggregation | None = Field(None, description="One record per window ranking the k groups with the "
+                                                            "most events.")
+    quantiles: QuantilesAggregation | None = Field(None, description="Quantiles of a field per group.")
+    mean_vector: MeanVectorAggregation | None = Field(None, description="The mean of several fields as one vector "
+                                                                        "(mechanism: gaussian).")
+    covariance: CovarianceAggregation | None = Field(None, description="The mean and covariance matrix of several "
+                                                                       "fields (mechanism: gaussian).")
+    sample_aggregate: SampleAggregateAggregation | None = Field(
+        None, description="A statistic of your own function, computed on disjoint blocks of units and released "
+                          "with noise.")
 
     @field_validator("*", mode="before")
     @classmethod

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from typing import Annotated, Union
+
+from pydantic import BeforeValidator, Field
 
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -44,6 +47,14 @@ def format_duration_ms(ms: int) -> str:
     return f"{ms}ms"
 
 
+# A duration setting of the query file: read into whole milliseconds; its JSON Schema (editors, the
+# query-file reference) shows how it is written, a whole number of milliseconds or a number and a unit.
+DurationMs = Annotated[int, BeforeValidator(
+    parse_duration_ms,
+    json_schema_input_type=Union[Annotated[int, Field(ge=0)], Annotated[str, Field(pattern=_DURATION.pattern)]],
+)]
+
+
 _LATEST_INSTANT_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the latest event time accepted
 
 
@@ -68,3 +79,10 @@ def parse_instant_ms(value: object) -> int:
     if isinstance(value, dt.date):
         raise ValueError(f"{value.isoformat()} is a date, not a time; {how}")
     raise ValueError(f"{value!r} is not a time; {how}")
+
+
+# An instant setting of the query file (``window.publish_from``): read into milliseconds since the epoch; its
+# JSON Schema shows it as an ISO-8601 date-time (a YAML timestamp written unquoted is one too).
+InstantMs = Annotated[int, BeforeValidator(
+    parse_instant_ms, json_schema_input_type=Annotated[str, Field(json_schema_extra={"format": "date-time"})],
+)]

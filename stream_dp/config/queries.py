@@ -25,15 +25,15 @@ from pydantic import (
 from stream_dp.budget.policy import MAX_HORIZONS, MAX_LIMIT_UNITS, MAX_THRESHOLDS, MICRO, to_units_down
 from stream_dp.config.release_time import check_release_time_together
 from stream_dp.config.aggregations import Aggregations
+from stream_dp.config.durations import DurationMs, InstantMs
 from stream_dp.config.examples import refuse_empty_options
 from stream_dp.config.implied import implied_settings
 from stream_dp.config.query_checks import check_query_options
 from stream_dp.config.query_options import (
     BoundsConfig,
     ContinualConfig,
-    DurationMs,
+    ExpectedConfig,
     Groups,
-    InstantMs,
     HierarchyConfig,
     check_groups_form,
     LocalDPConfig,
@@ -64,11 +64,28 @@ class HorizonBudget(_Strict):
     namespace.
     """
 
-    horizon_ms: DurationMs = Field(alias="horizon", examples=["1h"])
-    epsilon: float | None = Field(None, gt=0, allow_inf_nan=False, examples=[1.0])
-    rho: float | None = Field(None, gt=0, allow_inf_nan=False, examples=[0.05])
-    delta: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False, examples=[1e-5])
-    buckets: int = Field(12, ge=1, le=240)
+    horizon_ms: DurationMs = Field(
+        alias="horizon", examples=["1h"],
+        description="The horizon's length in event time: a unit's charges in any interval this long stay within "
+                    "the limit (at least 1s; typically 1h and 24h).")
+    epsilon: float | None = Field(
+        None, gt=0, allow_inf_nan=False, examples=[1.0],
+        description="The most epsilon a unit may be charged per horizon (an epsilon namespace). Give exactly one of "
+                    "epsilon and rho, and the same one in every budget of the namespace.")
+    rho: float | None = Field(
+        None, gt=0, allow_inf_nan=False, examples=[0.05],
+        description="The most rho (zero-concentrated DP) a unit may be charged per horizon (a rho namespace): "
+                    "Gaussian queries charge their rho, Laplace ones epsilon squared over 2. Give exactly one of "
+                    "epsilon and rho.")
+    delta: float | None = Field(
+        None, gt=0, lt=1, allow_inf_nan=False, examples=[1e-5],
+        description="The most delta a unit may be charged per horizon, in epsilon namespaces only: queries that "
+                    "spend delta (Gaussian noise, partition selection) cannot charge a namespace without it.")
+    buckets: int = Field(
+        12, ge=1, le=240,
+        description="How many equal buckets the horizon is split into (they must divide it): a charge is admitted "
+                    "only if every run of buckets + 1 consecutive buckets around it stays within the limit. More "
+                    "buckets waste less budget and keep a few more bytes per active unit.")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
                               json_schema_extra={"examples": [{"horizon": "1h", "epsilon": 1.0}]})
@@ -105,8 +122,15 @@ class HorizonBudget(_Strict):
 class NamespaceConfig(_Strict):
     """A kind of privacy unit and its per-unit budget policy."""
 
-    budgets: list[HorizonBudget] = Field(min_length=1)
-    alert_at: list[float] = Field(default_factory=lambda: [0.8, 1.0])
+    budgets: list[HorizonBudget] = Field(
+        min_length=1,
+        description=f"The rolling-horizon limits every query reading the namespace draws on, one per horizon (at "
+                    f"most {MAX_HORIZONS}), all in epsilon or all in rho: typically a short horizon and a long "
+                    "backstop.")
+    alert_at: list[float] = Field(
+        default_factory=lambda: [0.8, 1.0],
+        description=f"Fractions of a limit, in (0, 1], at which a unit raises an alert (metrics, alert rules and "
+                    f"the alerts topic); at most {MAX_THRESHOLDS}.")
 
     @field_validator("budgets")
     @classmethod
@@ -151,18 +175,38 @@ class NamespaceConfig(_Strict):
 
 
 class PrivacyUnit(_Strict):
-    namespace: str
-    field: str = Field(min_length=1, examples=["user_id"])
+    """Whom the guarantee protects: the event field holding the unit's id, and the budget it draws on."""
+
+    namespace: str = Field(description="The namespace (a key of namespaces) whose per-unit budget the query's "
+                                       "windows are charged to.")
+    field: str = Field(min_length=1, examples=["user_id"],
+                       description="The event field holding the privacy unit's id, a string or an integer; events "
+                                   "are keyed by it on the input topic.")
 
 
 class WindowConfig(_Strict):
-    size_ms: DurationMs = Field(alias="size", examples=["1m"])
-    allowed_lateness_ms: DurationMs = Field(0, alias="allowed_lateness")
-    offset_ms: DurationMs = Field(0, alias="offset")
-    idle_timeout_ms: DurationMs = Field(30_000, alias="idle_timeout")
-    # Public groups: where publication starts (the first published window is the one holding this instant),
-    # instead of the query's first start less allowed_lateness; set to publish a retained backlog.
-    publish_from_ms: InstantMs | None = Field(None, alias="publish_from", examples=["2026-01-01T00:00:00Z"])
+    """Tumbling event-time windows: an event's own time decides its window, Kafka record timestamps when it closes."""
+
+    size_ms: DurationMs = Field(alias="size", examples=["1m"],
+                                description="The windows' length (at least 1s).")
+    allowed_lateness_ms: DurationMs = Field(
+        0, alias="allowed_lateness",
+        description="How far a partition's watermark trails its newest record timestamp: a window closes once the "
+                    "watermark passes its end, and its events arriving later are dead-lettered as late.")
+    offset_ms: DurationMs = Field(
+        0, alias="offset",
+        description="Where windows start, after the epoch's multiples of size (smaller than size): 1h windows with "
+                    "offset 30m run from :30 to :30.")
+    idle_timeout_ms: DurationMs = Field(
+        30_000, alias="idle_timeout",
+        description="A partition read to its end and silent this long (wall clock) stops holding windows open; keep "
+                    "it above the producers' reconnect backoff.")
+    publish_from_ms: InstantMs | None = Field(
+        None, alias="publish_from", examples=["2026-01-01T00:00:00Z"],
+        description="Public groups only: the instant publication starts at (an ISO-8601 time with its zone). The "
+                    "first window published is the one holding it, and every window from there on is, data or not. "
+                    "Without it, the start is Redis's clock when a worker first ran the query, less allowed_lateness; "
+                    "set it to publish a backlog older than that (a backfill).")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -176,30 +220,74 @@ class WindowConfig(_Strict):
 
 
 class QueryConfig(_Strict):
-    name: str
-    input_topic: str
-    output_topic: str
-    privacy_unit: PrivacyUnit
-    timestamp_field: str = Field(min_length=1, examples=["ts"])
-    timestamp_format: Literal["auto", "epoch_s", "epoch_ms", "iso8601"] = "auto"
-    window: WindowConfig
-    group_by: list[str] = Field(min_length=1, examples=[["page"]])
-    groups: Groups
-    bounds: BoundsConfig
-    aggregations: Aggregations
+    """One release: what it reads, whom it protects, how it windows, groups, bounds and aggregates, and what a
+    window costs a unit."""
+
+    name: str = Field(description="The query's name, unique in the file (letters, digits, '_', '.' or '-'); "
+                                  "records and release ids carry it.")
+    input_topic: str = Field(description="The Kafka topic of JSON events the query reads, keyed by the privacy "
+                                         "unit's id and placed by the producers' partitioner.")
+    output_topic: str = Field(description="The Kafka topic the query's release records go to: its own, never an "
+                                          "input topic. The only topic safe to share.")
+    privacy_unit: PrivacyUnit = Field(description="Whose contributions are bounded and protected.")
+    timestamp_field: str = Field(min_length=1, examples=["ts"], description="The event field holding the event "
+                                                                            "time.")
+    timestamp_format: Literal["auto", "epoch_s", "epoch_ms", "iso8601"] = Field(
+        "auto",
+        description="How the event time is written: epoch seconds, epoch milliseconds, an ISO-8601 string with a "
+                    "zone, or auto (an ISO-8601 string, or a number: epoch seconds below 1e11, else milliseconds).")
+    window: WindowConfig = Field(description="The tumbling event-time windows the query releases.")
+    group_by: list[str] = Field(min_length=1, examples=[["page"]],
+                                description="The event fields whose values make up a group's key, coarsest first "
+                                            "(one record per group and window).")
+    groups: Groups = Field(description="Which groups a window releases: a public list, released every window "
+                                       "even when empty, or the groups that pass noisy partition selection.")
+    bounds: BoundsConfig = Field(description="How much one unit may contribute to a window.")
+    aggregations: Aggregations = Field(description="What each group's record releases.")
     # geometric names the discrete Laplace that laplace uses for counts; it is read as laplace.
-    mechanism: Literal["laplace", "gaussian", "staircase", "geometric"] = "laplace"
-    epsilon: float = Field(gt=0, le=10, allow_inf_nan=False, examples=[0.5])
-    delta: float = Field(0.0, ge=0, lt=1e-3, allow_inf_nan=False, examples=[1e-7])
-    max_future_skew_ms: DurationMs = Field(300_000, alias="max_future_skew")
+    mechanism: Literal["laplace", "gaussian", "staircase", "geometric"] = Field(
+        "laplace",
+        description="The noise of counts and sums: laplace (discrete Laplace, epsilon-DP; geometric is the same), "
+                    "gaussian (discrete Gaussian, zCDP, needs delta), or staircase (epsilon-DP).")
+    epsilon: float = Field(
+        gt=0, le=10, allow_inf_nan=False, examples=[0.5],
+        description="What one window costs a unit, all components together (each takes an equal share); for a "
+                    "continual query, what one period costs. Taken from local_dp.epsilon when left out.")
+    delta: float = Field(
+        0.0, ge=0, lt=1e-3, allow_inf_nan=False, examples=[1e-7],
+        description="The delta of a Gaussian query's window (above 0 with gaussian, 0 otherwise); selected groups "
+                    "spend theirs from groups.select.delta.")
+    max_future_skew_ms: DurationMs = Field(
+        300_000, alias="max_future_skew",
+        description="Events dated further than this ahead of their record timestamp or of the wall clock are "
+                    "dead-lettered.")
     # How producers choose the partition of a key: Kafka's Java client, kafka-python and librdkafka's
     # murmur2_random use murmur2; librdkafka's default (consistent_random) uses CRC32.
-    partitioner: Literal["murmur2", "crc32"] = "murmur2"
-    max_message_bytes: int = Field(65_536, ge=64, le=10_485_760)
-    release_timeout_ms: DurationMs = Field(60_000, alias="release_timeout")
-    continual: ContinualConfig | None = None
-    hierarchy: bool | HierarchyConfig = False
-    local_dp: LocalDPConfig | None = None
+    partitioner: Literal["murmur2", "crc32"] = Field(
+        "murmur2",
+        description="How the producers place a key: murmur2 (Kafka's Java client, kafka-python, librdkafka's "
+                    "murmur2_random) or crc32 (librdkafka's default, consistent_random). Events in another "
+                    "partition are dead-lettered.")
+    max_message_bytes: int = Field(
+        65_536, ge=64, le=10_485_760,
+        description="The largest input event, in bytes; larger ones are dead-lettered. It also bounds a release "
+                    "record's size (a top_k record lists k groups).")
+    release_timeout_ms: DurationMs = Field(
+        60_000, alias="release_timeout",
+        description="How long the release stage waits for a window's missing partials (wall clock, from its first "
+                    "partial) before releasing what arrived, and for the rest of a partial cut off mid-way.")
+    continual: ContinualConfig | None = Field(
+        None, description="Running totals since the start of each period, released after every window.")
+    hierarchy: bool | HierarchyConfig = Field(
+        False, description="true, or {split: [...]}: release every prefix level of group_by, made consistent "
+                           "(children add up to their parent).")
+    local_dp: LocalDPConfig | None = Field(
+        None, description="Count reports randomized by their producers (local differential privacy) instead of "
+                          "true values.")
+    expected: ExpectedConfig | None = Field(
+        None, description="What a typical group holds per window, so that plan and check-config set each 95% error "
+                          "beside the value it qualifies and warn when the error exceeds it (a planning hint: "
+                          "nothing released depends on it).")
     # the word the file wrote for mechanism when it differs from the one it is read as (geometric)
     _mechanism_written: str | None = PrivateAttr(None)
 
@@ -229,7 +317,7 @@ class QueryConfig(_Strict):
     def _groups_form(cls, value: Any) -> Any:
         return check_groups_form(value)
 
-    @field_validator("continual", "local_dp", mode="before")
+    @field_validator("continual", "local_dp", "expected", mode="before")
     @classmethod
     def _no_empty_option(cls, value: Any, info: Any) -> Any:
         return refuse_empty_options(cls, value, info.field_name)
@@ -320,8 +408,12 @@ class QueryConfig(_Strict):
 
 
 class PipelineConfig(_Strict):
-    namespaces: dict[str, NamespaceConfig] = Field(min_length=1)
-    queries: list[QueryConfig] = Field(min_length=1)
+    """A query file: the namespaces (kinds of privacy unit and their budgets) and the queries."""
+
+    namespaces: dict[str, NamespaceConfig] = Field(
+        min_length=1, description="Kinds of privacy unit by name (letters, digits, '_', '.' or '-'), each with its "
+                                  "per-unit budget.")
+    queries: list[QueryConfig] = Field(min_length=1, description="The queries the workers run.")
     # per query name: the settings the query left out and was given (stream_dp.config.implied)
     _implied: dict[str, list[str]] = PrivateAttr(default_factory=dict)
 

@@ -20,6 +20,10 @@ from typing import Any
 #: The largest ``max_released_groups`` accepted (the options' field bound).
 MAX_RELEASED_GROUPS = 1_000_000
 
+#: What ``max_released_groups`` means, for the options that hold it (their field's description).
+MAX_RELEASED_GROUPS_DESCRIPTION = ("With groups.select, the most groups a window releases, those with the largest "
+                                   "noisy counts; required then, refused with public groups.")
+
 #: The options whose release works group by group, in the order a query is searched for one.
 CAPPED_KINDS = ("quantiles", "mean_vector", "covariance", "sample_aggregate")
 

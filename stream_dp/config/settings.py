@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     redis_retries: int = Field(3, alias="STREAM_DP_REDIS_RETRIES", ge=0)
     redis_wait_replicas: int | None = Field(None, alias="STREAM_DP_REDIS_WAIT_REPLICAS", ge=0, le=16)
     """Replicas that must acknowledge a charge and a stored release before it is used (``WAIT``); unset: 1 on a
-    Redis Cluster, 0 on one Redis. A failover loses what no replica acknowledged (README, budget store)."""
+    Redis Cluster, 0 on one Redis. A failover loses what no replica acknowledged (docs/operations/redis.md)."""
     redis_wait_timeout_ms: int = Field(500, alias="STREAM_DP_REDIS_WAIT_TIMEOUT_MS", gt=0)
     """How long a charge waits for those replicas; then it fails closed and is retried."""
     metrics_host: str = Field("127.0.0.1", alias="STREAM_DP_METRICS_HOST")

@@ -285,6 +285,16 @@ class ReleasePlan:
             result["mean_ci95"] = float(half_widths.max())
         return result
 
+    def mean_ci95_at(self, count: int, mean: float) -> float:
+        """The 95% half-width released beside a mean at a true ``count`` and true ``mean``, with the noisy
+        count and sum at their expectations (for planning: ``plan`` sets it beside an expected value)."""
+        ca, sa = self._count_accuracy, self._sum_accuracy
+        if "mean" not in self.aggregations or ca is None or sa is None or self.clip is None:
+            raise ValueError("this plan releases no mean")
+        _, half_width = mean_with_ci(np.array([count], dtype=np.int64), np.array([mean * count], dtype=np.float64),
+                                     ca.ci975, sa.ci975, self.clip)
+        return float(half_width[0])
+
     def describe(self) -> dict[str, Any]:
         """JSON-serialisable statement of what every release of this plan spends and how."""
         cost_name = "rho" if self.mechanism == "gaussian" else "epsilon"

@@ -90,7 +90,8 @@ def clip_l2(vectors: NDArray[np.float64], clip_norm: float, out: NDArray[np.floa
     """Each row scaled down to l2 norm at most ``clip_norm`` (rows already inside are unchanged), into ``out``
     if given (an array of the same shape)."""
     norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))
-    factor = np.minimum(1.0, clip_norm / np.maximum(norms, np.finfo(np.float64).tiny))
+    # divided only where a row is longer than the bound: a norm near 0 (a subnormal field) would overflow
+    factor = np.divide(clip_norm, norms, out=np.ones_like(norms), where=norms > clip_norm)
     return np.multiply(vectors, factor[:, None], out=out)
 
 

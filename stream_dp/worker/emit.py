@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,8 +77,8 @@ class Emitter:
         self.periods = periods  # continual queries' period register
         self.held: list[HeldPartial] = []
         self._charge_attempts = 0
-        self._next_charge_s = 0.0
-        self._next_unverified_count_s = 0.0
+        self._next_charge_s = -math.inf  # due at once, whatever the monotonic clock's zero
+        self._next_unverified_count_s = -math.inf
 
     async def emit(self) -> bool:
         """Charge and publish the held partials (see the module docstring); whether any went out."""

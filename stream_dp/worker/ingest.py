@@ -41,6 +41,7 @@ from stream_dp.worker.periods import PeriodRegister
 from stream_dp.worker.positions import PartitionPositions
 from stream_dp.worker.records import Progress, encode_progress
 from stream_dp.worker.runtime import QueryRuntime
+from stream_dp.worker.spacing import Spacing
 from stream_dp.worker.store_guard import MemoryStoreMarkers, StoreGuard, StoreReplaced
 
 log = logging.getLogger(__name__)
@@ -106,11 +107,9 @@ class IngestStage:
         self.clock_ms = clock_ms
         self.max_records = max_records
         self.poll_timeout_ms = poll_timeout_ms
-        self.commit_interval_s = commit_interval_s
-        self.progress_interval_s = progress_interval_s
         self._lock = asyncio.Lock()
-        self._last_commit_s = 0.0
-        self._last_progress_s = 0.0
+        self._commit_spacing = Spacing(commit_interval_s)  # both due at once the first time
+        self._heartbeat_spacing = Spacing(progress_interval_s)
         self._sent_progress: dict[tuple[str, int], int] = {}
         self.positions = PartitionPositions(consumer)
         self._joined = False  # an assignment (possibly empty) arrived from the group
@@ -346,8 +345,8 @@ class IngestStage:
         return closed
 
     async def _send_progress(self) -> None:
-        now_s = time.monotonic()
-        heartbeat = now_s - self._last_progress_s >= self.progress_interval_s
+        now_s = self._heartbeat_spacing.now()
+        heartbeat = self._heartbeat_spacing.due(now_s)
         sends = []
         for tp in self.consumer.assignment():
             for query in self.by_topic.get(tp.topic, ()):
@@ -366,7 +365,7 @@ class IngestStage:
                 for partials_partition in range(self.partials_partitions):
                     sends.append(await self.producer.send(self.partials_topic, value=value, partition=partials_partition))
         if heartbeat:
-            self._last_progress_s = now_s
+            self._heartbeat_spacing.done(now_s)
         if sends:
             await asyncio.gather(*sends)
 
@@ -381,8 +380,8 @@ class IngestStage:
     async def _commit(self, *, force: bool = False) -> None:
         if not self.store.ready():
             return  # nothing was charged meanwhile, and the commits keep naming the store they were made with
-        now_s = time.monotonic()
-        if not force and now_s - self._last_commit_s < self.commit_interval_s:
+        now_s = self._commit_spacing.now()
+        if not force and not self._commit_spacing.due(now_s):
             return
         offsets, closures = self.committable()
         if not offsets:
@@ -396,7 +395,7 @@ class IngestStage:
             log.warning("offset commit failed (%s); will retry", exc)
             return
         self.positions.committed(closures)
-        self._last_commit_s = now_s
+        self._commit_spacing.done(now_s)
 
     def _update_lag(self) -> None:
         """Lag of every assigned partition, also of those that returned nothing (a stuck one shows)."""

@@ -116,8 +116,8 @@ def _unavailable(what: str, exc: redis.RedisError, then: str = "") -> LedgerUnav
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
         return LedgerUnavailable(
             f"{what} failed: Redis is out of memory ({exc}){then}. Raise its maxmemory (keep maxmemory-policy "
-            "noeviction) or add memory; the release ledger keeps each window for STREAM_DP_LEDGER_TTL_S (README "
-            "\"Sizing Redis\"), and held windows are released once Redis accepts writes"
+            "noeviction) or add memory; the release ledger keeps each window for STREAM_DP_LEDGER_TTL_S (see "
+            "docs/operations/sizing.md), and held windows are released once Redis accepts writes"
         )
     return LedgerUnavailable(f"{what} failed ({type(exc).__name__}: {exc}){then}")
 

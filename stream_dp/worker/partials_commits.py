@@ -9,11 +9,12 @@ Commits are spaced by an interval unless forced (at a hand-over or a stop).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
+
+from stream_dp.worker.spacing import Spacing
 
 log = logging.getLogger(__name__)
 
@@ -22,9 +23,8 @@ class PartialsCommits:
     def __init__(self, consumer: AIOKafkaConsumer, topic: str, *, interval_s: float) -> None:
         self.consumer = consumer
         self.topic = topic
-        self.interval_s = interval_s
         self._positions: dict[int, int] = {}
-        self._last_commit_s = 0.0
+        self._spacing = Spacing(interval_s)  # the first commit is due at once
 
     def read_through(self, partition: int, offset: int) -> None:
         """Every record of ``partition`` up to ``offset`` is taken."""
@@ -37,8 +37,8 @@ class PartialsCommits:
 
     async def commit(self, holds: Callable[[], Mapping[int, int]], *, force: bool = False) -> None:
         """Commit every assigned partition's position, lowered to its hold (``holds()``: partition -> offset)."""
-        now_s = time.monotonic()
-        if not force and now_s - self._last_commit_s < self.interval_s:
+        now_s = self._spacing.now()
+        if not force and not self._spacing.due(now_s):
             return
         held = holds()  # only asked for when a commit is due: it walks every pending window
         assigned = {tp.partition for tp in self.consumer.assignment()}
@@ -53,4 +53,4 @@ class PartialsCommits:
         except Exception as exc:
             log.warning("partials offset commit failed (%s); will retry", exc)
             return
-        self._last_commit_s = now_s
+        self._spacing.done(now_s)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,7 +67,7 @@ class _Unpublished:
     release: ReleaseEntry | StoredRecords | None = None  # ``payload`` read back, when this worker drew it
     sources: list[tuple[int, int]] = field(default_factory=list)
     attempts: int = 0
-    next_attempt_s: float = 0.0
+    next_attempt_s: float = -math.inf  # due at once, whatever the monotonic clock's zero
     opens_period: bool = False  # a continual window drawn as its query's first release of the period
 
 
@@ -116,7 +117,7 @@ class ReleaseStage:
         self.commits = PartialsCommits(consumer, partials_topic, interval_s=commit_interval_s)
         self._lock = asyncio.Lock()
         self.trees = PreviousTrees(ledger)
-        self._next_start_lookup_s = 0.0
+        self._next_start_lookup_s = -math.inf
         # The output producer's batch size: it fits every output topic's record limit (see ``topic_setup``);
         # a topic sized for larger records (a top_k list) takes one of them alone in a batch of its own.
         self.output_batch_bytes = output_batch_bytes

@@ -157,7 +157,12 @@ def build_release(query: Any, window: Any, noise: Any, released_at_ms: int, prev
         row_extra = _sample_aggregate_fragments(query, window, index, noise)
     if plan.top_k is not None:
         candidates = index if base is not None else np.arange(len(window.groups))  # public groups
-        extras.append(_top_k_record(query, window, noisy, candidates, noise, released_at_ms))
+        # Over selected groups a window whose selection released no group publishes nothing at all, as a
+        # window without data (never drawn) does: a list of no candidates would tell, without noise, that
+        # the window had data. Whether the record exists is then a function of the selection's outcome
+        # alone; public groups (never none) always have it.
+        if len(candidates):
+            extras.append(_top_k_record(query, window, noisy, candidates, noise, released_at_ms))
     entry = build_entry(query, window, noisy, released_at_ms,
                         extra_prefix=b',"level":%d' % (len(plan.levels) - 1) if plan.hierarchy else b"")
     if row_extra is not None or extras:
@@ -335,12 +340,12 @@ def _quantile_fragments(plan: Any, window: Any, noisy: Any, index: np.ndarray, n
 def _top_k_record(query: Any, window: Any, noisy: Any, index: np.ndarray, noise: Any, released_at_ms: int) -> tuple[bytes, bytes]:
     """One record listing the k groups with the most events among the released ones, best first.
 
-    The candidates are the public groups, or the groups the selection released, so choosing among
-    them reveals nothing beyond what is already published.
+    The candidates (at least one) are the public groups, or the groups the selection released, so
+    choosing among them reveals nothing beyond what is already published.
     """
     top_k = query.plan.top_k
     counts = np.asarray(window.count, dtype=np.int64)[index]
-    chosen = top_k.select(counts, noise) if len(index) else np.zeros(0, dtype=np.int64)
+    chosen = top_k.select(counts, noise)
     names = list(query.config.group_by)
     groups = [window.groups[i] for i in index[np.asarray(chosen, dtype=np.int64)].tolist()]
     key = ["top_k"]

@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import math
 import secrets
 import threading
 import time
@@ -203,8 +204,8 @@ class StoreGuard:
         self._committed: set[str] = set()
         self._committed_read = read_committed is None
         self._assignments = 0
-        self._next_try_s = 0.0
-        self._next_recheck_s = 0.0
+        self._next_try_s = -math.inf
+        self._next_recheck_s = -math.inf
         self._lock = threading.Lock()
         self.token: str | None = None
         self.failure: StoreReplaced | None = None
@@ -226,7 +227,7 @@ class StoreGuard:
             if self.token is not None:
                 self._committed.add(self.token)
             self.token = None
-            self._next_try_s = 0.0
+            self._next_try_s = -math.inf
 
     def suspect(self) -> None:
         """Redis failed a call: it may come back as another (restarted without its data). Nothing more is
@@ -235,7 +236,7 @@ class StoreGuard:
             if self.token is not None:
                 self._committed.add(self.token)  # the store verified so far is the one to find again
                 self.token = None
-                self._next_try_s = 0.0
+                self._next_try_s = -math.inf
 
     def verify(self) -> bool:
         """Check the store now (blocking; run it off the event loop). True when verified; False when Redis

@@ -4,7 +4,9 @@ For each scenario the target unit's events are added to D to make D'; the
 noisy value the query releases for each window is one sample on each side,
 and threshold tests with Clopper-Pearson intervals give a lower bound on the
 privacy loss (tests/audit/stats.py). It must not exceed the epsilon (less
-delta) that the released records claim. The bound is simultaneous over all
+delta) that the released records claim, and every record's claim must be the
+loss its query configures (tests/audit/claims.py): a record that claimed more
+would lend the bound room it does not have. The bound is simultaneous over all
 thresholds, tails, directions and groups of a scenario at confidence 99%,
 so a sound release fails a scenario by chance with probability below 1%.
 
@@ -79,6 +81,12 @@ def streams(tmp_path_factory, kafka_bootstrap, redis_url):
 
 def audit(streams, scenario: Scenario):
     d, d_prime = streams["D"], streams["D'"]
+    for label, side in streams.items():
+        # the bound below is held against the records' claim: it must be the configured loss, no more
+        wrong = side.claims_wrong[scenario.name]
+        assert side.claims_checked[scenario.name] and not wrong, (
+            f"{scenario.name} in {label}: {len(wrong)} statements of {side.claims_checked[scenario.name]} records "
+            f"depart from the query file: {wrong[:5]}")
     epsilon, delta = d_prime.claimed(scenario)
     assert d.claimed(scenario) == (epsilon, delta)
     best = None

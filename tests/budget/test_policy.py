@@ -145,13 +145,13 @@ def test_delta_limits_fit_the_ledger() -> None:
         HorizonLimit(3_600_000, 1e-13, delta=True)
 
 
-def test_the_readme_states_the_report_delta_a_rho_namespace_of_a_file_is_reported_at() -> None:
-    """The README's statement of how `budget show` reports a ρ namespace is what a loaded file gives: a fixed δ,
-    not a setting of the file (which refuses `report_delta` as an unknown field)."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_privacy_page_states_the_report_delta_a_rho_namespace_of_a_file_is_reported_at() -> None:
+    """The privacy page's statement of how `budget show` reports a ρ namespace is what a loaded file gives: a
+    fixed δ, not a setting of the file (which refuses `report_delta` as an unknown field)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "privacy" / "index.md").read_text()
     stated = re.search(r"`budget show`\s+states the spend as \(ε, δ\) at δ = ([0-9e.-]+), fixed for every ρ namespace "
-                       r"\(not\s+a setting of the file\)", readme)
-    assert stated is not None, "the README no longer states the δ a ρ namespace is reported at"
+                       r"\(not\s+a setting of the file\)", page)
+    assert stated is not None, "docs/privacy/index.md no longer states the δ a ρ namespace is reported at"
     document = {"namespaces": {"devices": {"budgets": [{"horizon": "1h", "rho": 0.5}]}},
                 "queries": [{"name": "q", "input_topic": "i", "output_topic": "o",
                              "privacy_unit": {"namespace": "devices", "field": "d"}, "timestamp_field": "ts",

@@ -212,4 +212,4 @@ def test_geometric_is_named_as_written(tmp_path, capsys):
     path.write_text(yaml.safe_dump(config))
     assert main(["check-config", str(path)]) == 0
     first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("query pageviews_by_page:"))
-    assert first.endswith(", geometric (the discrete Laplace, released as laplace) epsilon=0.1"), first
+    assert first.endswith(", geometric (the discrete Laplace, released as laplace) epsilon=0.5"), first

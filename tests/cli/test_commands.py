@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "queries.example.yaml"
 
 
-def test_help_lists_the_six_subcommands():
+def test_help_lists_the_seven_subcommands():
     out = subprocess.run([sys.executable, "-m", "stream_dp.cli.main", "--help"], capture_output=True, text=True, check=True)
-    for name in ("run", "check-config", "plan", "produce", "tail", "budget"):
+    for name in ("run", "check-config", "plan", "produce", "tail", "budget", "schema"):
         assert name in out.stdout
-    assert set(SUBCOMMANDS) == {"run", "check-config", "plan", "produce", "tail", "budget"}
+    assert set(SUBCOMMANDS) == {"run", "check-config", "plan", "produce", "tail", "budget", "schema"}
     assert build_parser().parse_args(["check-config", "x.yaml"]).config == "x.yaml"
 
 
@@ -36,7 +36,7 @@ def test_check_config_ok_and_failing(tmp_path, capsys):
     assert main(["check-config", str(EXAMPLE)]) == 0
     assert "OK (10 queries)" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
-    bad.write_text(EXAMPLE.read_text().replace("epsilon: 0.1 ", "epsilon: -0.1 "))
+    bad.write_text(EXAMPLE.read_text().replace("epsilon: 0.5 ", "epsilon: -0.5 "))
     assert main(["check-config", str(bad)]) == 1
     assert "pageviews_by_page" in capsys.readouterr().err
 
@@ -44,10 +44,10 @@ def test_check_config_ok_and_failing(tmp_path, capsys):
 def test_plan_json_states_loss_scales_and_budget_use(capsys):
     assert main(["plan", str(EXAMPLE), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["queries"][0]
-    assert plan["per_window_loss"]["epsilon"] == pytest.approx(0.1, rel=1e-6)
+    assert plan["per_window_loss"]["epsilon"] == pytest.approx(0.5, rel=1e-6)
     assert plan["count_scale"] > 0 and plan["sum_scale"] > 0
     hour = plan["horizons"][0]
-    assert hour["windows_in_horizon"] == 60 and hour["windows_a_unit_can_join"] == 10
+    assert hour["windows_in_horizon"] == 120 and hour["windows_a_unit_can_join"] == 20  # 30 s windows, 10 / 0.5
     counts = [a["count"] for a in plan["accuracy"]]
     assert counts == sorted(counts) and all(a["count_ci95"] > 0 for a in plan["accuracy"])
 
@@ -56,16 +56,18 @@ def test_plan_shows_the_delta_a_fully_active_unit_spends(tmp_path, capsys):
     selecting = tmp_path / "select.yaml"
     first_query = EXAMPLE.read_text().split("  # --- options")[0]  # the options need public groups
     text = first_query.replace("public: [\"/\", \"/pricing\", \"/docs\"]", "select: {delta: 1.0e-6}")
-    assert "select: {delta: 1.0e-6}" in text
+    text = text.replace("epsilon: 0.5 ", "epsilon: 0.1 ")  # the delta limits bind first
+    assert "select: {delta: 1.0e-6}" in text and "epsilon: 0.1 " in text
     selecting.write_text(text)
     assert main(["plan", str(selecting), "--json"]) == 0
     (plan,) = json.loads(capsys.readouterr().out)["queries"]
     assert 0.99e-6 < plan["per_window_delta"] <= 1e-6  # the selection threshold may spend a little less
     hour, day = plan["horizons"]
-    # epsilon 0.1 per window: 10 windows fit 1.0 per hour; delta 1e-6 per window: 10 fit 1e-5
+    # epsilon 0.1 per window: 100 windows fit 10 per hour, but delta 1e-6 per window: only 10 fit 1e-5
     assert hour["windows_a_unit_can_join"] == 10
     assert hour["fully_active_unit_spends"]["delta"] == pytest.approx(10 * plan["per_window_delta"])
-    assert day["fully_active_unit_spends"] == {"epsilon": pytest.approx(4.0),
+    # a day: 300 windows fit epsilon 30, 40 fit delta 4e-5
+    assert day["fully_active_unit_spends"] == {"epsilon": pytest.approx(40 * 0.1),
                                                "delta": pytest.approx(40 * plan["per_window_delta"])}
     assert main(["plan", str(selecting)]) == 0
     assert "delta 9.93e-06 per 1h" in capsys.readouterr().out
@@ -129,49 +131,48 @@ def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
     config = load_config(EXAMPLE)
     assert list(blocks) == [q.name for q in config.queries]
 
-    # continual: 1,440 one-minute windows a day, so every compared window is within the period
+    # continual: 2,880 windows of 30 s a day, so every compared window is within the period
     lines = blocks["pageviews_today"]
     assert not any("beyond the period" in line for line in lines)
-    _one(lines, r"continual: binary tree over 1440 windows per period \(depth 11\), a unit counts in at most 10 "
-                r"windows and is charged epsilon 0\.5 once per period")
+    _one(lines, r"continual: binary tree over 2880 windows per period \(depth 12\), a unit counts in at most 4 "
+                r"windows and is charged epsilon 2 once per period")
     rows = {}
     for t in (1, 10, 100, 1_000):
         m = _one(lines, rf"running total after\s+{t:,} windows: count std {NUM} \(95% ±{NUM}\) with the tree vs "
-                        rf"{NUM} summing; sum std {NUM} \(95% ±{NUM}\) with the tree vs {NUM} summing")
+                        rf"{NUM} summing")  # the example's running totals count only
         rows[t] = [_number(x) for x in m.groups()]
-    for t, (tree, ci, naive, tree_sum, ci_sum, naive_sum) in rows.items():
-        assert 0 < tree < ci < 3 * tree and 0 < tree_sum < ci_sum < 3 * tree_sum and naive > 0 and naive_sum > 0
+    for t, (tree, ci, naive) in rows.items():
+        assert 0 < tree < ci < 3 * tree and naive > 0
     # summation's std grows as sqrt(t); the tree's as sqrt(popcount(t)): 1, 2, 3 and 6 nodes
     assert rows[1_000][2] / rows[10][2] == pytest.approx(10, rel=0.01)
     assert rows[1_000][0] / rows[1][0] == pytest.approx(6**0.5, rel=0.02)
-    # one node's noise is depth (11) times one window's: the tree starts out worse and wins by window 1,000
-    assert rows[1][0] / rows[1][2] == pytest.approx(11, rel=0.02)
-    for col in (0, 3):  # count, sum
-        assert rows[1][col] > rows[1][col + 2] and rows[10][col] > rows[10][col + 2]
-        assert rows[1_000][col] < rows[1_000][col + 2]
+    # one node's noise is depth (12) times one window's: the tree starts out worse and wins by window 1,000
+    assert rows[1][0] / rows[1][2] == pytest.approx(12, rel=0.02)
+    assert rows[1][0] > rows[1][2] and rows[10][0] > rows[10][2]
+    assert rows[1_000][0] < rows[1_000][2]
     m = _one(lines, r"the tree's std grows polylogarithmically .*: the tree is more accurate at every window from "
                     rf"{NUM} on; before that only at windows with few set bits, never before window {NUM}")
     better_from, first_better = (int(_number(x)) for x in m.groups())
     continual = build_plan(config.query("pageviews_today")).continual
     every = continual.error_table(range(1, continual.windows_per_period + 1))
-    worse = [r["t"] for r in every if any(r[c]["tree_std"] >= r[c]["naive_std"] for c in ("count", "sum"))]
-    better = [r["t"] for r in every if all(r[c]["tree_std"] < r[c]["naive_std"] for c in ("count", "sum"))]
-    assert (better_from, first_better) == (max(worse) + 1, min(better)) == (1_024, 128)
+    worse = [r["t"] for r in every if r["count"]["tree_std"] >= r["count"]["naive_std"]]
+    better = [r["t"] for r in every if r["count"]["tree_std"] < r["count"]["naive_std"]]
+    assert (better_from, first_better) == (max(worse) + 1, min(better)) == (1_280, 256)
     # the budget: a 1h horizon inside a 1d period holds at most the 2 periods' charges it overlaps
-    m = _one(lines, r"1 \(delta 1e-05\) per 1h, shorter than the 1d period: a unit is charged 0\.5 epsilon once per "
+    m = _one(lines, r"10 \(delta 1e-05\) per 1h, shorter than the 1d period: a unit is charged 2 epsilon once per "
                     r"1d period, .*any 1h overlaps at most 2 periods, so holds at most 2 charges \(1 for a unit active "
-                    r"in every window, charged 1d apart\), at most 1 epsilon, .*the limit affords 2 charges.*: "
+                    r"in every window, charged 1d apart\), at most 4 epsilon, .*the limit affords 5 charges.*: "
                     r"this query alone never excludes a unit; 4 other queries of namespace users draw on the same "
                     r"limit: see the namespace's lines")
     assert not any(re.search(r"\d+ of \d+ periods", line) for line in lines)
 
-    # hierarchy: split [1, 1, 2] of epsilon 0.1, finest level twice the coarser ones' epsilon
+    # hierarchy: split [1, 1, 2] of epsilon 0.5, finest level twice the coarser ones' epsilon
     lines = blocks["visits_by_place"]
     levels = [_one(lines, rf"hierarchy level {i} \({names}\): epsilon {NUM}, count scale {NUM} \(±{NUM}\) at 95% "
                           r"before consistency; levels made consistent by weighted least squares .*")
               for i, names in enumerate(["country", "country, region", "country, region, city"])]
     epsilons, scales = ([_number(m.group(k)) for m in levels] for k in (1, 2))
-    assert sum(epsilons) == pytest.approx(0.1, rel=1e-6) and epsilons == pytest.approx([0.025, 0.025, 0.05], rel=1e-6)
+    assert sum(epsilons) == pytest.approx(0.5, rel=1e-6) and epsilons == pytest.approx([0.125, 0.125, 0.25], rel=1e-6)
     assert scales[2] < scales[0] == scales[1]
 
     # top_k: epsilon x scale = k x max_events_per_group; the lead resolved at 95% among the 3 public groups
@@ -183,24 +184,24 @@ def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
     _check_top_k_lead(lead / scale, 3, draws=200_000)
 
     # quantiles: the rank errors the records state (97.5%: the query counts, so 2.5% sizes the group)
-    m = _one(blocks["value_quantiles"], r"quantiles: \[0\.5, 0\.9, 0\.99\], exponential mechanism over 257 bin "
-                                        rf"edges in \[0, 500\], epsilon {NUM} .*with 97\.5% probability each is "
+    m = _one(blocks["value_quantiles"], r"quantiles: \[0\.25, 0\.5, 0\.75\], exponential mechanism over 101 bin "
+                                        rf"edges in \[0, 200\], epsilon {NUM} .*with 97\.5% probability each is "
                                         r"within \[(.*)\] ranks \(events\) of the true quantile.*")
     printed = [_number(x) for x in m.group(2).split(", ")]
     assert printed == pytest.approx(_stated_rank_errors(build_plan(config.query("value_quantiles"))), rel=1e-3)
 
     # value intervals: a histogram noised at max_groups_per_unit x max_events_per_group / epsilon_h, epsilon_h
-    # the half of the quantiles' share (0.1 / 2 components / 2 = 0.025) the README gives it
+    # the half of the quantiles' share (2 / 2 components / 2 = 0.5) the README gives it
     m = _one(blocks["value_quantiles"], rf"quantiles value_interval: a noisy histogram of each group \(discrete "
-                                        rf"Laplace of scale {NUM} on each of its 256 bins, epsilon {NUM}, .*"
+                                        rf"Laplace of scale {NUM} on each of its 100 bins, epsilon {NUM}, .*"
                                         r"w = \[(.*)\], plus a bin")
-    assert _number(m.group(1)) == pytest.approx(3 * 2 / 0.025, rel=1e-3)
-    assert _number(m.group(2)) <= 0.025
+    assert _number(m.group(1)) == pytest.approx(3 * 1 / 0.5, rel=1e-3)
+    assert _number(m.group(2)) <= 0.5
     assert len(m.group(3).split(", ")) == 3  # one reach per q
 
-    # staircase: its std below Laplace's at the same epsilon (2 per group)
+    # staircase: its std below Laplace's at the same epsilon (0.5 per group, where the two are close)
     for name in ("count", "sum"):
-        m = _one(blocks["session_minutes"], rf"staircase {name}: epsilon 2 per group, stairs of {NUM} with gamma "
+        m = _one(blocks["session_minutes"], rf"staircase {name}: epsilon 0\.5 per group, stairs of {NUM} with gamma "
                                             rf"{NUM}; std {NUM}, mean \|error\| {NUM} vs {NUM} and {NUM} with "
                                             rf"Laplace at the same epsilon \(std x{NUM}\)")
         std, laplace_std, ratio = _number(m.group(3)), _number(m.group(5)), _number(m.group(7))
@@ -209,33 +210,33 @@ def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
 
     # vectors: l2 sensitivity sqrt(2 L0) C and sqrt(3 L0) C^2; errors shrink as 1 / units, and grow by up to
     # sqrt(2) (a mean coordinate) and sqrt(6) (a covariance entry) for a mean at norm C (tests/cli/test_plan_options.py)
-    m = _one(blocks["sensor_means"], rf"mean_vector: 2 fields \['temp_c', 'humidity'\] clipped to l2 norm C=100 "
+    m = _one(blocks["sensor_means"], rf"mean_vector: 2 fields \['temp_c', 'humidity'\] clipped to l2 norm C=25 "
                                      rf".*; l2 sensitivity {NUM}, noise sd {NUM} per coordinate, epsilon 0\.5 at "
                                      rf"delta 1e-06 .*: a mean coordinate 100 units ±{NUM} up to ±{NUM}, 10,000 units "
                                      rf"±{NUM} up to ±{NUM}, 1,000,000 units ±{NUM} up to ±{NUM}")
-    assert _number(m.group(1)) == pytest.approx(2**0.5 * 100, rel=0.01)
+    assert _number(m.group(1)) == pytest.approx(2**0.5 * 25, rel=0.01)
     assert _number(m.group(3)) / _number(m.group(5)) == pytest.approx(100, rel=0.01)
     assert _number(m.group(3)) == pytest.approx(1.96 * _number(m.group(2)) / 100, rel=0.01)
     assert _number(m.group(4)) / _number(m.group(3)) == pytest.approx(2**0.5, rel=0.01)
     m = _one(blocks["sensor_covariance"], rf"covariance: 3 fields \['accel_x', 'accel_y', 'accel_z'\] clipped to "
-                                          rf"l2 norm C=20 .*; l2 sensitivity {NUM}, noise sd {NUM} per coordinate, "
-                                          rf"epsilon 0\.5 at delta 1e-06 .*: a covariance entry 100 units ±{NUM} up to "
+                                          rf"l2 norm C=5 .*; l2 sensitivity {NUM}, noise sd {NUM} per coordinate, "
+                                          rf"epsilon 1\.5 at delta 1e-06 .*: a covariance entry 100 units ±{NUM} up to "
                                           rf"±{NUM}, .*; a mean coordinate 100 units ±{NUM} up to ±{NUM}, .*")
-    assert _number(m.group(1)) == pytest.approx(3**0.5 * 20**2, rel=0.01)
-    assert _number(m.group(3)) / _number(m.group(5)) == pytest.approx(20, rel=0.01)  # entry / mean coordinate = C
+    assert _number(m.group(1)) == pytest.approx(3**0.5 * 5**2, rel=0.01)
+    assert _number(m.group(3)) / _number(m.group(5)) == pytest.approx(5, rel=0.01)  # entry / mean coordinate = C
     assert _number(m.group(4)) / _number(m.group(3)) == pytest.approx(6**0.5, rel=0.01)
     assert _number(m.group(6)) / _number(m.group(5)) == pytest.approx(2**0.5, rel=0.01)
 
     # sample-and-aggregate: Laplace scale L0 (hi - lo) / epsilon; the mean's 95% half-width scale ln(20) / blocks
-    m = _one(blocks["sensor_median_temp"], r"sample_aggregate: statistics:median of field 'temp_c' on each of 50 blocks of units "
-                                           r"\(keyed hash\), outputs clipped to \[-20, 50\] \(a failed block counts "
-                                           rf"as 15\), laplace noise of scale {NUM} on their sum; the released mean "
-                                           rf"over blocks is within ±{NUM} of the blocks' mean at 95%; epsilon 0\.5")
-    assert _number(m.group(1)) == pytest.approx(70 / 0.5, rel=1e-3)
-    assert _number(m.group(2)) == pytest.approx(140 * math.log(20) / 50, rel=0.01)
+    m = _one(blocks["sensor_median_temp"], r"sample_aggregate: statistics:median of field 'temp_c' on each of 50 blocks of "
+                                           r"units \(keyed hash\), outputs clipped to \[0, 20\] \(a failed block "
+                                           rf"counts as 10\), laplace noise of scale {NUM} on their sum; the released "
+                                           rf"mean over blocks is within ±{NUM} of the blocks' mean at 95%; epsilon 1")
+    assert _number(m.group(1)) == pytest.approx(20 / 1.0, rel=1e-3)
+    assert _number(m.group(2)) == pytest.approx(20 * math.log(20) / 50, rel=0.01)
     m = _one(blocks["sensor_median_temp"], rf"sample_aggregate release time: at worst \(every block running out its "
-                                           rf"1 s timeout\) {NUM} s per window \(2 groups\); typically .*")
-    assert _number(m.group(1)) == 2 * 50 * 1.0  # groups x blocks x timeout: the blocks run one after another
+                                           rf"0\.2 s timeout\) {NUM} s per window \(2 groups\); typically .*")
+    assert _number(m.group(1)) == pytest.approx(2 * 50 * 0.2)  # groups x blocks x timeout: one block after another
 
     # local DP: named by its trust model, not the unused `mechanism: laplace`; p / q = e^epsilon
     lines = blocks["browsers_local"]
@@ -324,8 +325,8 @@ def test_plan_states_what_top_k_over_selected_groups_spends_and_resolves(tmp_pat
     delta, scale, epsilon, *leads = (_number(x) for x in m.groups())
     # the selection's delta is the window's whole delta here (Laplace noise), as the records' privacy.delta
     assert delta == pytest.approx(plan.loss.delta, rel=1e-2) and 0 < delta <= 1e-6
-    # selection, count and top_k share epsilon 0.1: top_k's 1/3 at scale k Linf / epsilon = 2 * 2 / (0.1 / 3)
-    assert epsilon == pytest.approx(0.1 / 3, rel=1e-3) and scale == pytest.approx(120, rel=1e-3)
+    # selection, count and top_k share epsilon 0.5: top_k's 1/3 at scale k Linf / epsilon = 2 * 2 / (0.5 / 3)
+    assert epsilon == pytest.approx(0.5 / 3, rel=1e-3) and scale == pytest.approx(24, rel=1e-3)
     for lead, candidates, draws in zip(leads, (10, 1_000, 100_000), (200_000, 20_000, None), strict=True):
         _check_top_k_lead(lead / scale, candidates, draws)
 
@@ -348,13 +349,13 @@ def _stated_rank_errors(plan) -> list[float]:
 
 
 def test_plan_states_what_a_continual_query_charges_per_horizon(tmp_path, capsys):
-    # 0.6 per period against 1 per 1h: one charge fits a horizon, two (a unit first seen at the end of one
+    # 6 per period against 10 per 1h: one charge fits a horizon, two (a unit first seen at the end of one
     # period and at the start of the next) do not; a unit active in every window is charged a day apart.
     tight = tmp_path / "tight.yaml"
     text = EXAMPLE.read_text()
-    assert text.count("epsilon: 0.5                        # per unit per period") == 1
-    tight.write_text(text.replace("epsilon: 0.5                        # per unit per period",
-                                  "epsilon: 0.6                        # per unit per period"))
+    assert text.count("epsilon: 2.0                        # per unit per period") == 1
+    tight.write_text(text.replace("epsilon: 2.0                        # per unit per period",
+                                  "epsilon: 6.0                        # per unit per period"))
     assert main(["plan", str(tight), "--json"]) == 0
     plan = next(p for p in json.loads(capsys.readouterr().out)["queries"] if p["query"] == "pageviews_today")
     assert plan["charged_per"] == "period" and plan["period"] == "1d"
@@ -362,14 +363,14 @@ def test_plan_states_what_a_continual_query_charges_per_horizon(tmp_path, capsys
     assert hour["horizon_shorter_than_period"] and not day["horizon_shorter_than_period"]
     assert (hour["periods_overlapped"], hour["charges_affordable"]) == (2, 1)
     assert hour["some_unit_excluded"] and not hour["fully_active_unit_excluded"]
-    assert hour["any_unit_spends_at_most"]["epsilon"] == pytest.approx(0.6, rel=1e-6)
-    # 4 per 1d affords 6 charges; a 1d horizon overlaps 2 periods, its bucket runs (26h) 3
-    assert (day["periods_overlapped"], day["charges_affordable"], day["charges_in_bucket_run"]) == (2, 6, 3)
+    assert hour["any_unit_spends_at_most"]["epsilon"] == pytest.approx(6, rel=1e-6)
+    # 30 per 1d affords 5 charges; a 1d horizon overlaps 2 periods, its bucket runs (26h) 3
+    assert (day["periods_overlapped"], day["charges_affordable"], day["charges_in_bucket_run"]) == (2, 5, 3)
     assert not day["some_unit_excluded"]
-    assert day["any_unit_spends_at_most"]["epsilon"] == pytest.approx(1.2, rel=1e-6)
-    assert plan["continual"]["tree_better"] == {"better_from": 1_024, "first_better": 128}
+    assert day["any_unit_spends_at_most"]["epsilon"] == pytest.approx(12, rel=1e-6)
+    assert plan["continual"]["tree_better"] == {"better_from": 1_280, "first_better": 256}
     blocks = _plan_blocks([str(tight)], capsys)
-    _one(blocks["pageviews_today"], r"1 \(delta 1e-05\) per 1h, shorter than the 1d period: .*the limit affords 1 "
+    _one(blocks["pageviews_today"], r"10 \(delta 1e-05\) per 1h, shorter than the 1d period: .*the limit affords 1 "
                                     r"charges.*: a unit active in every window is never excluded by this query "
                                     r"alone; one charged for more periods within a run is left out .*")
 
@@ -429,6 +430,39 @@ def test_tail_prints_release_records(kafka_bootstrap, new_topic, monkeypatch, ca
     assert format_row(record) in out and "/docs" in out
 
 
+def test_tail_of_several_topics_prints_each_ones_first_windows_together(kafka_bootstrap, new_topic, monkeypatch,
+                                                                        capsys):
+    from kafka import KafkaProducer
+
+    def record(query: str, start_ms: int, page: str) -> dict:
+        return {"release_id": f"{query}:{start_ms}:{page}", "query": query,
+                "window": {"start": "x", "end": "y", "start_ms": start_ms, "end_ms": start_ms + 30_000},
+                "group": {"page": page}, "count": start_ms // 30_000, "sum": None, "mean": None,
+                "ci95": {"count": 1.0, "sum": None, "mean": None}, "std": {"count": 1.0, "sum": None},
+                "privacy": {"epsilon": 0.5}, "released_at_ms": 1, "released_at": "x"}
+
+    full, short = new_topic("full"), new_topic("short")
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    for start in (30_000, 60_000, 90_000):  # three windows of two groups
+        for page in ("/a", "/b"):
+            producer.send(full, orjson.dumps(record("q1", start, page)))
+    producer.send(short, orjson.dumps(record("q2", 30_000, "/a")))  # one window only
+    producer.flush()
+    producer.close()
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    assert main(["tail", "--topic", short, "--topic", full, "--from-beginning", "--windows", "2",
+                 "--max-seconds", "15"]) == 0
+    out = capsys.readouterr().out
+    # the complete topic first, with its first two windows and not the third; the other once the time is up
+    assert out.index(f"releases on {full} (2 windows, ") < out.index(f"releases on {short} (1 window, of the 2 "
+                                                                      "asked for, within the time, ")
+    assert sum("/a" in line or "/b" in line for line in out.splitlines() if not line.startswith("releases")) == 5
+    assert format_row(record("q1", 60_000, "/b")) in out and format_row(record("q1", 90_000, "/a")) not in out
+    assert format_row(record("q2", 30_000, "/a")) in out
+    assert main(["tail", "--topic", short, "--topic", full]) == 2
+    assert "several --topic need --windows N" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ["ok_quantiles_without_a_count", "ok_top_k_over_selected_groups_without_a_count",
                                   "ok_local_dp_without_the_querys_epsilon"])
 def test_plan_of_a_query_leaving_out_a_setting_is_the_plan_of_it_written_out(name, tmp_path, capsys):
@@ -455,7 +489,7 @@ def test_plan_names_geometric_as_written_and_states_laplace_as_records_do(tmp_pa
     path = tmp_path / "queries.yaml"
     path.write_text(yaml.safe_dump(config))
     header = _plan_blocks([str(path)], capsys)["pageviews_by_page"][0]
-    assert header == ("query pageviews_by_page (1m windows, geometric (the discrete Laplace, released as laplace), "
+    assert header == ("query pageviews_by_page (30s windows, geometric (the discrete Laplace, released as laplace), "
                       "namespace users)")
     assert main(["plan", str(path), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["queries"][0]

@@ -37,10 +37,16 @@ def _horizons(plan: dict, namespace: str) -> dict[str, dict]:
 
 
 def _sensors_only(tmp_path: Path) -> Path:
-    """The example with the devices namespace holding only the three sensor queries (one topic, 1h windows)."""
+    """The example with the devices namespace holding only the three sensor queries (one topic), on 1h windows
+    at epsilon 0.5, 1 and 0.5 under a limit of 16 per day."""
     config = yaml.safe_load(EXAMPLE.read_text())
     config["queries"] = [q for q in config["queries"] if q["privacy_unit"]["namespace"] == "users"
                          or q["name"] in SENSORS]
+    for query in config["queries"]:
+        if query["name"] in SENSORS:
+            query.update(window={"size": "1h", "allowed_lateness": "1m"},
+                         epsilon={"sensor_means": 0.5, "sensor_covariance": 1.0, "sensor_median_temp": 0.5}[query["name"]])
+    config["namespaces"]["devices"]["budgets"] = [{"horizon": "24h", "epsilon": 16.0, "delta": 1.0e-4}]
     path = tmp_path / "sensors.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -51,40 +57,48 @@ def test_the_example_namespaces_sum_every_query_per_horizon(capsys):
     queries = {q["name"]: q for q in config["queries"]}
     plan, text = _plan(EXAMPLE, capsys)
 
-    # devices, 1d: five queries of 1h windows, 24 windows each
+    # devices, 1h and 1d: five queries of 30s windows, 120 and 2,880 windows each
     devices = [q for q in queries.values() if q["privacy_unit"]["namespace"] == "devices"]
-    assert len(devices) == 5 and all(q["window"]["size"] == "1h" for q in devices)
-    day = _horizons(plan, "devices")["1d"]
-    epsilon = sum(24 * q["epsilon"] for q in devices)  # 4, 2, 0.5, 1 and 0.5 per window: 192
-    delta = sum(24 * q.get("delta", 0.0) for q in devices)
-    assert day["fully_active_unit_spends"]["epsilon"] == pytest.approx(epsilon, rel=1e-6) and epsilon == 192
-    assert day["fully_active_unit_spends"]["delta"] == pytest.approx(delta, rel=1e-6)
-    assert day["limit"] == 16 and day["exhausted"] == ["epsilon"]
-    assert day["times_the_limit"] == pytest.approx(12, rel=1e-6)
-    assert day["fully_active_unit_lasts_ms"] == pytest.approx(2 * HOUR, rel=1e-6)
+    assert len(devices) == 5 and all(q["window"]["size"] == "30s" for q in devices)
+    per_window = sum(q["epsilon"] for q in devices)  # 1, 2, 0.5, 3 and 1 per window: 7.5
+    delta_per_window = sum(q.get("delta", 0.0) for q in devices)  # 1e-6 and 2e-6
+    assert per_window == 7.5 and delta_per_window == pytest.approx(3e-6)
+    for horizon, windows, limit, delta_limit in (("1h", 120, 16, 1e-4), ("1d", 2880, 48, 4e-4)):
+        spends = _horizons(plan, "devices")[horizon]
+        assert spends["fully_active_unit_spends"]["epsilon"] == pytest.approx(windows * per_window, rel=1e-6)
+        assert spends["fully_active_unit_spends"]["delta"] == pytest.approx(windows * delta_per_window, rel=1e-6)
+        assert spends["limit"] == limit and spends["exhausted"] == ["delta", "epsilon"]
+        assert spends["times_the_limit"] == pytest.approx(windows * per_window / limit, rel=1e-6)
+        # epsilon binds first: the limit lasts limit / 7.5 windows of 30 s
+        horizon_ms = HOUR if horizon == "1h" else DAY
+        assert spends["fully_active_unit_lasts_ms"] == pytest.approx(horizon_ms * limit / (windows * per_window),
+                                                                    rel=1e-6)
+        assert windows * delta_per_window > delta_limit  # exhausted too, later
+    assert _horizons(plan, "devices")["1d"]["fully_active_unit_lasts_ms"] == pytest.approx(48 / 7.5 * 30_000)
 
-    # users, 1h and 1d: four queries of 1m windows (0.1 each) and the continual pageviews_today, charged
-    # 0.5 once per 1d period: once in any 1h and once in any 1d for a unit active in every window
+    # users, 1h and 1d: four queries of 30s windows (0.5, 0.5, 2 and 0.5) and the continual pageviews_today,
+    # charged 2 once per 1d period: once in any 1h and once in any 1d for a unit active in every window
     users = _horizons(plan, "users")
     assert queries["pageviews_today"]["continual"]["period"] == "1d"
     per_window = [q for q in queries.values() if q["privacy_unit"]["namespace"] == "users" and "continual" not in q]
-    assert len(per_window) == 4 and all(q["window"]["size"] == "1m" and q["epsilon"] == 0.1 for q in per_window)
-    for horizon, minutes in (("1h", 60), ("1d", 1440)):
-        expected = 4 * minutes * 0.1 + 0.5
+    assert len(per_window) == 4 and all(q["window"]["size"] == "30s" for q in per_window)
+    assert sum(q["epsilon"] for q in per_window) == 3.5 and queries["pageviews_today"]["epsilon"] == 2
+    for horizon, windows in (("1h", 120), ("1d", 2880)):
+        expected = windows * 3.5 + 2
         assert users[horizon]["fully_active_unit_spends"]["epsilon"] == pytest.approx(expected, rel=1e-6)
         assert users[horizon]["exhausted"] == ["epsilon"]
-    assert users["1h"]["fully_active_unit_lasts_ms"] == pytest.approx(HOUR * 1.0 / 24.5, rel=1e-6)
+    assert users["1h"]["fully_active_unit_lasts_ms"] == pytest.approx(HOUR * 10 / 422, rel=1e-6)
 
     # The text: each query's horizon lines say they count that query alone, and the namespace's lines
     # warn that together its queries exhaust the limits.
-    assert "a unit can join all 24 windows" in text  # sensor_means alone...
+    assert "a unit can join 32 of 120 windows" in text  # sensor_means alone: 16 / 0.5 per hour
     assert all("counting this query alone" in line for line in text.splitlines() if "can join" in line)
     namespace_part = text[text.index("\nnamespace users "):]
-    assert ("16 (delta 0.0001) per 1d: a unit active in every window of every query of the namespace is charged "
-            "192 epsilon, delta 7.2e-05 in any 1d" in namespace_part)
-    assert ("WARNING: namespace devices together exhausts the epsilon limit per 1d: a unit active in every window "
-            "of its queries uses it up in about 2h of windows joined at that rate (2 windows of each 1h-window "
-            "query)" in namespace_part)
+    assert ("48 (delta 0.0004) per 1d: a unit active in every window of every query of the namespace is charged "
+            "21600 epsilon, delta 0.00864 in any 1d" in namespace_part)
+    assert ("WARNING: namespace devices together exhausts the delta and epsilon limit per 1d: a unit active in "
+            "every window of its queries uses it up in about 3.2m of windows joined at that rate (6 windows of each "
+            "30s-window query)" in namespace_part)
     assert namespace_part.count("WARNING: namespace users") == 2
 
 
@@ -138,6 +152,8 @@ def test_three_queries_that_each_fit_alone_last_a_third_of_the_day_together(tmp_
 def test_a_namespace_within_its_limits_gets_no_warning_and_rho_is_summed(tmp_path, capsys):
     config = yaml.safe_load(EXAMPLE.read_text())
     base = next(q for q in config["queries"] if q["name"] == "pageviews_by_page")
+    base.pop("expected")  # its accuracy at such epsilons would be warned of: this test is about the namespace
+    base["window"] = {"size": "1m", "allowed_lateness": "10s"}
     queries = []
     for name, epsilon in (("a", 0.02), ("b", 0.04)):
         queries.append({**base, "name": name, "output_topic": f"dp.{name}", "epsilon": epsilon})

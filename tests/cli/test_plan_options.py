@@ -170,7 +170,7 @@ def test_hierarchy_levels_state_their_sum_scale_when_the_query_sums(tmp_path, ca
         m = re.search(rf"epsilon ({_NUM}), count scale ({_NUM}) .*, sum scale ({_NUM}) \(±({_NUM})\)", line)
         assert m, line
         epsilon, count_scale, sum_scale, half = (float(x) for x in m.groups())
-        assert epsilon == pytest.approx(0.1 * share / 4, rel=1e-6)
+        assert epsilon == pytest.approx(0.5 * share / 4, rel=1e-6)  # split [1, 1, 2] of the query's 0.5
         # count and sum each take half the level's epsilon; the sum's sensitivity is 3 events x clip 100
         assert sum_scale == pytest.approx(count_scale * 100, rel=1e-3)
         assert half == pytest.approx(sum_scale * math.log(20), rel=2e-2)

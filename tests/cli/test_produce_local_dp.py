@@ -28,7 +28,7 @@ from stream_dp.cli.main import main
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "queries.example.yaml"
 DOMAIN = ["chrome", "safari", "firefox", "edge", "other"]  # browsers_local's groups.public
 EPSILON = 2.0  # browsers_local's local_dp epsilon
-HOUR = 3_600_000  # browsers_local's window; allowed_lateness 1m
+HOUR = 3_600_000  # a window of browsers_local where a test sets it, else 120 of its 30 s windows
 T0 = 1_700_000_000_000 // HOUR * HOUR  # a window start
 P_MIN = 1e-4
 SECRET_ENV = "STREAM_DP_LOCAL_DP_SECRET"
@@ -51,11 +51,14 @@ def _secret(tmp_path: Path, content: bytes | None = None, name: str = "local-dp.
     return path
 
 
-def _config(tmp_path: Path, *, mechanism: str = "krr", local_first: bool = False) -> Path:
-    """The example's queries, browsers_local with ``mechanism`` (and first, if ``local_first``)."""
+def _config(tmp_path: Path, *, mechanism: str = "krr", local_first: bool = False, window: str | None = None) -> Path:
+    """The example's queries, browsers_local with ``mechanism`` (and first, if ``local_first``; on windows of
+    ``window``, if given)."""
     document = yaml.safe_load(EXAMPLE.read_text())
     (local,) = [q for q in document["queries"] if q["name"] == "browsers_local"]
     local["local_dp"]["mechanism"] = mechanism
+    if window is not None:
+        local["window"] = {"size": window}
     if local_first:
         document["queries"] = [local] + [q for q in document["queries"] if q is not local]
     path = tmp_path / "queries.yaml"
@@ -99,7 +102,7 @@ def test_one_report_per_unit_per_window(tmp_path, capsys):
     events += [{"device_id": "d2", "ts": T0 + 5, "browser": "chrome"}]
     events += [{"device_id": "d1", "ts": T0 + HOUR + i, "browser": "safari"} for i in range(3)]  # the next hour
     events += [{"device_id": 7, "ts": T0 + 1, "browser": "edge"}, {"device_id": "7", "ts": T0 + 2, "browser": "edge"}]
-    sent = _reports(tmp_path, events)
+    sent = _reports(tmp_path, events, _config(tmp_path, window="1h"))
     assert [(e["device_id"], e["ts"]) for _, e, _ in sent] == [("d1", T0), ("d2", T0 + 5), ("d1", T0 + HOUR), (7, T0 + 1)]
     err = capsys.readouterr().err
     assert "52 events were not sent: their unit had already reported in their window" in err  # 49 + 2 + the "7"
@@ -202,6 +205,37 @@ def test_produce_local_dp_sends_one_bare_report_per_unit_and_window(tmp_path, mo
                  "--local-dp", "browser", "--local-dp-secret-file", str(_secret(tmp_path)), "--quiet"]) == 0
     assert [(key, set(event), ms) for key, event, ms in captured["events"]] == [
         (f"d{i}".encode(), FIELDS, T0 + i) for i in range(3)]
+
+
+def test_live_reports_go_out_at_their_own_time_though_most_events_send_none(tmp_path, monkeypatch):
+    """Synthetic events at a rate carry the wall clock's time; a local_dp producer sends one report per unit and
+    window of them, far fewer than the rate: each must still leave no earlier than its time (pacing by the
+    reports sent would let the event times run ahead of the clock, and the producer end early)."""
+    import kafka
+    import time as clock
+
+    sends: list[tuple[float, int]] = []
+
+    class Producer:
+        def __init__(self, **options):
+            pass
+
+        def send(self, topic, key, value, timestamp_ms):
+            sends.append((clock.time(), orjson.loads(value)["ts"]))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(kafka, "KafkaProducer", Producer)
+    # 400 events over 2 s, skewed over 20,000 units as the demo's are: new units, and so reports, all along
+    assert main(["produce", "--topic", "t", "--synthetic", "400", "--rate", "200", "--units", "20000", "--config",
+                 str(EXAMPLE), "--query", "browsers_local", "--local-dp", "browser", "--local-dp-secret-file",
+                 str(_secret(tmp_path)), "--quiet"]) == 0
+    assert 50 <= len(sends) < 400 and sends[-1][1] - sends[0][1] > 1_000
+    assert all(sent_at >= event_ms / 1000 - 0.001 for sent_at, event_ms in sends), sends
 
 
 def _produce(monkeypatch, events: Path, *options: str, config: Path = EXAMPLE) -> tuple[int, list[tuple]]:

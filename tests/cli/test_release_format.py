@@ -124,7 +124,8 @@ def test_tail_prints_every_kind_and_no_fallback(monkeypatch, capsys):
             pass
 
     monkeypatch.setitem(sys.modules, "kafka", SimpleNamespace(KafkaConsumer=Consumer))
-    args = SimpleNamespace(topic="t", from_beginning=True, json=False, max=len(messages), timeout=5.0)
+    args = SimpleNamespace(topic=["t"], from_beginning=True, json=False, max=len(messages), timeout=5.0, windows=0,
+                           max_seconds=0.0)
     assert tail.run(args) == 0
     out = capsys.readouterr().out
     assert out.count("(not a release record") == 1  # only the last message, which is not one

@@ -19,12 +19,32 @@ from tests.config.test_queries import _error, example  # noqa: F401 (fixture)
 SELECTED = {"select": {"delta": 1e-6}}
 
 
+def _minute_quantiles(example: dict) -> dict:
+    """The example's quantiles query on 1 min windows with 3 q at 256 bins (its 3 public pages kept)."""
+    query = example["queries"][2]
+    assert query["name"] == "value_quantiles"
+    query["window"] = {"size": "1m", "allowed_lateness": "10s"}
+    query["aggregations"]["quantiles"].update(q=[0.5, 0.9, 0.99], bounds=[0, 500], bins=256)
+    return query
+
+
+def _hourly(example: dict, index: int) -> dict:
+    """The example's query ``index`` on 1 h windows."""
+    query = example["queries"][index]
+    query["window"] = {"size": "1h", "allowed_lateness": "1m"}
+    return query
+
+
 def _alone(example: dict, index: int, name: str, **changes) -> dict:
-    """The example's query ``index`` as the only query of the file (other queries' release time aside)."""
+    """The example's query ``index`` as the only query of the file (other queries' release time aside); its
+    quantiles on 1 min windows with 3 q at 256 bins, its vectors on 1 h windows."""
     query = example["queries"][index]
     assert query["name"] == name
     if "quantiles" in query.get("aggregations", {}):
+        _minute_quantiles(example)
         query["aggregations"]["quantiles"].pop("value_interval", None)  # draws alone; intervals are tested apart
+    else:
+        _hourly(example, index)
     query.update(changes)
     example["queries"] = [query]
     return query
@@ -96,8 +116,10 @@ def test_a_covariance_cap_must_fit_the_window(example):
 
 
 def test_the_file_adds_up_quantiles_and_sample_aggregate_release_times(example):
-    # the example's sample_aggregate takes at worst 100 s an hour (2.78% of the time); quantiles capped at
+    # the sample_aggregate on 1 h windows takes at worst 100 s an hour (2.78% of the time); quantiles capped at
     # 95,000 groups take 95,000 x 0.6192 ms = 58.8 s a minute (98.04%): each fits its window, not both
+    _minute_quantiles(example)
+    _hourly(example, 9)["aggregations"]["sample_aggregate"].update(blocks=50, timeout="1s")
     example["queries"][2]["groups"] = SELECTED
     example["queries"][2]["aggregations"]["quantiles"].pop("value_interval")  # the draws alone: 0.6192 ms
     example["queries"][2]["aggregations"]["quantiles"]["max_released_groups"] = 95_000

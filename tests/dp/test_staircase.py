@@ -16,8 +16,8 @@ in 700 runs. The doctored laws below (one step length off, or epsilon 10% off)
 give p-values below 1e-30 with the same draws, so the threshold costs no power
 (the worker's laws' section lists what each of its tests sees when doctored).
 
-The worker's laws (built from deploy/queries.example.yaml as the worker builds
-them) have an epsilon just under 2 whose fraction has a denominator of 2^52,
+The worker's laws (built as the worker builds them from deploy/queries.example.yaml's
+session_minutes, at epsilon 4) have an epsilon just under 2 whose fraction has a denominator of 2^52,
 and about 2^21 steps for sums: too many for one chi-square over the density,
 so the sum law is checked part by part -- the block index, the inner and outer
 part of a step, the position within a step, the sign, E|Z| and E[Z^2] -- each
@@ -310,8 +310,9 @@ SUB_BINS = 20
 
 @pytest.fixture(scope="module")
 def production_noise():  # type: ignore[no-untyped-def]
-    """(count noise, sum noise) of query session_minutes, as the worker builds them."""
-    query = load_config(EXAMPLE).query("session_minutes")
+    """(count noise, sum noise) of query session_minutes at epsilon 4 (2 per group, where the staircase departs
+    most from Laplace), as the worker builds them."""
+    query = load_config(EXAMPLE).query("session_minutes").model_copy(update={"epsilon": 4.0})
     assert query.mechanism == "staircase"
     base = build_plan(query).base
     assert base is not None

@@ -41,6 +41,12 @@ def test_clipping_scales_long_vectors_down_and_leaves_short_ones():
     assert np.allclose(clip_l2(v, 1.0), [[0.6, 0.8], [0.3, 0.4], [0.0, 0.0]])
 
 
+def test_clipping_a_vector_of_subnormal_fields_leaves_it_as_it_is_without_an_overflow():
+    # its norm squares to 0; a bound over the smallest normal number overflowed (a warning, an error here)
+    v = np.array([[5e-324, -5e-324], [3.0, 4.0]])
+    assert clip_l2(v, 1000.0).tolist() == [[5e-324, -5e-324], [3.0, 4.0]]
+
+
 @pytest.mark.parametrize("kind", ["mean_vector", "covariance"])
 def test_one_unit_moves_the_feature_sums_by_at_most_the_sensitivity(kind):
     """Neighbouring datasets (one unit's vectors in L0 groups added), worst directions included:

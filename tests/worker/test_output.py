@@ -109,11 +109,12 @@ def test_a_release_is_published_in_batches_within_the_limit_each_record_once(kaf
     assert dict((r.key, r.value) for r in records) == dict(entry.render()[:n])
 
 
-def test_the_readme_example_record_is_one_the_worker_would_publish():
-    """The README's example record validates against the schema and has exactly the fields (and privacy fields)
-    of a record the worker builds for the example query: the documentation cannot drift from the output."""
-    readme = (REPO / "README.md").read_text()
-    example = json.loads(readme.split("### Output records", 1)[1].split("```json", 1)[1].split("```", 1)[0])
+def test_the_documented_example_record_is_one_the_worker_would_publish():
+    """The example record of docs/reference/output-records.md validates against the schema and has exactly the
+    fields (and privacy fields) of a record the worker builds for the example query: the documentation cannot
+    drift from the output."""
+    page = (REPO / "docs" / "reference" / "output-records.md").read_text()
+    example = json.loads(page.split("```json", 1)[1].split("```", 1)[0])
     jsonschema.validate(example, SCHEMA)
     runtime = _runtime({"public": ["/", "/pricing", "/docs"]})
     window = _window([("/",), ("/pricing",), ("/docs",)], [0, 40, 4000])

@@ -7,6 +7,7 @@ The reference is that sentence, computed here from the positions and holds each 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from aiokafka.structs import TopicPartition
 
@@ -81,3 +82,21 @@ def test_forgotten_partitions_are_not_committed() -> None:
     commits.forget({1})
     asyncio.run(commits.commit(lambda: {}))
     assert consumer.commits == [{0: 2}]
+
+
+def test_the_first_commit_is_due_on_a_machine_booted_seconds_ago(monkeypatch) -> None:
+    # The monotonic clock counts from the boot: here the machine has been up 30 s, less than the interval.
+    clock = {"s": 30.0}
+    monkeypatch.setattr(time, "monotonic", lambda: clock["s"])
+    consumer = _Consumer({0})
+    commits = PartialsCommits(consumer, TOPIC, interval_s=3600.0)  # type: ignore[arg-type]
+    commits.read_through(0, 1)
+    asyncio.run(commits.commit(lambda: {}))
+    assert consumer.commits == [{0: 2}]
+    commits.read_through(0, 2)
+    clock["s"] = 30.0 + 3599.0
+    asyncio.run(commits.commit(lambda: {}))
+    assert consumer.commits == [{0: 2}]  # the interval counts from that first commit
+    clock["s"] = 30.0 + 3600.0
+    asyncio.run(commits.commit(lambda: {}))
+    assert consumer.commits == [{0: 2}, {0: 3}]

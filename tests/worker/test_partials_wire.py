@@ -287,8 +287,10 @@ def test_events_reach_the_combined_window_as_feature_sums_without_excluded_units
             per_pair.setdefault((u, g), []).append(v)
     expected = np.zeros((3, 10))
     upper = [(i, j) for i in range(4) for j in range(i, 4)]
+    clip_norm = float(config.aggregations.covariance.clip_norm)  # 5 in the example
     for (u, g), vectors in per_pair.items():
-        x = [*np.mean(vectors, axis=0).tolist(), 20.0]  # (mean, C); C = 20 in the example
+        assert np.linalg.norm(np.mean(vectors, axis=0)) < clip_norm  # none clipped
+        x = [*np.mean(vectors, axis=0).tolist(), clip_norm]  # (mean, C)
         expected[int(g[2:])] += [x[i] * x[j] for i, j in upper]
     # each unit's feature is cut toward zero to a grid of about 2^-26 of its l2 bound (README): at most
     # one grid step per unit below the reference; 30 units

@@ -7,6 +7,7 @@ the real servers, the cluster one also for where its markers land.
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -174,7 +175,7 @@ def test_a_store_emptied_under_a_running_worker_is_caught_by_the_next_check():
     assert guard.verify() and not guard.due()
     markers._held = list(NONE)  # Redis restarted without its data
     assert guard.verify()  # not due yet: the last check stands
-    guard._next_recheck_s = 0.0  # the recheck interval has passed
+    guard._next_recheck_s = -math.inf  # the recheck interval has passed
     assert guard.due()
     with pytest.raises(StoreReplaced, match="holds no store token"):
         guard.verify()

@@ -103,3 +103,15 @@ def test_top_k_record_draws_from_the_given_candidates_only():
         jsonschema.Draft202012Validator(SCHEMA).validate(record)
         assert record["candidates"] == 3
         assert {t["group"]["page"] for t in record["top"]} <= KEPT, record
+
+
+def test_a_window_whose_selection_released_no_group_publishes_no_top_k_record():
+    # Only the groups the selection drops (one unit or none): nothing is released, as for a window without
+    # data, which is never drawn. A list of no candidates would tell that the window had data.
+    runtime = _runtime()
+    gone = [i for i, (page, _, _) in enumerate(GROUPS) if page.startswith("gone")]
+    window = _window()
+    window = SimpleNamespace(**{**vars(window), "groups": [window.groups[i] for i in gone],
+                                "count": window.count[gone], "distinct_units": window.distinct_units[gone]})
+    for _ in range(10):
+        assert build_release(runtime, window, OpenDPNoise(), 70_000).render() == []

@@ -1,0 +1,50 @@
+"""The documentation site (mkdocs.yml, docs/) builds with ``mkdocs build --strict``: every page is in the
+navigation, and every link between pages and every anchor resolves."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    # NO_MKDOCS_2_WARNING: the theme's banner about MkDocs 2.0, printed on every build, says nothing about the site
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config), "--site-dir", str(site)],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+
+
+def test_the_site_builds_strictly(tmp_path):
+    done = _build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stderr[-5000:]}"
+    assert (tmp_path / "site" / "reference" / "query-file" / "index.html").exists()
+
+
+def test_a_broken_link_an_unknown_anchor_or_a_page_left_out_fails_the_build(tmp_path):
+    """The strictness the first test relies on: each kind of rot, on a copy of the site, fails its build."""
+    rots = {
+        "link": ("index.md", "\n[gone](concepts/no-such-page.md)\n"),
+        "anchor": ("index.md", "\n[gone](privacy/index.md#no-such-heading)\n"),
+        "page": ("orphan.md", "# A page no navigation lists\n"),
+    }
+    for rot, (page, text) in rots.items():
+        copy = tmp_path / rot
+        shutil.copytree(ROOT / "docs", copy / "docs")
+        shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")
+        with (copy / "docs" / page).open("a") as handle:
+            handle.write(text)
+        done = _build(copy / "mkdocs.yml", copy / "site")
+        assert done.returncode != 0, f"a {rot} that rots did not fail the build"
+
+
+def test_the_configuration_page_names_every_environment_setting():
+    from stream_dp.config import settings_env_names
+
+    page = (ROOT / "docs" / "reference" / "configuration.md").read_text()
+    missing = sorted(name for name in settings_env_names() if f"`{name}`" not in page)
+    assert not missing, f"docs/reference/configuration.md does not name {missing}"
