@@ -233,9 +233,10 @@ class ReleaseStage:
         kept in the ledger by the first worker that asks; ``window.publish_from`` replaces it. No data takes part, so neighbouring streams
         publish the same windows: the first is the one holding the start, and every later one is published,
         data or not.
+        Not before the store is verified (``store_guard``): a Redis that lost its data gets no start written.
         """
         now_s = time.monotonic()
-        if now_s < self._next_start_lookup_s:
+        if now_s < self._next_start_lookup_s or not self.store_ready():
             return
         self._next_start_lookup_s = now_s + 2.0
         for query in self.queries.values():
