@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against real services, on a new machine too:
 # installs what is missing, starts Kafka, Redis, a Redis Cluster and Prometheus on loopback,
-# runs pytest (extra arguments are passed to it), and stops what it started.
+# runs pytest (extra arguments are passed to it) in several processes, and stops what it started.
+# STREAM_DP_FULL_TESTS=1 runs the full suite (tests/conftest.py says what it adds).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,4 +30,7 @@ for service in redis redis-cluster prometheus kafka; do
   started+=("$service")
 done
 
-.venv/bin/python -m pytest "$@"
+# Several pytest processes (pytest-xdist): most of the suite waits -- for windows to close, brokers to
+# return, worker processes to join -- so a few processes share two cores well (tests/scheduling.py says
+# which tests keep together and what starts first). Arguments given here come after, so `-n 0` runs one.
+.venv/bin/python -m pytest -n "${STREAM_DP_TEST_PROCESSES:-3}" --dist loadgroup "$@"

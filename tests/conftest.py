@@ -8,6 +8,26 @@ Each service is found in this order:
 2. a testcontainers container, when a Docker engine answers (not for the cluster);
 3. otherwise the test is skipped -- except under ``CI=true``, where a missing
    service fails the test, so a CI run can never pass by skipping.
+
+The default suite and the full one
+----------------------------------
+
+``bash deploy/test.sh`` runs every kind of test -- unit, property, end to end on
+the real services, the neighbouring-stream audit, a share of the fault runs,
+the deploy files -- sized to finish in about a quarter of an hour on two cores.
+``STREAM_DP_FULL_TESTS=1 bash deploy/test.sh`` runs the full suite, which adds:
+
+* the audit over 2,000 windows per stream instead of 800
+  (``tests/audit/test_neighbouring_streams.py``; ``STREAM_DP_AUDIT_WINDOWS``
+  sets any other number);
+* the audit's negative controls at twice their sample sizes, with the three
+  costliest (family, doctoring) pairs (``tests/audit/test_negative_controls.py``);
+* every seeded fault run of ``tests/reliability/catalogue.py`` (``full_catalogue``,
+  59 runs, about half an hour more), beside the default share that injects
+  every kind of fault at least once (``ci_catalogue``).
+
+Tests only the full suite runs are marked ``full``; the default suite reports
+them as skipped, naming the flag (``tests/suite.py`` reads it).
 """
 
 from __future__ import annotations
@@ -19,7 +39,30 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import scheduling
+from tests.suite import FULL, FULL_TESTS_ENV
+
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.hookimpl(trylast=True)  # the plan names the tests left after every other plugin chose
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(reason=f"a long run of the full suite: set {FULL_TESTS_ENV}=1 to run it")
+    for item in items:
+        if item.get_closest_marker("full") and not FULL:
+            item.add_marker(skip)
+    scheduling.write_plan(config, items)
+
+
+# pytest-xdist's hooks (``deploy/test.sh`` runs the suite in several processes; tests/scheduling.py)
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    scheduling.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    return scheduling.make_scheduler(config, log)
 
 
 def _missing(service: str, how: str) -> None:

@@ -127,6 +127,13 @@ def windows() -> list[Panel]:
                Target(f"sum by (query) (rate(stream_dp_groups_released_total{{{Q}}}{RATE})) * 60",
                       "{{query}} group records")),
               ),
+        Panel("Windows waiting for a partition", "Windows past their release timeout that wait for an input "
+              "partition whose records may still hold their events (its worker is behind, down or held by the "
+              "budget store): never released without it (StreamDpReleaseWaitingForPartition). Wait: how long the "
+              "oldest has waited since its first partial. The releasing worker's log names the partitions.",
+              (Target(f"max by (query) (stream_dp_release_waiting_windows{{{Q}}})", "{{query}} windows"),
+               Target(f"max by (query) (stream_dp_release_wait_seconds{{{Q}}})", "{{query}} oldest wait (s)")),
+              no_value="0"),
         Panel("Release latency", "From a window closing (watermark past its end) to its last record published.",
               quantiles("stream_dp_release_latency_seconds", "query", Q, "{{query}}"), unit="s"),
         Panel("Noise time per release", "Time drawing OpenDP noise for one window (mean and p99).",
@@ -144,7 +151,8 @@ def windows() -> list[Panel]:
         Panel("Replays and late data", "Zero when healthy. Republished: a stored release published again after "
               "a retry or replay (same values, no new noise). Late partials: dropped after their window was "
               "released. Expired partials and windows: older than the release ledger keeps entries, so never "
-              "released (again). Missing partitions: released after the release timeout without them. Charge replays: "
+              "released (again). Missing partitions: left out of a release, the broker having shown they held nothing more "
+              "for the window. Charge replays: "
               "a charge id already charged (after a restart). Withheld: windows released noise-only because "
               "their partitions were checked against different partition counts. Partition count changes: "
               "an input topic gained partitions.",

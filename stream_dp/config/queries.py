@@ -274,8 +274,11 @@ class QueryConfig(_Strict):
                     "record's size (a top_k record lists k groups).")
     release_timeout_ms: DurationMs = Field(
         60_000, alias="release_timeout",
-        description="How long the release stage waits for a window's missing partials (wall clock, from its first "
-                    "partial) before releasing what arrived, and for the rest of a partial cut off mid-way.")
+        description="How long a window waits for every input partition's partial or progress (wall clock, from "
+                    "its first partial) before the release stage asks the broker about the missing ones: a partition "
+                    "whose records show nothing more for the window is left out, one that may still hold its events "
+                    "is waited for and alerted on (docs/privacy/partitions.md); also how long the rest of a partial "
+                    "cut off mid-way is waited for.")
     continual: ContinualConfig | None = Field(
         None, description="Running totals since the start of each period, released after every window.")
     hierarchy: bool | HierarchyConfig = Field(

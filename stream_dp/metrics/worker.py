@@ -98,7 +98,8 @@ class WorkerMetrics:
         )
         self.partition_count_changes = Counter(
             "stream_dp_partition_count_changes_total",
-            "Changes of an input topic's partition count seen by this worker; windows open across one are withheld.",
+            "Changes of an input topic's partition count seen by this worker; windows whose partitions were closed "
+            "under different counts are withheld.",
             ["topic"],
             registry=registry,
         )
@@ -120,7 +121,21 @@ class WorkerMetrics:
         )
         self.partitions_missing = Counter(
             "stream_dp_release_partitions_missing_total",
-            "Input partitions absent from a window released after the release timeout.",
+            "Input partitions left out of a released window: past the release timeout, the broker showed them "
+            "to hold nothing more for it (a partition that is behind is waited for, never left out).",
+            ["query"],
+            registry=registry,
+        )
+        self.release_waiting_windows = Gauge(
+            "stream_dp_release_waiting_windows",
+            "Windows past their release timeout waiting for an input partition that has not reported them "
+            "closed and may still hold their events (its worker is behind, down, or held by the budget store).",
+            ["query"],
+            registry=registry,
+        )
+        self.release_wait_seconds = Gauge(
+            "stream_dp_release_wait_seconds",
+            "How long the oldest window past its release timeout has waited since its first partial (0: none waits).",
             ["query"],
             registry=registry,
         )

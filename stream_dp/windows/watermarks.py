@@ -136,6 +136,17 @@ class PartitionProgress:
         return now_ms - self.last_active_wall_ms >= idle_timeout_ms
 
 
+def window_close_ms(window_end_ms: int, allowed_lateness_ms: int) -> int:
+    """The earliest record timestamp that closes a window ending at ``window_end_ms`` on a partition.
+
+    The watermark rule above read backwards: a partition's watermark passes the end once it has
+    delivered a record stamped ``allowed_lateness_ms`` after it. The release stage asks the broker
+    for the first such record of a partition that has not reported a window closed
+    (``stream_dp.worker.partition_lag``): records before it may still hold the window's events.
+    """
+    return window_end_ms + allowed_lateness_ms
+
+
 def combined_watermark_ms(partitions: Iterable[PartitionProgress], now_ms: int, spec: WindowSpec) -> int | None:
     """The watermark the owned partitions allow right now."""
     owned = list(partitions)

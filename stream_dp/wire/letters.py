@@ -1,17 +1,20 @@
-"""Dead letters: a rejected event's original bytes, whole, in records that fit the dead-letter topic.
+"""Dead letters: a bounded copy of a rejected event -- its head, its size and its digest -- in one record.
 
-A dead letter is the event's value as it came, with headers saying why
-(``reason``, ``detail``, ``query``, ``source`` = input topic/partition/offset)
-and ``wire`` = ``DEAD_LETTER_VERSION``. Its Kafka key is its ``source``, so
-every record of one dead letter lands on one partition, in order.
+A dead letter (wire version 3) is one record whose value is the event's first
+``DEAD_LETTER_HEAD_BYTES`` bytes (the whole event when it is no longer), with
+headers saying why (``reason``, ``detail``, ``query``, ``source`` = input
+topic/partition/offset), ``size`` (the whole event's bytes), ``digest``
+(BLAKE2b-128 of the whole event, hex) and ``wire`` = ``DEAD_LETTER_VERSION``.
+Its Kafka key is its ``source``. The copy is bounded so that a flood of large
+rejected messages cannot fill the dead-letter topic, nor slow the worker that
+writes it: each dead letter costs about a kilobyte whatever the event's size.
+The whole event stays on its input topic (at ``source``, for the topic's
+retention), where the digest identifies it.
 
-An event can be as large as its input topic allows, more than the
-dead-letter topic may take. Such a dead letter is split: each record holds a
-piece of the value and the same headers plus ``chunk`` (``index/count``),
-``size`` (the whole value's bytes) and ``digest`` (BLAKE2b-128 of it, hex).
-``reassemble`` joins them back; dead letters of earlier versions (no ``wire``
-header, possibly cut short with a ``truncated_from_bytes`` header) read as
-they are.
+Earlier versions wrote the whole event, split into pieces (wire version 2:
+``chunk`` = ``index/count``, ``size``, ``digest``) when it exceeded the topic's
+record limit, or cut short (no ``wire`` header, ``truncated_from_bytes``);
+``reassemble`` still reads them.
 
 Pure functions, no I/O.
 """
@@ -24,41 +27,38 @@ from dataclasses import dataclass, field
 from stream_dp.wire.chunks import payload_digest
 from stream_dp.wire.frame import UnknownWireVersion, WireFormatError
 
-DEAD_LETTER_VERSION = b"2"
+DEAD_LETTER_VERSION = b"3"
+SPLIT_VERSION = b"2"  # whole events in pieces: read, no longer written
+#: The most of an event a dead letter copies: enough to see what a rejected event was.
+DEAD_LETTER_HEAD_BYTES = 1_024
 Header = tuple[str, bytes]
 _RECORD_FRAMING = 64  # one record's own varints and attributes
 _HEADER_FRAMING = 10  # varints of one header's key and value lengths
-_CHUNK_HEADERS_BYTES = 120  # "chunk", "size" and "digest" headers with their values
-MIN_PIECE_BYTES = 1_024
 _CHUNK_FIELDS = ("chunk", "size", "digest")
 
 
-def dead_letter_records(value: bytes, headers: Sequence[Header], max_record_bytes: int) -> list[tuple[bytes, list[Header]]]:
-    """(value, headers) of each record of one dead letter, each at most ``max_record_bytes`` with the key
-    (the ``source`` header's value) and framing; ``headers`` must hold ``source``."""
+def dead_letter_record(value: bytes, headers: Sequence[Header], max_record_bytes: int) -> tuple[bytes, list[Header]]:
+    """(value, headers) of the one record of a dead letter: the event's head, its size and digest; at most
+    ``max_record_bytes`` with the key (the ``source`` header's value) and framing. ``headers`` must hold
+    ``source``."""
     source = dict(headers)["source"]
-    stamped = [*headers, ("wire", DEAD_LETTER_VERSION)]
+    stamped = [*headers, ("size", str(len(value)).encode()), ("digest", payload_digest(value).encode()),
+               ("wire", DEAD_LETTER_VERSION)]
+    head = value[:DEAD_LETTER_HEAD_BYTES]
     framing = _RECORD_FRAMING + len(source) + sum(len(k) + len(v) + _HEADER_FRAMING for k, v in stamped)
-    if framing + len(value) <= max_record_bytes:
-        return [(value, stamped)]
-    room = max_record_bytes - framing - _CHUNK_HEADERS_BYTES
-    if room < MIN_PIECE_BYTES:
+    if framing + len(head) > max_record_bytes:
         raise ValueError(
-            f"dead-letter records of at most {max_record_bytes} bytes leave {room} bytes for the event; the "
-            f"dead-letter topic must take records of at least {framing + _CHUNK_HEADERS_BYTES + MIN_PIECE_BYTES} bytes"
+            f"dead-letter records of at most {max_record_bytes} bytes cannot hold a dead letter of "
+            f"{framing + len(head)} bytes; the dead-letter topic must take records of at least "
+            f"{framing + DEAD_LETTER_HEAD_BYTES} bytes"
         )
-    count = -(-len(value) // room)
-    digest = payload_digest(value).encode()
-    size = str(len(value)).encode()
-    return [
-        (value[i * room:(i + 1) * room], [*stamped, ("chunk", f"{i}/{count}".encode()), ("size", size), ("digest", digest)])
-        for i in range(count)
-    ]
+    return head, stamped
 
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """A whole dead letter: the event's bytes and the headers that came with it (no chunk headers)."""
+    """One dead letter: what it holds of the event (the whole event, or its head) and its headers (no chunk
+    headers)."""
 
     value: bytes
     headers: dict[str, bytes]
@@ -67,6 +67,16 @@ class DeadLetter:
     @property
     def source(self) -> str:
         return self.headers.get("source", b"").decode()
+
+    @property
+    def size(self) -> int:
+        """The whole event's bytes (those held, for a letter of an earlier version that does not say)."""
+        return int(self.headers["size"]) if "size" in self.headers else len(self.value)
+
+    @property
+    def whole(self) -> bool:
+        """Whether ``value`` is the whole event, not its head."""
+        return self.size == len(self.value) and "truncated_from_bytes" not in self.headers
 
 
 @dataclass
@@ -77,19 +87,21 @@ class _Pieces:
 
 
 def reassemble(records: Iterable[tuple[bytes | None, bytes | None, Sequence[Header] | dict[str, bytes]]]) -> list[DeadLetter]:
-    """Whole dead letters from dead-letter records (key, value, headers) read in order, each once (a
-    copy re-sent by a replay comes back again, as it would unsplit). Raises ``UnknownWireVersion`` on a
-    record of a version this code does not read, ``WireFormatError`` on inconsistent chunks."""
+    """Dead letters from dead-letter records (key, value, headers) read in order, pieces of an earlier
+    version's split letter joined back, each once (a copy re-sent by a replay comes back again, as it would
+    unsplit). Raises ``UnknownWireVersion`` on a record of a version this code does not read,
+    ``WireFormatError`` on inconsistent chunks."""
     out: list[DeadLetter] = []
     open_: dict[tuple[bytes, bytes], _Pieces] = {}
     for key, value, raw_headers in records:
         headers = dict(raw_headers)
         value = value or b""
         version = headers.get("wire")
-        if version not in (None, DEAD_LETTER_VERSION):
-            raise UnknownWireVersion(version.decode(errors="replace"), f"dead letters of wire version "
-                                     f"{DEAD_LETTER_VERSION.decode()} (and earlier ones without a wire header)")
-        if "chunk" not in headers:
+        if version not in (None, SPLIT_VERSION, DEAD_LETTER_VERSION):
+            raise UnknownWireVersion(version.decode(errors="replace"), f"dead letters of wire versions "
+                                     f"{SPLIT_VERSION.decode()} and {DEAD_LETTER_VERSION.decode()} (and earlier "
+                                     "ones without a wire header)")
+        if version != SPLIT_VERSION or "chunk" not in headers:
             out.append(DeadLetter(value, headers, key))
             continue
         try:

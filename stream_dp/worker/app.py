@@ -32,6 +32,7 @@ from stream_dp.worker.clients import kafka_clients, release_poll_interval_ms
 from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.ingest import IngestStage
 from stream_dp.worker.kafka_admin import read_commit_metadata, read_group_metadata
+from stream_dp.worker.partition_check import BrokerPartitions, committed_by
 from stream_dp.worker.ledger import RedisReleaseLedger, ReleaseLedger
 from stream_dp.worker.periods import MemoryPeriodRegister, PeriodRegister, RedisPeriodRegister
 from stream_dp.worker.process_tuning import tune_process
@@ -333,6 +334,8 @@ class Worker:
             partials_topic=settings.partials_topic, release_age_limit_ms=settings.release_age_limit_ms,
             output_batch_bytes=limits.output_batch_bytes, output_record_bytes=limits.output_record_bytes,
             clock_ms=self.clock_ms, store_ready=store.ready,
+            partition_check=BrokerPartitions(clients.release_consumer, committed_by(clients.ingest_consumer)),
+            input_partition_counts=lambda topic: len(clients.ingest_consumer.partitions_for_topic(topic) or ()),
         )
         clients.release_consumer.subscribe([settings.partials_topic], listener=release.rebalance_listener())
         clients.ingest_consumer.subscribe(sorted(input_topics),

@@ -16,6 +16,9 @@ from stream_dp.worker.topic_setup import PRODUCER_MAX_REQUEST_BYTES, TopicLimits
 from stream_dp.worker.topics import RECORD_HEADROOM
 
 FETCH_PARTITION_BYTES = 8 * 1024 * 1024
+#: How old the consumers' topic metadata may grow (aiokafka's default is 5 minutes): partitions added to
+#: an input topic are read, placed and waited for by the release within seconds of the growth.
+METADATA_MAX_AGE_MS = 3_000
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,17 @@ class KafkaClients:
     async def stop(self) -> None:
         for client in (self.ingest_consumer, self.release_consumer, self.producer, self.output_producer):
             await client.stop()
+
+
+#: The most the internal producer puts in one record batch (aiokafka's default is 16 KiB).
+INTERNAL_BATCH_BYTES = 1024 * 1024
+
+
+def internal_batch_bytes(limits: TopicLimits) -> int:
+    """The internal producer's batch size: large, so that the dead letters of a flood of rejected messages
+    go out many to a batch (aiokafka keeps one open batch per partition, and a send waits while it is
+    full), yet within what the partials and dead-letter topics take, since the broker limits a whole batch."""
+    return min(INTERNAL_BATCH_BYTES, limits.partials_record_bytes, limits.dead_letter_record_bytes)
 
 
 #: aiokafka's own default of ``max_poll_interval_ms``: the least the release consumer is given.
@@ -55,7 +69,8 @@ def kafka_clients(aio: dict[str, Any], *, client_id: str, group_id: str, limits:
     group = {"session_timeout_ms": session_timeout_ms, "heartbeat_interval_ms": min(3_000, session_timeout_ms // 3)}
     return KafkaClients(
         producer=AIOKafkaProducer(**aio, client_id=f"{client_id}-producer", acks="all", enable_idempotence=True,
-                                  linger_ms=5, max_request_size=PRODUCER_MAX_REQUEST_BYTES),
+                                  linger_ms=5, max_request_size=PRODUCER_MAX_REQUEST_BYTES,
+                                  max_batch_size=internal_batch_bytes(limits)),
         # Release records repeat their window's JSON (privacy block, times) in every record: lz4
         # shrinks a batch several times over for the broker, and consumers decompress on their own.
         output_producer=AIOKafkaProducer(
@@ -67,7 +82,7 @@ def kafka_clients(aio: dict[str, Any], *, client_id: str, group_id: str, limits:
         ingest_consumer=ColumnarConsumer(
             **aio, client_id=f"{client_id}-ingest", group_id=group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
-            fetch_max_bytes=64 * 1024 * 1024, **group,
+            fetch_max_bytes=64 * 1024 * 1024, metadata_max_age_ms=METADATA_MAX_AGE_MS, **group,
         ),
         # Partial chunks are up to the partials topic's record limit: a fetch takes several.
         release_consumer=AIOKafkaConsumer(

@@ -12,10 +12,18 @@ window's own home partition.
 
 A window is **complete** when every input partition has either sent its
 partial or reported progress through the window's end (a partition with no
-events in a window sends no partial). A window that waited
-``release_timeout_ms`` (wall clock, from its first partial) is released with
-what arrived; partials that come later are counted and dropped (the budget
-they charged stays charged, which errs on the safe side).
+events in a window sends no partial), or has been shown by the broker to hold
+nothing more for it. The input partitions are those the partials and
+progress name and those the topic's metadata lists (``note_input_partitions``),
+so partitions added to the topic are waited for as soon as either knows them.
+A window is never released because a partition is late: one that has waited
+``release_timeout_ms`` (wall clock, from its first partial) is **overdue**, and
+the release stage asks the broker about its missing partitions
+(``stream_dp.worker.partition_lag``): those whose records show nothing more
+for the window are left out (``leave_out``); the others are waited for, with
+a metric, an alert and a log line. Partials that come after their window was
+released are counted and dropped (the budget they charged stays charged,
+which errs on the safe side).
 
 For queries with public groups, windows in which no partition had any event
 are released too (all counts zero before noise) once every partition's
@@ -46,10 +54,7 @@ import hashlib
 import logging
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
-from stream_dp.windows.histogram import SparseHistogram, add_histograms
-from stream_dp.windows.partial import BlockValues
+from stream_dp.worker.combined import CombinedWindow, merge_partials
 from stream_dp.worker.partial_checks import (
     blocks_conflict,
     features_conflict,
@@ -88,35 +93,18 @@ class _Pending:
     first_seen_ms: int
     partials: dict[int, PartialAggregate] = field(default_factory=dict)
     source_offsets: list[tuple[int, int]] = field(default_factory=list)  # (partials-topic partition, offset)
+    left_out: set[int] = field(default_factory=set)  # input partitions shown to hold nothing more for it
 
 
 @dataclass(frozen=True)
-class CombinedWindow:
-    """Totals of one window over all partitions that reported, ready for noise."""
+class Overdue:
+    """A window waiting past the release timeout, and the input partitions it still waits for."""
 
-    query: str
     window_start_ms: int
     window_end_ms: int
+    first_seen_ms: int
     home: int
-    groups: list[GroupKey]
-    count: np.ndarray
-    sum: np.ndarray | None
-    distinct_units: np.ndarray
-    partitions_missing: list[int]
-    units_charged: int
-    units_excluded: int
-    closed_at_ms: int | None  # earliest close time among partials (None for an empty window)
-    source_offsets: list[tuple[int, int]] = field(default_factory=list)
-    #: Why the partials' data was left out (the window is released as if empty), or None.
-    withheld: str | None = None
-    #: Quantiles queries: per-group value histogram, sparse, rows aligned with ``groups`` (a group
-    #: without data has no cell); None for other queries (and windows without any histogram to add).
-    histogram: SparseHistogram | None = None
-    #: Vector queries: per-group sums of the units' feature vectors, (groups, width); None for others.
-    features: np.ndarray | None = None
-    #: Sample-and-aggregate queries: every kept event's (group, block, value), groups as in ``groups``,
-    #: partitions in order; None for others.
-    blocks: BlockValues | None = None
+    partitions: list[int]
 
 
 class WindowCombiner:
@@ -196,7 +184,7 @@ class WindowCombiner:
         groups went first). A public-groups window before its home's start
         (``unreleasable``) is refused whatever ``unreleased`` says.
         """
-        self.input_partitions = max(self.input_partitions, partial.input_partitions)
+        self.note_input_partitions(partial.input_partitions)
         pending = self._pending.get(partial.window_start_ms)
         if pending is None:
             if self.unreleasable(partial.window_start_ms):
@@ -212,10 +200,21 @@ class WindowCombiner:
 
     def add_progress(self, progress: Progress, home: int) -> None:
         """Progress read from partials partition ``home``."""
-        self.input_partitions = max(self.input_partitions, progress.input_partitions)
+        self.note_input_partitions(progress.input_partitions)
         seen = self.progress.setdefault(home, {})
         if progress.closed_through_ms > seen.get(progress.partition, -1):
             seen[progress.partition] = progress.closed_through_ms
+
+    def note_input_partitions(self, count: int) -> None:
+        """The input topic has (at least) ``count`` partitions: every window waits for each of them.
+        A topic's partitions are only ever added, so the count never goes down."""
+        self.input_partitions = max(self.input_partitions, count)
+
+    def leave_out(self, window_start_ms: int, partitions: set[int]) -> None:
+        """The broker showed these input partitions to hold nothing more for the window (``partition_lag``)."""
+        pending = self._pending.get(window_start_ms)
+        if pending is not None:
+            pending.left_out |= partitions
 
     def is_released(self, window_start_ms: int, window_end_ms: int) -> bool:
         through = self.released_through_ms.get(self.home(window_start_ms))
@@ -267,14 +266,31 @@ class WindowCombiner:
     def _progress_of(self, home: int, partition: int) -> int:
         return self.progress.get(home, {}).get(partition, -1)
 
-    def _complete(self, window_start_ms: int, pending: _Pending) -> bool:
-        if self.input_partitions == 0:
-            return False
+    def _waiting_for(self, window_start_ms: int, pending: _Pending) -> list[int]:
+        """Input partitions that neither sent the window's partial, nor reported it closed, nor were left out."""
         home = self.home(window_start_ms)
-        return all(
-            p in pending.partials or self._progress_of(home, p) >= pending.window_end_ms
-            for p in range(self.input_partitions)
-        )
+        return [
+            p for p in range(self.input_partitions)
+            if p not in pending.partials and p not in pending.left_out
+            and self._progress_of(home, p) < pending.window_end_ms
+        ]
+
+    def _complete(self, window_start_ms: int, pending: _Pending) -> bool:
+        return self.input_partitions > 0 and not self._waiting_for(window_start_ms, pending)
+
+    def overdue(self, now_ms: int, owned: set[int] | None = None) -> list[Overdue]:
+        """Windows of the homes in ``owned`` (None: all) that waited ``release_timeout_ms`` or longer and are
+        not complete, oldest first, each with the partitions it waits for."""
+        out = []
+        for start in sorted(self._pending):
+            pending = self._pending[start]
+            home = self.home(start)
+            if (owned is not None and home not in owned) or now_ms - pending.first_seen_ms < self.release_timeout_ms:
+                continue
+            waiting = self._waiting_for(start, pending) if self.input_partitions else []
+            if waiting:
+                out.append(Overdue(start, pending.window_end_ms, pending.first_seen_ms, home, waiting))
+        return out
 
     def _min_progress(self, home: int) -> int | None:
         seen = self.progress.get(home, {})
@@ -282,20 +298,16 @@ class WindowCombiner:
             return None
         return min(seen[p] for p in range(self.input_partitions))
 
-    def ready(self, now_ms: int, owned: set[int] | None = None) -> list[int]:
-        """Start times of the windows this process may release now, oldest first.
+    def ready(self, owned: set[int] | None = None) -> list[int]:
+        """Start times of the windows this process may release now, oldest first: no clock takes part,
+        a window is ready once every input partition is accounted for (see the module docstring).
 
         ``owned``: the partials partitions assigned to this process (None: all).
         """
         def mine(start: int) -> bool:
             return owned is None or self.home(start) in owned
 
-        starts = [
-            start
-            for start, pending in self._pending.items()
-            if mine(start)
-            and (self._complete(start, pending) or now_ms - pending.first_seen_ms >= self.release_timeout_ms)
-        ]
+        starts = [start for start, pending in self._pending.items() if mine(start) and self._complete(start, pending)]
         if self.public_groups is not None:
             starts = self._with_empty_windows(starts, owned)
         return sorted(set(starts))
@@ -404,48 +416,8 @@ class WindowCombiner:
         return replace(window, groups=groups, count=count, sum=sums, distinct_units=distinct, withheld=reason,
                        histogram=histogram, features=features, blocks=blocks)
 
-    def _merge(
-        self, partials: list[PartialAggregate]
-    ) -> tuple[list[GroupKey], np.ndarray, np.ndarray | None, np.ndarray, SparseHistogram | None, np.ndarray | None,
-               BlockValues | None]:
-        if self._public_index is not None:
-            index = self._public_index
-            groups = list(self.public_groups)  # type: ignore[arg-type]
-        else:
-            index = {}
-            for partial in partials:
-                for group in partial.groups:
-                    index.setdefault(group, len(index))
-            groups = list(index)
-        n = len(groups)
-        count = np.zeros(n, dtype=np.int64)
-        distinct = np.zeros(n, dtype=np.int64)
-        sums = np.zeros(n, dtype=np.float64) if self.has_sum else None
-        histograms: list[SparseHistogram] = []
-        features = None if self.feature_width is None else np.zeros((n, self.feature_width), dtype=np.float64)
-        block_parts: list[BlockValues] = []
-        for partial in partials:
-            # Groups outside the public list are dropped here (-1): they are never released.
-            positions = np.fromiter((index.get(g, -1) for g in partial.groups), dtype=np.int64, count=len(partial.groups))
-            keep = positions >= 0
-            np.add.at(count, positions[keep], partial.count[keep])
-            np.add.at(distinct, positions[keep], partial.distinct_units[keep])
-            if sums is not None and partial.sum is not None:
-                np.add.at(sums, positions[keep], partial.sum[keep])
-            if partial.histogram is not None:
-                histograms.append(partial.histogram.take_groups(positions, n))
-            if features is not None and partial.features is not None:
-                np.add.at(features, positions[keep], partial.features[keep])
-            if self.blocks and partial.blocks is not None and len(partial.blocks):
-                where = positions[partial.blocks.group]
-                inside = where >= 0
-                block_parts.append(BlockValues(where[inside].astype(np.int32), partial.blocks.block[inside],
-                                               partial.blocks.value[inside]))
-        bins = self.quantile_bins if self.quantile_bins is not None else (histograms[0].bins if histograms else None)
-        histogram = None if bins is None else add_histograms(histograms, n, bins)
-        blocks = None
-        if self.blocks:
-            blocks = BlockValues(*(np.concatenate([getattr(b, name) for b in block_parts]) if block_parts
-                                   else np.zeros(0, dtype) for name, dtype in
-                                   (("group", np.int32), ("block", np.int32), ("value", np.float64))))
-        return groups, count, sums, distinct, histogram, features, blocks
+    def _merge(self, partials: list[PartialAggregate]) -> tuple:
+        """The totals of ``partials`` under this query's groups and options (``combined.merge_partials``)."""
+        return merge_partials(partials, public_groups=self.public_groups, public_index=self._public_index,
+                              has_sum=self.has_sum, quantile_bins=self.quantile_bins,
+                              feature_width=self.feature_width, blocks=self.blocks)

@@ -1,11 +1,10 @@
-"""Rejected events to the dead-letter topic: the original bytes, the reason in headers, in records that fit.
+"""Rejected events to the dead-letter topic: a bounded copy (head, size, digest), the reason in headers.
 
-A dead letter carries the event as it came, so it can be as large as the
-largest input record. Records must fit the smallest limit in force for the
-dead-letter topic (see ``topics.record_limit``): a larger event is split
-into several records (``stream_dp.wire.letters``, which also joins them
-back). A send the producer still refuses is counted and logged, never
-fatal: losing one dead letter is better than stopping every query of the worker.
+One record per rejected event, about a kilobyte whatever the event's size
+(``stream_dp.wire.letters``): a flood of large rejected messages neither fills
+the topic nor slows the worker that writes it. A send the producer refuses is
+counted and logged, never fatal: losing one dead letter is better than
+stopping every query of the worker.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from stream_dp.wire.letters import Header, dead_letter_records
+from stream_dp.wire.letters import Header, dead_letter_record
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +40,14 @@ class DeadLetters:
         for rejection in rejections:
             headers = dead_letter_headers(rejection, query, input_topic)
             value = rejection.value if rejection.value is not None else b""
-            records = dead_letter_records(value, headers, self.max_record_bytes)
+            head, stamped = dead_letter_record(value, headers, self.max_record_bytes)
             source = dict(headers)["source"]
             try:
-                for piece, piece_headers in records:
-                    # Queued in the producer's buffer (the delivery future is not awaited
-                    # here); the flush before each commit makes them durable before
-                    # their offsets are committed. Keyed by source: all pieces on one partition.
-                    await self.producer.send(self.topic, key=source, value=piece, headers=piece_headers)
+                # Queued in the producer's buffer (the delivery future is not awaited here); the
+                # flush before each commit makes them durable before their offsets are committed.
+                await self.producer.send(self.topic, key=source, value=head, headers=stamped)
             except KafkaError as exc:
                 self.metrics.internal_errors.labels("dead_letter_unsent").inc()
-                log.error("dead letter of %s (%d bytes in %d records) not sent: %s", source.decode(), len(value),
-                          len(records), exc)
+                log.error("dead letter of %s (an event of %d bytes) not sent: %s", source.decode(), len(value), exc)
                 continue
             self.metrics.dead_letters.labels(query).inc()

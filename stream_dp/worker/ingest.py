@@ -324,8 +324,10 @@ class IngestStage:
         if any(changed):
             self.metrics.partition_count_changes.labels(topic).inc()
             log.warning(
-                "input topic %s now has %d partitions: its keys move to other partitions, so windows open across "
-                "the change are released without data (noise only) rather than let a unit count on two partitions",
+                "input topic %s now has %d partitions: its keys move to other partitions. The group rebalances and "
+                "windows open now are read again under the new count, where events a unit sent before the change to "
+                "the partition its key left are rejected (wrong_partition); a window whose partitions were closed "
+                "under different counts is released without data (noise only): no unit counts on two partitions",
                 topic, count,
             )
         return True

@@ -44,9 +44,11 @@ from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.output import publish_release
 from stream_dp.worker.partials_commits import PartialsCommits
 from stream_dp.worker.partials_in import PartialsIntake, too_old_to_release
+from stream_dp.worker.partition_check import BrokerPartitions
 from stream_dp.worker.records import PartialAggregate
 from stream_dp.worker.release_draw import draw_payload
 from stream_dp.worker.release_entry import ReleaseEntry, StoredRecords, decode_entry
+from stream_dp.worker.release_waits import PartitionWaits, home_position
 from stream_dp.worker.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
@@ -92,7 +94,15 @@ class ReleaseStage:
         retry_backoff_max_s: float = 10.0,
         store_ready: Callable[[], bool] = lambda: True,
         publish_budget_s: float = 60.0,
+        partition_check: BrokerPartitions | None = None,
+        input_partition_counts: Callable[[str], int] = lambda topic: 0,
+        broker_stamps: Callable[[QueryRuntime], bool] = lambda query: True,
     ) -> None:
+        """``partition_check``: the broker's answers about input partitions that overdue windows wait for
+        (None: such windows wait for the partitions' own reports); ``input_partition_counts(topic)``: the
+        input topic's partition count in the metadata (0: unknown), which every window waits for;
+        ``broker_stamps(query)``: whether the broker's record timestamps are the query's window clock
+        (``release_waits``)."""
         self.queries = {q.name: q for q in queries}
         # False until the ledger's Redis is known to be the one released from so far (``store_guard``).
         self.store_ready = store_ready
@@ -122,6 +132,8 @@ class ReleaseStage:
         # a topic sized for larger records (a top_k list) takes one of them alone in a batch of its own.
         self.output_batch_bytes = output_batch_bytes
         self.output_record_bytes = dict(output_record_bytes or {})
+        self.waits = PartitionWaits(self.queries, metrics, partials_topic=partials_topic, check=partition_check,
+                                    partition_counts=input_partition_counts, broker_stamps=broker_stamps)
         self.intake = PartialsIntake(
             metrics, topic=partials_topic, age_limit_ms=release_age_limit_ms,
             quiet_ms=lambda name: q.combiner.release_timeout_ms if (q := self.queries.get(name)) else None,
@@ -174,6 +186,7 @@ class ReleaseStage:
             self._unpublished = [u for u in self._unpublished if u.query.combiner.home(u.window_start_ms) not in homes]
             self.intake.forget(homes)
             self.commits.forget(homes)
+            self.waits.forget(homes)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -195,11 +208,13 @@ class ReleaseStage:
                 await self._take_record(tp.partition, record.offset, record.value, now_ms, record.timestamp)
             if records:
                 self.commits.read_through(tp.partition, records[-1].offset)
+        self.waits.follow_partition_counts()
+        await self.waits.step(now_ms, owned, home_position(self.consumer, self.partials_topic))
         for query in self.queries.values():
             for start, partials in query.combiner.discard_unreleasable(owned):
                 await self._unreleasable(query, start, start + query.combiner.window_size_ms, partials)
             expired: list[int] = []
-            for start in query.combiner.ready(now_ms, owned):
+            for start in query.combiner.ready(owned):
                 started = time.perf_counter()
                 window = query.combiner.take(start)
                 self.metrics.release_stage_seconds.labels(query.name, "combine").observe(time.perf_counter() - started)

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 PRODUCER_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 #: The fewest bytes a dead-letter record must be allowed: its headers (a detail of up to 500 bytes, the
-#: source topic's name) and a piece of the event worth sending.
+#: source topic's name, the event's size and digest) and the event's head (``wire.letters``).
 MIN_DEAD_LETTER_RECORD = 8 * 1024
 
 
@@ -73,8 +73,8 @@ def record_limits(settings: Settings, outputs: list[str], states: dict[str, Topi
             wanted = least + RECORD_HEADROOM
             problems.append(Problem(
                 f"the {role} topic {topic!r} takes records of at most {got + RECORD_HEADROOM} bytes (its "
-                f"max.message.bytes or the broker's message.max.bytes, whichever is smaller), too few to carry its "
-                f"records in chunks: raise both to at least {wanted}, the topic's with "
+                f"max.message.bytes or the broker's message.max.bytes, whichever is smaller), too few for its "
+                f"records: raise both to at least {wanted}, the topic's with "
                 f"{fix_command(settings.kafka_bootstrap_servers, topic, {'max.message.bytes': str(wanted)})}",
                 fatal=True,
             ))

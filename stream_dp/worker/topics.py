@@ -24,8 +24,9 @@ topic whose ``min.insync.replicas`` is above its replicas (every write fails).
 ``record_limit`` is the largest record value the worker writes to a topic:
 the smallest of the broker's ``message.max.bytes``, the topic's
 ``max.message.bytes`` and the producer's request size, less room for the
-record's key, headers and Kafka's own framing. Partials and dead letters are
-chunked to it, so no record is ever refused for its size.
+record's key, headers and Kafka's own framing. Partials are chunked to it,
+and a dead letter is a bounded copy of its event (``stream_dp.wire.letters``),
+so no record is ever refused for its size.
 """
 
 from __future__ import annotations
@@ -202,7 +203,8 @@ _LOST_WHEN_COMPACTED = {
                 "compaction would delete all but one and windows would be released without their data",
     "output": "compaction keeps only the latest record per group key, so consumers lose every earlier window of a group",
     "alerts": "compaction keeps only the latest alert per namespace",
-    "dead-letter": "compaction keeps only the last record per source, losing pieces of dead letters split in several",
+    "dead-letter": "compaction keeps only the last record per source, losing the pieces of dead letters that "
+                   "earlier versions split in several",
 }
 
 

@@ -335,7 +335,7 @@ async def _release(runtime: Any, combiner: Any, selection: FixedSelection | None
     metrics = WorkerMetrics(CollectorRegistry())
     noise = OpenDPNoise()
     states: dict[int, Any] = {}  # a continual query's tree after the last window, by period start
-    for start in combiner.ready(NOW_MS):
+    for start in combiner.ready():
         window = combiner.take(start)
         if selection is not None:
             selection.window = window

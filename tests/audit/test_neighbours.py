@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.audit.neighbours import SCENARIOS, TOPIC_PARTITIONS, _config, audited_windows, records
+from tests.audit.neighbours import SCENARIOS, TOPIC_PARTITIONS, _config, records
+from tests.audit.releases import audited_windows
 
 CONTINUAL = next(s for s in SCENARIOS if s.name == "continual")
 

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.audit.stats import clopper_pearson, epsilon_lower_bound, grid
+from tests.audit.stats import binary_renyi, clopper_pearson, epsilon_lower_bound, grid, rho_lower_bound
 
 N = 3_000
 
@@ -73,3 +73,28 @@ def test_inputs_are_checked():
         epsilon_lower_bound([], [1.0], [0.0])
     with pytest.raises(ValueError):
         epsilon_lower_bound([1.0], [1.0], [])
+
+
+def test_binary_renyi_divergence_matches_closed_forms():
+    p, q = 0.3, 0.1
+    kl = p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
+    assert binary_renyi(p, q, 1.0) == pytest.approx(kl)
+    assert binary_renyi(p, q, 2.0) == pytest.approx(math.log(p * p / q + (1 - p) ** 2 / (1 - q)))
+    assert binary_renyi(p, q, 1.0 + 1e-7) == pytest.approx(kl, rel=1e-5)  # KL is the limit at order 1
+    assert binary_renyi(0.4, 0.4, 3.0) == pytest.approx(0.0, abs=1e-15)
+
+
+def test_the_rho_bound_holds_for_gaussian_noise_and_sees_it_halved():
+    """Gaussian noise of sd sigma on a value one unit moves by 1 is rho = 1 / (2 sigma^2)-zCDP: the bound stays
+    under rho, and sees noise of sigma / 2 (four times the rho) at 12,800 samples (as the audit's controls)."""
+    rng = np.random.default_rng(6)
+    n, sigma = 12_800, 4.0
+    rho = 1 / (2 * sigma**2)
+    d, d_prime = rng.normal(0.0, sigma, n), rng.normal(1.0, sigma, n)
+    assert rho_lower_bound(d, d_prime, grid(d, d_prime, 12)).rho <= rho
+    d, d_prime = rng.normal(0.0, sigma / 2, n), rng.normal(1.0, sigma / 2, n)
+    assert rho_lower_bound(d, d_prime, grid(d, d_prime, 12)).rho > rho
+    same = rng.normal(0.0, sigma, n)
+    assert rho_lower_bound(d, same, [0.0], orders=(2.0,)).rho >= 0.0  # never negative
+    with pytest.raises(ValueError):
+        rho_lower_bound([], [1.0], [0.0])

@@ -39,7 +39,7 @@ import yaml
 from tests.reliability.topics import delete_topics, read_topic
 from tests.worker._support import free_port
 
-pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "deploy/schemas/release.schema.json").read_text())

@@ -85,6 +85,18 @@ class CheckReport:
         self.stats[name] = self.stats.get(name, 0) + n
 
 
+def is_copy_of(record: TopicRecord, original: bytes | None) -> bool:
+    """Whether a dead-letter record is the bounded copy of ``original`` (``stream_dp.wire.letters``): its
+    head, its size and its digest."""
+    from stream_dp.wire.chunks import payload_digest
+    from stream_dp.wire.letters import DEAD_LETTER_HEAD_BYTES
+
+    original = original or b""
+    return (record.value or b"") == original[:DEAD_LETTER_HEAD_BYTES] \
+        and record.headers.get("size") == str(len(original)).encode() \
+        and record.headers.get("digest") == payload_digest(original).encode()
+
+
 def dead_letter_sources(observed: Observed) -> dict[tuple[str, int, int], set[str]]:
     """(query, partition, offset) of each dead-lettered input message -> its reasons."""
     sources: dict[tuple[str, int, int], set[str]] = defaultdict(set)
@@ -260,15 +272,16 @@ def check_partials_before_release(observed: Observed, truth: Truth, report: Chec
 
 
 def check_accounting(observed: Observed, truth: Truth, report: CheckReport) -> None:
-    """Late and rejected messages exactly the model's, dead letters unaltered, nothing unaccounted for."""
+    """Late and rejected messages exactly the model's, dead letters true copies, nothing unaccounted for."""
     sources = dead_letter_sources(observed)
     values = {(r.partition, r.offset): r.value for r in observed.input_records}
     for record in observed.dead_letters:
         parts = record.headers.get("source", b"").decode().rsplit("/", 2)
         if len(parts) == 3 and parts[0] == observed.input_topic:
-            original = values.get((int(parts[1]), int(parts[2])))
-            if original is not None and len(original) <= 900_000 and record.value != original:
-                report.fail("dead letter altered", f"dead letter of {parts[1]}@{parts[2]} does not hold the original message")
+            key = (int(parts[1]), int(parts[2]))
+            if key in values and not is_copy_of(record, values[key]):
+                report.fail("dead letter altered", f"dead letter of {parts[1]}@{parts[2]} is not the bounded copy "
+                            "(head, size, digest) of the original message")
     produced = len(observed.input_records)
     for query in truth.namespace:
         mine = {(p, o): reasons for (q, p, o), reasons in sources.items() if q == query}

@@ -408,11 +408,19 @@ def assigned_partitions(worker: WorkerProcess, topic: str) -> set[int] | None:
 
 
 def wait_assigned(workers: list[WorkerProcess], topic: str, partitions: int, timeout_s: float) -> bool:
+    """Until the running workers hold every input partition between them and each has joined the group.
+
+    Two workers can cover three partitions while a third is still importing: on a loaded machine a fault
+    could then stop that one before it handles signals (seen: a SIGTERM "leave" ending it with -15, so the
+    fault was never injected)."""
     def covered() -> bool:
         seen: set[int] = set()
         for worker in workers:
             if worker.alive:
-                seen |= assigned_partitions(worker, topic) or set()
+                joined = assigned_partitions(worker, topic)
+                if joined is None:
+                    return False
+                seen |= joined
         return seen == set(range(partitions))
 
     return wait_until(covered, timeout_s, 0.3)

@@ -58,9 +58,9 @@ def read_redis_evidence(client: redis.Redis, policy, truth: Truth) -> RedisEvide
             (spend, *_) = store.spend(namespace, unit, latest_end)
             evidence.spend[(namespace, unit)] = spend.spent
         prefix = f"{BUDGET_PREFIX}:c:{namespace}:"
-        evidence.charge_records[namespace] = {k.decode()[len(prefix):] for k in client.scan_iter(match=f"{prefix}*")}
+        evidence.charge_records[namespace] = {k.decode()[len(prefix):] for k in client.scan_iter(match=f"{prefix}*", count=10_000)}
     journal = f"{LEDGER_PREFIX}:units:"
-    for key in client.scan_iter(match=f"{journal}*"):
+    for key in client.scan_iter(match=f"{journal}*", count=10_000):
         if not key.endswith(b"}"):
             continue  # a writer's staged chunks or a WAIT sync key, not a journal
         charge_id = key.decode()[len(journal):].strip("{}")
@@ -68,7 +68,7 @@ def read_redis_evidence(client: redis.Redis, policy, truth: Truth) -> RedisEvide
         evidence.charge_units[charge_id] = set(text.split("\0")) if text else set()
     for query in truth.namespace:
         entry_prefix = f"{LEDGER_PREFIX}:{{{query}}}:"
-        for key in client.scan_iter(match=f"{entry_prefix}*"):
+        for key in client.scan_iter(match=f"{entry_prefix}*", count=10_000):
             suffix = key.decode()[len(entry_prefix):]
             if not suffix.isdigit():
                 continue  # released-through marks, the query start, staged chunks

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from stream_dp.config import load_config
+from stream_dp.wire.letters import dead_letter_record
 from stream_dp.worker.records import PartialAggregate, encode_partial
 from tests.reliability.checks import (
     CheckReport,
@@ -64,9 +65,12 @@ def world(tmp_path_factory):
             for page in ("home", "search", "cart"):
                 count, total = truth.totals(query, start).get((page,), (0, 0.0))
                 outputs.setdefault(query, []).append(_release(query, start, page, count + 1, total))
-    dead = [TopicRecord(0, i, None, values[0], {"source": f"in/{p}/{o}".encode(), "query": q.encode(), "reason": b"late"})
-            for i, (q, (p, o), values) in enumerate(
-                (q, s, [r.value for r in inputs if (r.partition, r.offset) == s]) for q in truth.late for s in truth.late[q])]
+    dead = []
+    for i, (q, (p, o), values) in enumerate(
+            (q, s, [r.value for r in inputs if (r.partition, r.offset) == s]) for q in truth.late for s in truth.late[q]):
+        head, headers = dead_letter_record(values[0], [("source", f"in/{p}/{o}".encode()), ("query", q.encode()),
+                                                       ("reason", b"late")], 1_000_000)
+        dead.append(TopicRecord(0, i, None, head, dict(headers)))
     observed = Observed("in", inputs, partials, outputs, dead, {q.name: q.public_group_keys() for q in config.queries},
                         2000)
     evidence = RedisEvidence()

@@ -8,13 +8,18 @@ poison records on the partials topic, the output topic deleted, a worker
 clock ten minutes ahead, the leader broker of a partials partition killed in
 a 3-broker cluster -- each checked against the model for every invariant of
 ``checks`` and ``state_checks``. A run whose fault was not really injected fails.
+
+The full suite (``STREAM_DP_FULL_TESTS=1``) also runs every seeded run of
+``full_catalogue``. The runs are independent: under pytest-xdist they run side
+by side, but those that stop the module's private broker share one worker
+process (one xdist group), and so do those on the private 3-broker cluster.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.reliability.catalogue import ci_catalogue
+from tests.reliability.catalogue import ci_catalogue, full_catalogue
 from tests.reliability.harness import FaultRun
 from tests.reliability.report import describe
 from tests.reliability.services import PrivateKafka, PrivateKafkaCluster
@@ -28,7 +33,7 @@ def private_kafka(tmp_path_factory):
     kafka = PrivateKafka(tmp_path_factory.mktemp("kafka"))
     kafka.start()
     yield kafka
-    kafka.stop()
+    kafka.stop(crash=True)  # its data is thrown away: no controlled shutdown to wait for
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +44,25 @@ def private_cluster(tmp_path_factory):
         cluster.start()
         yield cluster
     finally:
-        cluster.stop()
+        # Its data is thrown away: a controlled shutdown of the last node waits 30 s for a quorum already gone.
+        cluster.stop(crash=True)
+
+
+def _marks(planned) -> list:
+    """One xdist group per private broker: its runs stop it, so they run one after the other."""
+    if planned.needs_cluster:
+        return [pytest.mark.xdist_group("kafka-cluster")]
+    if planned.needs_private_broker:
+        return [pytest.mark.xdist_group("private-kafka")]
+    return []
 
 
 def _cases():
     for planned in ci_catalogue():
-        yield pytest.param(planned, id=planned.kind.replace(" ", "-"))
+        yield pytest.param(planned, id=planned.kind.replace(" ", "-"), marks=_marks(planned))
+    for planned in full_catalogue():
+        yield pytest.param(planned, id=f"full-{planned.kind.replace(' ', '-')}-seed{planned.seed}",
+                           marks=[pytest.mark.full, *_marks(planned)])
 
 
 @pytest.mark.parametrize("planned", list(_cases()))

@@ -39,8 +39,11 @@ def metric_total(text: str, name: str, **labels: str) -> float:
 class WorkerProcess:
     """One ``stream-dp run`` process slot; restarts reuse the slot's log file and metrics port."""
 
-    def __init__(self, name: str, config_path: Path, env: dict[str, str], log_dir: Path) -> None:
+    def __init__(self, name: str, config_path: Path, env: dict[str, str], log_dir: Path, *,
+                 module: str = "stream_dp.cli.main") -> None:
+        """``module``: what ``python -m`` runs with ``run --config`` (the audit's doctored builds run another)."""
         self.name = name
+        self.module = module
         self.config_path = config_path
         self.metrics_port = free_port()
         self.env = dict(env, STREAM_DP_METRICS_PORT=str(self.metrics_port))
@@ -60,7 +63,7 @@ class WorkerProcess:
             log.write(f"=== start {self.starts + 1} at {time.time():.3f}\n".encode())
             log.flush()
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(self.config_path)],
+                [sys.executable, "-m", self.module, "run", "--config", str(self.config_path)],
                 env=self.env, stdout=subprocess.DEVNULL, stderr=log, cwd=Path(__file__).resolve().parents[2],
             )
         self.starts += 1

@@ -247,3 +247,28 @@ def test_the_comparison_finds_a_doctored_decoder_out(doctored):
     schema, values, record_ms = found
     expected, got = disagreement(doctored, schema, values, record_ms)
     assert expected != got
+
+
+@pytest.mark.parametrize("decoder_class", [BulkEventDecoder, EventDecoder])
+def test_a_message_over_max_message_bytes_is_rejected_by_its_length_before_any_decoding(decoder_class):
+    """A flood of large messages costs their length check, never a JSON decode: a valid event over the
+    limit is refused as oversize, and the decoder is never handed it."""
+    schema = EventSchema(unit_field="user_id", timestamp_field="ts", max_message_bytes=4_096)
+    small = json.dumps({"user_id": "u1", "ts": NOW_MS}).encode()
+    large = json.dumps({"user_id": "u2", "ts": NOW_MS, "pad": "x" * 60_000}).encode()
+    decoder = decoder_class(schema)
+    handed: list[bytes] = []
+    reference = decoder.reference if isinstance(decoder, BulkEventDecoder) else decoder
+    decode_one = reference._decode_one
+
+    def recording(raw):
+        handed.append(bytes(raw))
+        return decode_one(raw)
+
+    reference._decode_one = recording
+    if isinstance(decoder, BulkEventDecoder):
+        decoder._decode_one = recording
+    events, problems = decoder.decode([large, small, large], NOW_MS)
+    assert events.index.tolist() == [1]
+    assert [(i, reason) for i, reason, _ in problems] == [(0, RejectReason.OVERSIZE), (2, RejectReason.OVERSIZE)]
+    assert large not in handed and small in handed

@@ -135,12 +135,14 @@ def _run(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name, *, partit
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.timeout(240)
 def test_a_million_group_window_from_one_partition(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name):
     _run(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name, partitions=1, workers=1)
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.timeout(240)
 def test_a_million_group_window_from_three_partitions_and_two_workers(
     tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name

@@ -34,11 +34,11 @@ def test_waits_for_every_partition_or_its_progress():
     c = _combiner()
     c.add_partial(_partial(0, 0, [("a",)], [2], [1.0]), now_ms=0)
     c.add_partial(_partial(1, 0, [("a",), ("b",)], [1, 4], [2.0, 3.0]), now_ms=0)
-    assert c.ready(now_ms=1) == []
+    assert c.ready() == []
     c.add_progress(home=0, progress=Progress("q", 2, 3, MIN - 1))
-    assert c.ready(now_ms=1) == []
+    assert c.ready() == []
     c.add_progress(home=0, progress=Progress("q", 2, 3, MIN))
-    assert c.ready(now_ms=1) == [0]
+    assert c.ready() == [0]
     window = c.take(0)
     assert dict(zip(window.groups, window.count.tolist())) == {("a",): 3, ("b",): 4}
     assert dict(zip(window.groups, window.sum.tolist())) == {("a",): 3.0, ("b",): 3.0}
@@ -46,14 +46,34 @@ def test_waits_for_every_partition_or_its_progress():
     assert c.pending_windows == 0
 
 
-def test_timeout_releases_with_missing_partitions_and_late_partials_are_refused():
+def test_no_wait_releases_a_window_without_a_partition_that_is_behind():
     c = _combiner(timeout=10_000)
     c.add_partial(_partial(0, 0, [("a",)], [2]), now_ms=1_000)
-    assert c.ready(now_ms=10_999) == []
-    assert c.ready(now_ms=11_000) == [0]
+    assert c.overdue(now_ms=10_999) == []
+    assert c.ready() == []
+    # Past the timeout the window is overdue: the release stage asks the broker about partitions 1 and 2.
+    (late,) = c.overdue(now_ms=11_000)
+    assert (late.window_start_ms, late.window_end_ms, late.first_seen_ms, late.partitions) == (0, MIN, 1_000, [1, 2])
+    assert c.ready() == []  # an hour later still: waiting is not given up by time
+    c.leave_out(0, {2})  # the broker showed partition 2 holds nothing more for it
+    assert [o.partitions for o in c.overdue(now_ms=3_600_000)] == [[1]]
+    c.add_partial(_partial(1, 0, [("a",)], [5]), now_ms=3_600_000)
+    assert c.overdue(now_ms=3_600_000) == [] and c.ready() == [0]
     window = c.take(0)
-    assert window.partitions_missing == [1, 2]
-    assert c.add_partial(_partial(1, 0, [("a",)], [5]), now_ms=12_000) is False
+    assert window.count.tolist() == [7] and window.partitions_missing == [2]
+    assert c.add_partial(_partial(2, 0, [("a",)], [5]), now_ms=3_700_000) is False  # late: refused
+
+
+def test_partitions_the_topic_gained_are_waited_for():
+    c = _combiner(timeout=1)
+    c.add_partial(_partial(0, 0, [("a",)], [2], parts=2), now_ms=0)
+    c.add_partial(_partial(1, 0, [("a",)], [3], parts=2), now_ms=0)
+    c.note_input_partitions(6)  # the topic's metadata lists 6 partitions now
+    c.note_input_partitions(2)  # an older count (a worker that has not seen the growth) changes nothing
+    assert c.ready() == [] and [o.partitions for o in c.overdue(now_ms=1)] == [[2, 3, 4, 5]]
+    for p in (2, 3, 4, 5):
+        c.add_progress(home=0, progress=Progress("q", p, 6, MIN))
+    assert c.ready() == [0]
 
 
 def test_replayed_partial_of_same_partition_is_not_added_twice():
@@ -68,12 +88,12 @@ def test_public_groups_fill_zeros_drop_unknown_groups_and_release_empty_windows(
     c = _combiner(public=public, timeout=1_000_000)
     c.add_partial(_partial(0, 0, [("b",), ("zzz",)], [4, 9], [1.0, 9.0], parts=1), now_ms=0)
     c.add_progress(home=0, progress=Progress("q", 0, 1, MIN))
-    assert c.ready(0) == [0]
+    assert c.ready() == [0]
     first = c.take(0)
     assert first.groups == public and first.count.tolist() == [0, 4] and first.sum.tolist() == [0.0, 1.0]
     # Three silent windows pass: each is released (empty) once progress passes it.
     c.add_progress(home=0, progress=Progress("q", 0, 1, 4 * MIN))
-    assert c.ready(0) == [MIN, 2 * MIN, 3 * MIN]
+    assert c.ready() == [MIN, 2 * MIN, 3 * MIN]
     empty = c.take(MIN)
     assert empty.count.tolist() == [0, 0] and empty.closed_at_ms is None
 
@@ -114,9 +134,9 @@ def test_only_progress_read_in_the_windows_home_completes_it():
     # Partition 1's progress seen in another partials partition proves nothing about
     # partials still unread in the home partition.
     c.add_progress(Progress("q", 1, 2, MIN), home=other)
-    assert c.ready(0) == []
+    assert c.ready() == []
     c.add_progress(Progress("q", 1, 2, MIN), home=home)
-    assert c.ready(0) == [0]
+    assert c.ready() == [0]
 
 
 def test_ready_and_revoke_respect_ownership():
@@ -124,10 +144,10 @@ def test_ready_and_revoke_respect_ownership():
     home = c.home(0)
     c.add_partial(_partial(0, 0, [("a",)], [1], parts=1), now_ms=0, source=(home, 1))
     c.add_progress(Progress("q", 0, 1, MIN), home=home)
-    assert c.ready(0, owned={(home + 1) % 4}) == []
-    assert c.ready(0, owned={home}) == [0]
+    assert c.ready(owned={(home + 1) % 4}) == []
+    assert c.ready(owned={home}) == [0]
     c.revoke({home})
-    assert c.pending_windows == 0 and c.ready(0) == []
+    assert c.pending_windows == 0 and c.ready() == []
 
 
 def test_window_home_is_stable_and_spread():
@@ -145,10 +165,10 @@ def test_homes_that_never_released_fill_empty_windows_from_the_query_start():
     quiet_home = 1 - home_of[0]
     for home in (0, 1):
         c.add_progress(Progress("q", 0, 1, 20 * MIN), home=home)
-    assert c.ready(0, owned={quiet_home}) == []  # nothing released anywhere yet: no start known
+    assert c.ready(owned={quiet_home}) == []  # nothing released anywhere yet: no start known
     c.query_start_ms = 0
     expected = [s * MIN for s in range(20) if home_of[s] == quiet_home]
-    assert c.ready(0, owned={quiet_home}) == expected
+    assert c.ready(owned={quiet_home}) == expected
 
 
 @pytest.mark.parametrize(
@@ -197,11 +217,11 @@ def test_a_backlog_releases_every_window_of_a_home_in_order_the_empty_ones_too()
     c.add_partial(_partial(0, 2 * MIN, [("a",)], [1], [1.0], parts=1), now_ms=0)
     c.add_partial(_partial(0, 4 * MIN, [("a",)], [1], [1.0], parts=1), now_ms=0)
     c.add_progress(home=0, progress=Progress("q", 0, 1, 3 * MIN))  # window 3 is not known to be empty yet
-    assert c.ready(0) == [0, MIN, 2 * MIN]  # window 4 waits for window 3
-    for start in c.ready(0):
+    assert c.ready() == [0, MIN, 2 * MIN]  # window 4 waits for window 3
+    for start in c.ready():
         c.take(start)
     c.add_progress(home=0, progress=Progress("q", 0, 1, 5 * MIN))
-    assert c.ready(0) == [3 * MIN, 4 * MIN]
+    assert c.ready() == [3 * MIN, 4 * MIN]
 
 
 def test_a_window_still_waiting_for_partials_is_released_when_they_come_whatever_other_homes_did():
@@ -215,11 +235,11 @@ def test_a_window_still_waiting_for_partials_is_released_when_they_come_whatever
     c.add_partial(_partial(0, waiting, [("a",)], [1], [1.0], parts=2), now_ms=0)  # partition 1 has not sent yet
     c.add_partial(_partial(0, other, [("a",)], [1], [1.0], parts=2), now_ms=0)
     c.add_partial(_partial(1, other, [("a",)], [1], [1.0], parts=2), now_ms=0)
-    assert other in c.ready(0) and waiting not in c.ready(0)
-    for start in c.ready(0):
+    assert other in c.ready() and waiting not in c.ready()
+    for start in c.ready():
         c.take(start)
     c.add_partial(_partial(1, waiting, [("a",)], [2], [1.0], parts=2), now_ms=0)
-    assert waiting in c.ready(0)
+    assert waiting in c.ready()
     assert c.take(waiting).count.tolist() == [3]
 
 
@@ -229,7 +249,7 @@ def test_a_public_window_before_the_querys_start_is_never_released_data_or_not()
     assert c.add_partial(_partial(0, 3 * MIN, [("a",)], [2], [1.0], parts=1), now_ms=0, unreleased=True) is False
     assert c.unreleasable(3 * MIN) and not c.is_released(3 * MIN, 4 * MIN)
     c.add_progress(home=0, progress=Progress("q", 0, 1, 12 * MIN))
-    assert c.ready(0) == [10 * MIN, 11 * MIN]
+    assert c.ready() == [10 * MIN, 11 * MIN]
 
 
 def test_windows_pending_before_the_start_was_known_are_discarded_and_nothing_is_released_until_it_is():
@@ -237,10 +257,10 @@ def test_windows_pending_before_the_start_was_known_are_discarded_and_nothing_is
     for start in (2 * MIN, 5 * MIN):
         assert c.add_partial(_partial(0, start, [("a",)], [1], [1.0], parts=1), now_ms=0)
     c.add_progress(home=0, progress=Progress("q", 0, 1, 8 * MIN))
-    assert c.ready(now_ms=10) == [] and c.discard_unreleasable() == []  # no start known: wait
+    assert c.ready() == [] and c.discard_unreleasable() == []  # no start known: wait
     c.query_start_ms = 4 * MIN
     assert c.discard_unreleasable() == [(2 * MIN, 1)]
-    assert c.ready(now_ms=10) == [4 * MIN, 5 * MIN, 6 * MIN, 7 * MIN]
+    assert c.ready() == [4 * MIN, 5 * MIN, 6 * MIN, 7 * MIN]
 
 
 def test_a_home_whose_mark_is_unknown_releases_nothing_then_continues_from_its_mark():
@@ -249,11 +269,11 @@ def test_a_home_whose_mark_is_unknown_releases_nothing_then_continues_from_its_m
     c.add_partial(_partial(0, 3 * MIN, [("a",)], [1], [1.0], parts=1), now_ms=0)
     c.add_partial(_partial(0, 6 * MIN, [("a",)], [1], [1.0], parts=1), now_ms=0)
     c.add_progress(home=0, progress=Progress("q", 0, 1, 8 * MIN))
-    assert c.ready(now_ms=10) == []  # from the query's start it would draw released windows again
+    assert c.ready() == []  # from the query's start it would draw released windows again
     c.unknown_homes.discard(0)
     c.restore_released_through(0, 5 * MIN)
     assert c.discard_unreleasable() == [(3 * MIN, 1)]
-    assert c.ready(now_ms=10) == [5 * MIN, 6 * MIN, 7 * MIN]
+    assert c.ready() == [5 * MIN, 6 * MIN, 7 * MIN]
 
 
 def test_the_first_window_is_the_one_holding_the_start():

@@ -90,6 +90,7 @@ SCENARIOS = {
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_consistent_values_are_unbiased_and_within_each_levels_ci95(scenario: str) -> None:
     counts = SCENARIOS[scenario]

@@ -30,7 +30,7 @@ def ledger(request, unique_name):
         return
     client, wait = _client_and_wait(request, request.param)
     yield RedisReleaseLedger(client, prefix=f"{unique_name}:ledger", wait=wait)
-    for key in client.scan_iter(f"{unique_name}:*"):
+    for key in client.scan_iter(f"{unique_name}:*", count=10_000):
         client.delete(key)
     client.close()
 
@@ -122,7 +122,7 @@ def test_released_through_mark_never_expires(request, backend, unique_name):
         ledger.raise_released_through("q", 0, 30_000)
         assert client.ttl(mark) == -1 and ledger.released_through("q", 0) == 60_000
     finally:
-        for key in client.scan_iter(f"{unique_name}:*"):
+        for key in client.scan_iter(f"{unique_name}:*", count=10_000):
             client.delete(key)
         client.close()
 
@@ -131,7 +131,7 @@ def test_released_through_mark_never_expires(request, backend, unique_name):
 def small_chunks(request, unique_name):
     client, wait = _client_and_wait(request, request.param)
     yield client, RedisReleaseLedger(client, prefix=f"{unique_name}:ledger", chunk_bytes=1_000, wait=wait)
-    for key in client.scan_iter(f"{unique_name}:*"):
+    for key in client.scan_iter(f"{unique_name}:*", count=10_000):
         client.delete(key)
     client.close()
 
@@ -148,7 +148,7 @@ def test_large_entries_are_stored_in_values_no_larger_than_a_chunk(small_chunks,
     assert ledger.claim("q", 0, b"other draw" * 500).payload == payload
     ledger.mark_published("q", 0)
     assert ledger.get("q", 0).payload == payload and ledger.get("q", 0).published
-    assert not list(client.scan_iter(f"{unique_name}:*staging*"))  # the loser's staged chunks are gone
+    assert not list(client.scan_iter(f"{unique_name}:*staging*", count=10_000))  # the loser's staged chunks are gone
     units = [f"unit-{i}" for i in range(3_000)]
     assert ledger.remember_units("q/0/1", units) == units  # journals are chunked the same way
     assert ledger.remember_units("q/0/1", ["other"]) == units

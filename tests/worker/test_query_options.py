@@ -134,12 +134,13 @@ def _value(unit: int, event: int) -> float:
     return float(1 + (unit * 3 + event) % 90)
 
 
-def _quiet_scrape(port: int, tries: int = 50) -> str:
+def _quiet_scrape(port: int, tries: int = 300) -> str:
     """A scrape during which no window was released.
 
     The client collects one metric family after another: a window released mid-scrape can show in the
     epsilon counter but not in the windows counter read just before it. Two scrapes with the same release
-    counters mean nothing was released from the start of the first to the end of the second.
+    counters mean nothing was released from the start of the first to the end of the second. (The empty
+    windows since the data keep coming for a while on a loaded machine: up to a minute of tries.)
     """
     previous = None
     for _ in range(tries):

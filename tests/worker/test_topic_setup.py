@@ -20,7 +20,8 @@ from kafka.admin import KafkaAdminClient, NewTopic
 
 from stream_dp.config import Settings, load_config
 from stream_dp.wire import is_binary, read_prefix
-from stream_dp.wire.letters import reassemble
+from stream_dp.wire.chunks import payload_digest
+from stream_dp.wire.letters import DEAD_LETTER_HEAD_BYTES, reassemble
 from stream_dp.worker.app import build_runtimes
 from stream_dp.worker.clients import kafka_clients
 from stream_dp.worker.kafka_admin import describe_topics
@@ -142,11 +143,11 @@ def test_existing_topics_that_break_an_assumption_are_reported_or_refused(
 
 
 PARTIALS_MAX = 40_000  # the partials topic's max.message.bytes: far below the broker's 1 MB
-BIG_EVENT = 2_000_000  # a rejected event larger than the dead-letter topic takes
+BIG_EVENT = 2_000_000  # a rejected event larger than the dead-letter topic takes: its dead letter is its head
 
 
 @pytest.mark.slow
-def test_records_fit_a_small_partials_topic_and_a_dead_letter_larger_than_its_topic_comes_back_whole(
+def test_records_fit_a_small_partials_topic_and_a_huge_rejected_event_is_dead_lettered_as_its_head(
     tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name, admin, monkeypatch
 ):
     monkeypatch.setattr(big, "GROUPS", 100_000)
@@ -178,9 +179,9 @@ def test_records_fit_a_small_partials_topic_and_a_dead_letter_larger_than_its_to
         assert {read_prefix(m.value(), "")[1]["chunk"][1] for m in partials} == {len(partials)}
 
         dead = big.read_topic(kafka_bootstrap, f"{prefix}dead-letter")
-        assert len(dead) > 1 and max(len(m.value()) for m in dead) < 1_048_588
-        (letter,) = reassemble((m.key(), m.value(), m.headers()) for m in dead)
-        assert letter.value == huge and letter.headers["reason"] == b"oversize"
+        (letter,) = reassemble((m.key(), m.value(), m.headers()) for m in dead)  # one record: a bounded copy
+        assert letter.value == huge[:DEAD_LETTER_HEAD_BYTES] and letter.size == len(huge) and not letter.whole
+        assert letter.headers["digest"] == payload_digest(huge).encode() and letter.headers["reason"] == b"oversize"
         assert letter.source == f"{input_topic}/0/{sent}"
         assert pool.alive(), pool.log_text()
     finally:
