@@ -69,11 +69,6 @@ MAX_EMPTY_WINDOWS_PER_STEP = 1_000  # bounds the work after a long silence
 COMBINE_FAILED = "combine_failed"  # the ``withheld`` reason of a window whose partials raised when added up
 
 
-def first_window_start(instant_ms: int, window_size_ms: int, window_offset_ms: int) -> int:
-    """Start of the window holding ``instant_ms``: the first window that ends after it."""
-    return window_offset_ms + (instant_ms - window_offset_ms) // window_size_ms * window_size_ms
-
-
 def window_home(query: str, window_start_ms: int, partials_partitions: int, period: tuple[int, int] | None = None) -> int:
     """The partials-topic partition of a (query, window): stable across processes and versions.
 
@@ -162,8 +157,8 @@ class WindowCombiner:
         self.released_through_ms: dict[int, int] = {}  # per home partition
         # Homes whose released mark could not be read from the ledger: they release nothing until it is.
         self.unknown_homes: set[int] = set()
-        # Start of a public-groups query's first published window (``first_window_start`` of its publication
-        # start, set by the release stage); None: not known yet, and nothing of the query is released.
+        # Start of a public-groups query's first published window, the one holding its publication start (set by
+        # the release stage, ``publication_start``); None: not known yet, and nothing of the query is released.
         self.query_start_ms: int | None = None
         self.progress: dict[int, dict[int, int]] = {}  # home partition -> input partition -> closed through
         self._pending: dict[int, _Pending] = {}

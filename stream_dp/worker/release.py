@@ -38,13 +38,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.wire import WireFormatError
-from stream_dp.worker.combiner import COMBINE_FAILED, CombinedWindow, first_window_start
+from stream_dp.worker.combiner import COMBINE_FAILED, CombinedWindow
 from stream_dp.worker.continual_release import PreviousTrees, opens_period
 from stream_dp.worker.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.output import publish_release
 from stream_dp.worker.partials_commits import PartialsCommits
 from stream_dp.worker.partials_in import PartialsIntake, too_old_to_release
 from stream_dp.worker.partition_check import BrokerPartitions
+from stream_dp.worker.publication_start import PublicationStarts
 from stream_dp.worker.records import PartialAggregate
 from stream_dp.worker.release_draw import draw_payload
 from stream_dp.worker.release_entry import ReleaseEntry, StoredRecords, decode_entry
@@ -127,7 +128,7 @@ class ReleaseStage:
         self.commits = PartialsCommits(consumer, partials_topic, interval_s=commit_interval_s)
         self._lock = asyncio.Lock()
         self.trees = PreviousTrees(ledger)
-        self._next_start_lookup_s = -math.inf
+        self.starts = PublicationStarts(ledger, metrics, store_ready)
         # The output producer's batch size: it fits every output topic's record limit (see ``topic_setup``);
         # a topic sized for larger records (a top_k list) takes one of them alone in a batch of its own.
         self.output_batch_bytes = output_batch_bytes
@@ -157,23 +158,7 @@ class ReleaseStage:
         async with self._lock:
             for query in self.queries.values():
                 for home in homes:
-                    await self._read_released_mark(query, home)
-
-    async def _read_released_mark(self, query: QueryRuntime, home: int) -> None:
-        """A home whose mark cannot be read releases nothing of a public-groups query until it is (read again
-        every few seconds): from the query's first window, it would draw windows released long ago again."""
-        try:
-            through = await asyncio.to_thread(self.ledger.released_through, query.name, home)
-        except LedgerUnavailable as exc:
-            self.metrics.internal_errors.labels("ledger_unavailable").inc()
-            if home not in query.combiner.unknown_homes:
-                log.warning("cannot read release progress of %s/%d (%s); its public windows wait until it is read",
-                            query.name, home, exc)
-            query.combiner.unknown_homes.add(home)
-            return
-        query.combiner.unknown_homes.discard(home)
-        if through is not None:
-            query.combiner.restore_released_through(home, through)
+                    await self.starts.read_mark(query, home)
 
     async def on_revoked(self, homes: set[int]) -> None:
         """Hand over: commit what is released, forget the rest (the new owner replays it)."""
@@ -202,7 +187,7 @@ class ReleaseStage:
     async def _step(self, batches: dict) -> None:
         now_ms = self.clock_ms()
         owned = {tp.partition for tp in self.consumer.assignment()}
-        await self._learn_query_starts()
+        await self.starts.learn(list(self.queries.values()))
         for tp, records in batches.items():
             for record in records:
                 await self._take_record(tp.partition, record.offset, record.value, now_ms, record.timestamp)
@@ -239,57 +224,11 @@ class ReleaseStage:
         await self._publish_pending()
         await self._commit()
 
-    async def _learn_query_starts(self) -> None:
-        """Until known (asked every few seconds), where each public-groups query's publication starts, and the
-        released marks of homes that could not be read at assignment.
-
-        The start is the ledger's clock (Redis's, one for every worker) when a worker first ran the query,
-        less its ``allowed_lateness`` (the earliest time whose window could still take an event on time then),
-        kept in the ledger by the first worker that asks; ``window.publish_from`` replaces it. No data takes part, so neighbouring streams
-        publish the same windows: the first is the one holding the start, and every later one is published,
-        data or not.
-        Not before the store is verified (``store_guard``): a Redis that lost its data gets no start written.
-        """
-        now_s = time.monotonic()
-        if now_s < self._next_start_lookup_s or not self.store_ready():
-            return
-        self._next_start_lookup_s = now_s + 2.0
-        for query in self.queries.values():
-            if query.public_groups is None:
-                continue
-            for home in sorted(query.combiner.unknown_homes):
-                await self._read_released_mark(query, home)
-            if query.combiner.query_start_ms is not None:
-                continue
-            window = query.config.window
-            try:
-                kept = await asyncio.to_thread(self.ledger.publication_start, query.name, window.allowed_lateness_ms)
-            except LedgerUnavailable as exc:
-                self.metrics.internal_errors.labels("ledger_unavailable").inc()
-                log.warning("cannot read where %s publishes from (%s); its windows wait until it is read", query.name, exc)
-                continue
-            start = kept if window.publish_from_ms is None else window.publish_from_ms
-            query.combiner.query_start_ms = first_window_start(start, window.size_ms, window.offset_ms)
-            log.info("%s publishes every window from %d on (its publication start %d: %s)", query.name,
-                     query.combiner.query_start_ms, start,
-                     "window.publish_from" if window.publish_from_ms is not None else "its first run, less allowed_lateness")
-
     async def _unreleasable(self, query: QueryRuntime, start: int, end: int, partials: int) -> None:
         """Partials of a public-groups window its home never releases (``WindowCombiner.unreleasable``)."""
-        if not query.combiner.is_released(start, end):  # a home that released nothing: before the query's start
-            self.metrics.partials_unreleasable.labels(query.name, "before_start").inc(partials)
-            return
-        try:
-            stored = await asyncio.to_thread(self.ledger.get, query.name, start)
-        except LedgerUnavailable:
-            self.metrics.internal_errors.labels("ledger_unavailable").inc()
-            stored = None  # a window behind the mark is published, or never is: only its stored release could go
-        if stored is None:
-            self.metrics.partials_unreleasable.labels(query.name, "behind_mark").inc(partials)
-        elif not stored.published:
+        stored = await self.starts.unreleasable(query, start, end, partials)
+        if stored is not None:  # stored by an earlier run and never published: published now, as stored
             self._unpublished.append(_Unpublished(query, start, end, payload=stored.payload))
-        else:
-            self.metrics.late_partials.labels(query.name).inc(partials)
 
     async def _take_record(
         self, partition: int, offset: int, value: bytes, now_ms: int, timestamp_ms: int | None = None

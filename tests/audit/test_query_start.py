@@ -55,4 +55,5 @@ def test_one_unit_alone_in_an_early_window_does_not_move_the_first_published_win
         in_d, in_d_prime = windows["D"], windows["D'"]
         assert d_prime == d, (f"D published windows {in_d}, D' (D and one unit alone in window 0) {in_d_prime}\n"
                               f"{pair.log_tails()}")
-        assert d == expected, f"D published {sorted(d)}, expected every public group of windows 0..3\n{pair.log_tails()}"
+        assert d == expected, (f"D published {sorted(d)}, expected every public group of windows 0..3\n"
+                               f"{pair.log_tails()}")

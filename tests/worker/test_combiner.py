@@ -277,7 +277,7 @@ def test_a_home_whose_mark_is_unknown_releases_nothing_then_continues_from_its_m
 
 
 def test_the_first_window_is_the_one_holding_the_start():
-    from stream_dp.worker.combiner import first_window_start
+    from stream_dp.worker.publication_start import first_window_start
 
     assert first_window_start(0, MIN, 0) == 0
     assert first_window_start(MIN - 1, MIN, 0) == 0

@@ -92,8 +92,8 @@ def _release(runtime: Any, records: list[bytes], through_ms: int, *, ledger: Mem
              monkeypatch: pytest.MonkeyPatch) -> tuple[set[tuple[int, str]], Any]:
     """What a release stage publishes after reading ``records`` and progress through ``through_ms`` (its ledger's
     clock at ``T``): its (window start, page) records, and its metrics registry."""
-    stage, registry, published = offline_stage(runtime, monkeypatch, ledger=ledger or MemoryReleaseLedger(clock_ms=lambda: T),
-                                               consumer=_Consumer(), now_ms=T)
+    ledger = ledger or MemoryReleaseLedger(clock_ms=lambda: T)
+    stage, registry, published = offline_stage(runtime, monkeypatch, ledger=ledger, consumer=_Consumer(), now_ms=T)
     values = records + [encode_progress(Progress("pages", 0, 1, through_ms))]
     asyncio.run(stage._step({TopicPartition("partials", 0): [_Record(i, v, T) for i, v in enumerate(values)]}))
     return {(r["window"]["start_ms"], r["group"]["page"]) for r in published}, registry
@@ -153,7 +153,7 @@ def test_the_first_workers_start_is_kept_for_every_later_worker(monkeypatch):
     clock[0] += 30 * MIN
     later = _runtime()
     stage, _, _ = offline_stage(later, monkeypatch, ledger=ledger, consumer=_Consumer(), now_ms=clock[0])
-    asyncio.run(stage._learn_query_starts())
+    asyncio.run(stage.starts.learn([later]))
     assert later.combiner.query_start_ms == W0
 
 
