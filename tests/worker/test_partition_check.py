@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from stream_dp.worker.partition_check import BrokerPartitions, PartitionCheckFailed, committed_by
+from tests.worker._support import PRODUCER_STAMPED
 
 pytestmark = pytest.mark.services
 
@@ -96,7 +97,7 @@ def test_a_broker_that_does_not_answer_fails_the_check(kafka_bootstrap):
 def test_where_producers_stamp_the_clock_no_close_offset_is_read(kafka_bootstrap, new_topic, unique_name):
     """With trust_producer_timestamps one record stamped at the close time closes nothing, so it shows nothing:
     only a partition read and committed to its end holds nothing more."""
-    topic = new_topic(partitions=1)
+    topic = new_topic(partitions=1, configs=PRODUCER_STAMPED)  # its producers stamp its records
     now_ms = int(time.time() * 1000)
 
     async def scenario():
