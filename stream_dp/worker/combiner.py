@@ -28,7 +28,13 @@ which errs on the safe side).
 For queries with public groups, windows in which no partition had any event
 are released too (all counts zero before noise) once every partition's
 progress has passed them: otherwise the mere presence of a release would say,
-without noise, that somebody was active in that window.
+without noise, that somebody was active in that window. For the same reason
+where a query's publication starts is no data's doing: its first window is
+``query_start_ms``, the window holding the query's publication start (the
+wall clock at its first start less ``allowed_lateness``, kept in the release
+ledger, or ``window.publish_from``). Each home releases its windows in order
+from its released mark, or from that first window if it has released none;
+a window before that is never released, data or not (``unreleasable``).
 
 A window is added up only from partials charged under the settings it is
 noised for: each partial names its ingest worker's settings fingerprint, and
@@ -149,8 +155,10 @@ class WindowCombiner:
         self.period = period  # (period_ms, offset_ms) of a continual query: windows of a period share a home
         self.input_partitions = 0
         self.released_through_ms: dict[int, int] = {}  # per home partition
-        # Start of the query's first released window (from the ledger): empty
-        # windows of homes that never released anything are filled from there.
+        # Homes whose released mark could not be read from the ledger: they release nothing until it is.
+        self.unknown_homes: set[int] = set()
+        # Start of a public-groups query's first published window, the one holding its publication start (set by
+        # the release stage, ``publication_start``); None: not known yet, and nothing of the query is released.
         self.query_start_ms: int | None = None
         self.progress: dict[int, dict[int, int]] = {}  # home partition -> input partition -> closed through
         self._pending: dict[int, _Pending] = {}
@@ -167,11 +175,15 @@ class WindowCombiner:
 
         ``released_through_ms`` only says that *some* window up to it was
         released; the caller asks the ledger and passes ``unreleased=True``
-        when this window was in fact never released (e.g. a later one went first).
+        when this window was in fact never released (a later one of selected
+        groups went first). A public-groups window before its home's start
+        (``unreleasable``) is refused whatever ``unreleased`` says.
         """
         self.note_input_partitions(partial.input_partitions)
         pending = self._pending.get(partial.window_start_ms)
         if pending is None:
+            if self.unreleasable(partial.window_start_ms):
+                return False  # before its home's start: never released (``unreleased`` only serves selected groups)
             if not unreleased and self.is_released(partial.window_start_ms, partial.window_end_ms):
                 return False
             pending = self._pending[partial.window_start_ms] = _Pending(partial.window_end_ms, now_ms)
@@ -207,6 +219,34 @@ class WindowCombiner:
         if window_end_ms > self.released_through_ms.get(home, -1):
             self.released_through_ms[home] = window_end_ms
 
+    def home_start(self, home: int) -> int | None:
+        """A public-groups query's first window that ``home`` may still release: its released mark, or the
+        query's first window if it has released none. None while either is unknown (nothing is released)."""
+        if home in self.unknown_homes:
+            return None
+        released = self.released_through_ms.get(home)
+        return released if released is not None else self.query_start_ms
+
+    def unreleasable(self, window_start_ms: int) -> bool:
+        """Whether a public-groups window lies before where its home releases from: never released, data or not.
+
+        The window clock and the publication start decide it, so a partial's data never makes such a window
+        published while the empty windows beside it are not.
+        """
+        if self.public_groups is None:
+            return False
+        start = self.home_start(self.home(window_start_ms))
+        return start is not None and window_start_ms < start
+
+    def discard_unreleasable(self, owned: set[int] | None = None) -> list[tuple[int, int]]:
+        """Drop the pending windows (of the homes in ``owned``) that ``unreleasable`` now says are never
+        released: added before the query's start or a home's mark was known. Returns (window start, partials)."""
+        dropped = [(start, len(pending.partials)) for start, pending in self._pending.items()
+                   if (owned is None or self.home(start) in owned) and self.unreleasable(start)]
+        for start, _ in dropped:
+            del self._pending[start]
+        return sorted(dropped)
+
     def revoke(self, homes: set[int]) -> None:
         """Forget windows and progress of partials partitions now owned elsewhere."""
         for start in [s for s in self._pending if self.home(s) in homes]:
@@ -214,6 +254,7 @@ class WindowCombiner:
         for home in homes:
             self.progress.pop(home, None)
             self.released_through_ms.pop(home, None)
+            self.unknown_homes.discard(home)
 
     # -- decisions -----------------------------------------------------------------------
 
@@ -269,31 +310,24 @@ class WindowCombiner:
     def _with_empty_windows(self, starts: list[int], owned: set[int] | None) -> list[int]:
         """Add the empty windows (no partial anywhere) each home may release, and keep every home in order.
 
-        A home releases its windows in window order, from the query's first
-        release on: a window with data waits while an earlier window of its
-        home has neither data nor the progress that shows it empty; otherwise
-        the releases (and the gaps between them) would tell without noise
-        which windows had activity. Before the query's first release is
-        known, the oldest window ready now is taken as its start.
+        A home releases its windows in window order from ``home_start``: a window with data waits while an
+        earlier window of its home has neither data nor the progress that shows it empty, and an empty window
+        is released once progress shows it empty, whether or not any window had data. Otherwise the releases
+        (and the gaps between them) would tell without noise which windows had activity. Pending windows
+        before ``home_start`` are never released (``discard_unreleasable`` drops them).
         """
         size = self.window_size_ms
-        first = self.query_start_ms
-        if first is None:  # the oldest window with data, ready or not
-            first = min((*starts, *self._pending), default=None)
         by_home: dict[int, list[int]] = {}
         for start in starts:
             by_home.setdefault(self.home(start), []).append(start)
         homes = owned if owned is not None else set(range(self.partials_partitions))
         out: list[int] = []
         for home in sorted(homes):
-            released = self.released_through_ms.get(home)
-            start = released if released is not None else first  # the home's first window not yet released
-            data = sorted(by_home.get(home, ()))
+            start = self.home_start(home)
             if start is None:
-                continue  # nothing released anywhere and nothing ready: the query has not started
+                continue  # the query's start or the home's mark is not known yet: nothing is released
+            data = sorted(w for w in by_home.get(home, ()) if w >= start)
             through = self._min_progress(home)
-            # Windows behind the home's mark that the ledger says were never released go as they are.
-            out += [w for w in data if w < start]
             last = max(data[-1] if data else start, start)
             added = 0
             while start <= last or (through is not None and start + size <= through):

@@ -21,14 +21,18 @@ window whose entry has expired. Past that age the release stage refuses to
 noise a window at all (see ``stream_dp.worker.release``), since whether it was
 released can no longer be known. The released-through mark of each (query,
 partials partition) never expires: it is one small key per pair, and losing it
-would turn every old partial into one "never released".
+would turn every old partial into one "never released". Nor does a public-groups
+query's publication start (``publication_start``): written once, by the first
+worker to run the query, it fixes the query's first published window for good.
 """
 
 from __future__ import annotations
 
 import secrets
 import threading
+import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,6 +77,23 @@ redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
 return {false, ARGV[4], n, 1}
 """
 
+# KEYS[1]: a query's publication start; KEYS[2]: the first window it released, as earlier versions kept it.
+# ARGV[1]: the query's allowed lateness (ms). Keeps, unless one is kept already, Redis's clock less ARGV[1]
+# (or KEYS[2]'s window); returns the start kept. Written once, never expires.
+_KEEP_START = """
+local kept = redis.call('GET', KEYS[1])
+if kept then
+  return tonumber(kept)
+end
+local start = tonumber(redis.call('GET', KEYS[2]) or '')
+if not start then
+  local t = redis.call('TIME')
+  start = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[1])
+end
+redis.call('SET', KEYS[1], string.format('%d', start))
+return start
+"""
+
 # SET without EX drops any TTL; PERSIST drops the TTL that marks written by
 # earlier versions (which expired with the ledger entries) still carry.
 _RAISE_MARK = """
@@ -115,8 +136,7 @@ class ReleaseLedger(Protocol):
     def released_through(self, query: str, home: int) -> int | None: ...
     def raise_released_through(self, query: str, home: int, window_end_ms: int) -> None: ...
     def remember_units(self, charge_id: str, units: list[str]) -> list[str]: ...
-    def mark_query_start(self, query: str, window_start_ms: int) -> None: ...
-    def query_start(self, query: str) -> int | None: ...
+    def publication_start(self, query: str, lateness_ms: int) -> int: ...
     def store_markers(self) -> StoreMarkers: ...
 
 
@@ -133,10 +153,12 @@ class RedisReleaseLedger:
     ``wait``: replicas that must hold a stored release before it is published,
     and a charge's unit list before it is charged (``WAIT``, see
     :mod:`stream_dp.budget.redis_nodes`); without it a failover could forget a
-    published window and a replay would noise it again. The published mark,
-    the released-through marks and the query start do not wait: losing one
-    can make a replay publish a window's stored records again (the same
-    values), never draw new noise for it.
+    published window and a replay would noise it again. A query's publication
+    start waits too: a later one written after a failover would leave out the
+    windows between the two on homes that had released none. The published
+    mark and the released-through marks do not wait: losing one can make a
+    replay publish a window's stored records again (the same values), never
+    draw new noise for it.
     """
 
     def __init__(
@@ -158,6 +180,7 @@ class RedisReleaseLedger:
         self._chunk_bytes = chunk_bytes
         self._put_once = client.register_script(_PUT_ONCE)
         self._raise = client.register_script(_RAISE_MARK)
+        self._keep_start = client.register_script(_KEEP_START)
 
     def _key(self, query: str, window_start_ms: int) -> str:
         return f"{self._prefix}:{{{query}}}:{window_start_ms}"
@@ -256,19 +279,21 @@ class RedisReleaseLedger:
             raise _unavailable("charge journal", exc, "; not charging") from exc
         return units if new else _unpack_units(stored)
 
-    def mark_query_start(self, query: str, window_start_ms: int) -> None:
-        """Remember the first window the query released (kept by the first writer)."""
+    def publication_start(self, query: str, lateness_ms: int) -> int:
+        """The instant a public-groups query's publication starts at: Redis's clock the first time any worker
+        asks, less ``lateness_ms`` (kept for good), else the one kept. One clock for every worker, as the
+        budget store's: a worker whose own clock is off cannot move it. A query that earlier versions released
+        keeps the first window they released (their ``start`` key, which expired with the ledger's entries)."""
+        prefix = f"{self._prefix}:{{{query}}}"
+        keys, args = [f"{prefix}:publication-start", f"{prefix}:start"], [lateness_ms]
         try:
-            self._redis.set(f"{self._prefix}:{{{query}}}:start", window_start_ms, nx=True, ex=self._ttl_s)
+            if self._wait is None:
+                return int(self._keep_start(keys=keys, args=args))
+            call = Call(self._keep_start.sha, self._keep_start.script, keys, args, f"{prefix}:sync")
+            (kept,) = NodeRunner(self._redis, [call], self._wait).run_pending()
+            return int(kept)
         except redis.RedisError as exc:
-            raise _unavailable("release ledger update", exc) from exc
-
-    def query_start(self, query: str) -> int | None:
-        try:
-            value = self._redis.get(f"{self._prefix}:{{{query}}}:start")
-        except redis.RedisError as exc:
-            raise _unavailable("release ledger read", exc) from exc
-        return None if value is None else int(value)
+            raise _unavailable("release ledger publication start", exc) from exc
 
     def raise_released_through(self, query: str, home: int, window_end_ms: int) -> None:
         try:
@@ -296,7 +321,8 @@ def _unpack_units(payload: bytes) -> list[str]:
 class MemoryReleaseLedger:
     """In-process ledger for a single worker without Redis, and for tests."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+        self._clock_ms = clock_ms  # the store's clock (``publication_start``)
         self._entries: dict[tuple[str, int], tuple[bytes, bool]] = {}
         self._through: dict[tuple[str, int], int] = {}
         self._units: dict[str, list[str]] = {}
@@ -331,12 +357,9 @@ class MemoryReleaseLedger:
         with self._lock:
             return list(self._units.setdefault(charge_id, list(units)))
 
-    def mark_query_start(self, query: str, window_start_ms: int) -> None:
+    def publication_start(self, query: str, lateness_ms: int) -> int:
         with self._lock:
-            self._starts.setdefault(query, window_start_ms)
-
-    def query_start(self, query: str) -> int | None:
-        return self._starts.get(query)
+            return self._starts.setdefault(query, self._clock_ms() - lateness_ms)
 
     def released_through(self, query: str, home: int) -> int | None:
         return self._through.get((query, home))

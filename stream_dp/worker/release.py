@@ -45,6 +45,7 @@ from stream_dp.worker.output import publish_release
 from stream_dp.worker.partials_commits import PartialsCommits
 from stream_dp.worker.partials_in import PartialsIntake, too_old_to_release
 from stream_dp.worker.partition_check import BrokerPartitions
+from stream_dp.worker.publication_start import PublicationStarts
 from stream_dp.worker.records import PartialAggregate
 from stream_dp.worker.release_draw import draw_payload
 from stream_dp.worker.release_entry import ReleaseEntry, StoredRecords, decode_entry
@@ -127,7 +128,7 @@ class ReleaseStage:
         self.commits = PartialsCommits(consumer, partials_topic, interval_s=commit_interval_s)
         self._lock = asyncio.Lock()
         self.trees = PreviousTrees(ledger)
-        self._next_start_lookup_s = -math.inf
+        self.starts = PublicationStarts(ledger, metrics, store_ready)
         # The output producer's batch size: it fits every output topic's record limit (see ``topic_setup``);
         # a topic sized for larger records (a top_k list) takes one of them alone in a batch of its own.
         self.output_batch_bytes = output_batch_bytes
@@ -152,20 +153,12 @@ class ReleaseStage:
         return _Listener()
 
     async def on_assigned(self, homes: set[int]) -> None:
-        """Load how far each query was released from these homes, so empty public windows continue from there."""
+        """Load how far each query was released from these homes, so public windows continue from there."""
         log.info("release homes assigned %s", sorted(homes))
         async with self._lock:
             for query in self.queries.values():
                 for home in homes:
-                    try:
-                        through = await asyncio.to_thread(self.ledger.released_through, query.name, home)
-                    except LedgerUnavailable as exc:
-                        self.metrics.internal_errors.labels("ledger_unavailable").inc()
-                        log.warning("cannot read release progress of %s/%d (%s); empty windows resume after the next release",
-                                    query.name, home, exc)
-                        continue
-                    if through is not None:
-                        query.combiner.restore_released_through(home, through)
+                    await self.starts.read_mark(query, home)
 
     async def on_revoked(self, homes: set[int]) -> None:
         """Hand over: commit what is released, forget the rest (the new owner replays it)."""
@@ -194,7 +187,7 @@ class ReleaseStage:
     async def _step(self, batches: dict) -> None:
         now_ms = self.clock_ms()
         owned = {tp.partition for tp in self.consumer.assignment()}
-        await self._learn_query_starts()
+        await self.starts.learn(list(self.queries.values()))
         for tp, records in batches.items():
             for record in records:
                 await self._take_record(tp.partition, record.offset, record.value, now_ms, record.timestamp)
@@ -203,6 +196,8 @@ class ReleaseStage:
         self.waits.follow_partition_counts()
         await self.waits.step(now_ms, owned, home_position(self.consumer, self.partials_topic))
         for query in self.queries.values():
+            for start, partials in query.combiner.discard_unreleasable(owned):
+                await self._unreleasable(query, start, start + query.combiner.window_size_ms, partials)
             expired: list[int] = []
             for start in query.combiner.ready(owned):
                 started = time.perf_counter()
@@ -229,18 +224,11 @@ class ReleaseStage:
         await self._publish_pending()
         await self._commit()
 
-    async def _learn_query_starts(self) -> None:
-        """Until known, ask the ledger (every few seconds) where each query's releases began."""
-        now_s = time.monotonic()
-        if now_s < self._next_start_lookup_s:
-            return
-        self._next_start_lookup_s = now_s + 2.0
-        for query in self.queries.values():
-            if query.combiner.query_start_ms is None and query.public_groups is not None:
-                try:
-                    query.combiner.query_start_ms = await asyncio.to_thread(self.ledger.query_start, query.name)
-                except LedgerUnavailable:
-                    self.metrics.internal_errors.labels("ledger_unavailable").inc()
+    async def _unreleasable(self, query: QueryRuntime, start: int, end: int, partials: int) -> None:
+        """Partials of a public-groups window its home never releases (``WindowCombiner.unreleasable``)."""
+        stored = await self.starts.unreleasable(query, start, end, partials)
+        if stored is not None:  # stored by an earlier run and never published: published now, as stored
+            self._unpublished.append(_Unpublished(query, start, end, payload=stored.payload))
 
     async def _take_record(
         self, partition: int, offset: int, value: bytes, now_ms: int, timestamp_ms: int | None = None
@@ -255,6 +243,9 @@ class ReleaseStage:
             return
         if query.combiner.add_partial(message, now_ms, source):
             return
+        if query.combiner.unreleasable(message.window_start_ms):
+            await self._unreleasable(query, message.window_start_ms, message.window_end_ms, 1)
+            return
         # A window at or before what this home released: ask the ledger what became of it.
         try:
             stored = await asyncio.to_thread(self.ledger.get, query.name, message.window_start_ms)
@@ -264,7 +255,7 @@ class ReleaseStage:
             self.metrics.internal_errors.labels("ledger_unavailable").inc()
             stored = None
         if stored is None:
-            # Never released (a later window of this home went first): combine it normally.
+            # Never released (selected groups: a later window of this home went first): combine it normally.
             query.combiner.add_partial(message, now_ms, source, unreleased=True)
         elif not stored.published:
             self._unpublished.append(
@@ -278,17 +269,24 @@ class ReleaseStage:
             return
         now_s = time.monotonic()
         remaining: list[_Unpublished] = []
-        # A continual query's window continues the tree of the one before: after a held window,
-        # the later ones of that query wait too.
-        held_continual: set[str] = set()
+        # After a held window, the later ones of its home wait too, so a home's released mark never passes a
+        # window it has not published: one behind the mark is then published or never released, data or not.
+        # A continual query's window continues the tree of the one before: the later ones of the query wait.
+        held: set[tuple[str, int | None]] = set()
+
+        def hold(item: _Unpublished) -> None:
+            remaining.append(item)
+            continual = item.query.plan.continual is not None
+            held.add((item.query.name, None if continual else item.query.combiner.home(item.window_start_ms)))
+
         deadline_s = now_s + self.publish_budget_s
         attempted = False
         for item in sorted(self._unpublished, key=lambda u: u.window_start_ms):
             out_of_time = attempted and time.monotonic() > deadline_s  # the rest waits for the next step, in order
-            if out_of_time or item.next_attempt_s > now_s or item.query.name in held_continual:
-                remaining.append(item)
-                if item.query.plan.continual is not None:
-                    held_continual.add(item.query.name)
+            home = item.query.combiner.home(item.window_start_ms)
+            if (out_of_time or item.next_attempt_s > now_s or (item.query.name, None) in held
+                    or (item.query.name, home) in held):
+                hold(item)
                 continue
             attempted = True
             try:
@@ -298,9 +296,7 @@ class ReleaseStage:
                 item.next_attempt_s = now_s + min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (item.attempts - 1))
                 self.metrics.internal_errors.labels("ledger_unavailable").inc()
                 log.warning("release of %s/%d held: %s", item.query.name, item.window_start_ms, exc)
-                remaining.append(item)
-                if item.query.plan.continual is not None:
-                    held_continual.add(item.query.name)
+                hold(item)
         self._unpublished = remaining
 
     async def _publish(self, item: _Unpublished) -> None:
@@ -362,9 +358,6 @@ class ReleaseStage:
         await asyncio.to_thread(self.ledger.mark_published, query.name, item.window_start_ms)
         home = query.combiner.home(item.window_start_ms)
         await asyncio.to_thread(self.ledger.raise_released_through, query.name, home, item.window_end_ms)
-        if query.combiner.query_start_ms is None:
-            await asyncio.to_thread(self.ledger.mark_query_start, query.name, item.window_start_ms)
-            query.combiner.query_start_ms = await asyncio.to_thread(self.ledger.query_start, query.name)
         timing.labels(query.name, "ledger").observe(time.perf_counter() - started)
         if stored.newly_written and window is not None:
             self.metrics.windows_released.labels(query.name).inc()

@@ -14,6 +14,7 @@ on D'.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import time
@@ -322,7 +323,8 @@ def _randomized(records_: list[tuple[bytes, bytes, int, int | None]], mechanism:
     return out
 
 
-def _config(run: str, topics: dict[str, str], outputs: dict[str, str]) -> dict:
+def _config(run: str, topics: dict[str, str], outputs: dict[str, str], start_ms: int | None = None) -> dict:
+    """The deployment's query file; ``start_ms``: the backlog's first window, public queries publish from it."""
     namespaces, queries = {}, []
     for s in SCENARIOS:
         limit = float(EXHAUSTED_AFTER) if s.name == "exhausted_budget" else 4000.0
@@ -347,6 +349,10 @@ def _config(run: str, topics: dict[str, str], outputs: dict[str, str]) -> dict:
             "trust_producer_timestamps": True,
         }
         query.update(s.settings)
+        if start_ms is not None and "public" in query["groups"]:
+            # the backlog is older than the workers: its windows are published because the file says so
+            since = datetime.datetime.fromtimestamp(start_ms / 1000, datetime.timezone.utc).isoformat()
+            query["window"] = {**query["window"], "publish_from": since}
         queries.append(query)
     return {"namespaces": namespaces, "queries": queries}
 
@@ -413,7 +419,7 @@ class Deployment:
         self.outputs = {s.name: f"{self.run}-out-{s.name}" for s in SCENARIOS}
         for name, partitions in TOPIC_PARTITIONS.items():
             create_topic(self.bootstrap, self.topics[name], partitions, {"message.timestamp.type": "CreateTime"})
-        config = _config(self.run, self.topics, self.outputs)
+        config = _config(self.run, self.topics, self.outputs, self.start_ms)
         self.queries = {s.name: query for s, query in zip(SCENARIOS, config["queries"], strict=True)}
         config_path = self.work_dir / "queries.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -71,14 +71,15 @@ def run_groups(services: perfkit.Services, groups: int, *, windows: int, events_
     which is left out of the latencies."""
     name = perfkit.unique_name(f"rl{groups}")
     topic = f"{name}-in"
-    config = perfkit.write_config(
-        workdir / f"{name}.yaml",
-        perfkit.worker_config(name, topic, groups=groups, allowed_lateness=f"{LATENESS_MS}ms", idle_timeout="1h"),
-    )
     n_events = max(2 * groups, events_per_window)
     measured = windows
     total = windows + (1 if profile_to is not None else 0)
     first_window_ms = (int(time.time() * 1000) // perfkit.WINDOW_MS - total - 3) * perfkit.WINDOW_MS
+    config = perfkit.write_config(
+        workdir / f"{name}.yaml",
+        perfkit.worker_config(name, topic, groups=groups, allowed_lateness=f"{LATENESS_MS}ms", idle_timeout="1h",
+                              publish_from_ms=first_window_ms),
+    )
     worker = poller = reader = None
     latencies: list[float] = []
     inside: list[float] = []

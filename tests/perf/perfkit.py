@@ -9,6 +9,7 @@ Everything here touches only loopback services named by the environment
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import statistics
@@ -234,10 +235,15 @@ def produce(bootstrap: str, topic: str, events: SyntheticEvents, *, chunk: int =
 
 def worker_config(
     name: str, input_topic: str, *, groups: int, window: str = "1m", allowed_lateness: str = "5s",
-    idle_timeout: str = "10s", epsilon_limit: float = 1000.0,
+    idle_timeout: str = "10s", epsilon_limit: float = 1000.0, publish_from_ms: int | None = None,
 ) -> dict[str, Any]:
     """A query like the example one, with public groups ``/g0`` .. and limits high enough
-    that no unit runs out of budget (so none is excluded)."""
+    that no unit runs out of budget (so none is excluded). ``publish_from_ms``: the first window of
+    events produced before the worker's first start (a backlog), which it publishes from then."""
+    window_settings = {"size": window, "allowed_lateness": allowed_lateness, "idle_timeout": idle_timeout}
+    if publish_from_ms is not None:
+        window_settings["publish_from"] = datetime.datetime.fromtimestamp(
+            publish_from_ms / 1000, datetime.timezone.utc).isoformat()
     return {
         "namespaces": {name: {"budgets": [{"horizon": "1h", "epsilon": epsilon_limit},
                                           {"horizon": "24h", "epsilon": 4 * epsilon_limit}],
@@ -249,7 +255,7 @@ def worker_config(
             "privacy_unit": {"namespace": name, "field": "user_id"},
             "timestamp_field": "ts",
             "timestamp_format": "epoch_ms",
-            "window": {"size": window, "allowed_lateness": allowed_lateness, "idle_timeout": idle_timeout},
+            "window": window_settings,
             "group_by": ["page"],
             "groups": {"public": group_names(groups)},
             "bounds": {"max_groups_per_unit": 3, "max_events_per_group": 2},

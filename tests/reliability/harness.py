@@ -97,6 +97,9 @@ class RunContext:
     metric_pages: dict[tuple[str, int], str] = field(default_factory=dict)  # (worker, incarnation) -> last /metrics
     lock: threading.RLock = field(default_factory=threading.RLock)
     started_s: float = field(default_factory=time.monotonic)
+    # (earliest, latest) wall-clock ms the queries can have first started at; latest None: no window was
+    # released before the stream began (``checks``: a public query publishes from its start, data or not)
+    started_between: tuple[int, int | None] | None = None
 
     def note(self, text: str) -> None:
         self.notes.append(f"t={time.monotonic() - self.started_s:.1f}s {text}")
@@ -261,10 +264,17 @@ class FaultRun:
                                     proxies, new_worker, bootstrap=self.bootstrap, input_topic=input_topic,
                                     partials_topic=f"{prefix}partials",
                                     output_topics=dict(outputs))
+        launched_ms = int(time.time() * 1000)  # before any worker: no query can have started earlier
         for _ in range(self.worker_count):
             new_worker()
         if not wait_assigned(workers, input_topic, spec.partitions, timeout_s=60):
             raise RuntimeError(f"workers did not get the input partitions assigned; logs in {self.work_dir}")
+        # Before any event is sent, each query publishes the empty windows since its start: its first window
+        # is its start's, not its first data's. Once one of each is seen, every query has started.
+        published = wait_until(lambda: all(read_topic(self.bootstrap, t) for t in outputs.values()), 60, 0.5)
+        ctx.started_between = (launched_ms, int(time.time() * 1000) if published else None)
+        if not published:
+            ctx.note("no query published a window before the stream began (within 60 s)")
         stop_supervisor = threading.Event()
         unexpected: list[str] = []
         supervisor = threading.Thread(target=_supervise, args=(ctx, stop_supervisor, unexpected), daemon=True)
@@ -339,9 +349,14 @@ class FaultRun:
             public_groups={q.name: q.public_group_keys() or [] for q in config.queries},
             window_ms=self.stream.window_ms,
             planted_partials=set(ctx.planted_partials),
+            started_between=ctx.started_between if ctx.started_between and ctx.started_between[1] else None,
+            lateness_ms=self.stream.lateness_ms,
         )
         truth = compute_truth(config, SECRET.encode(), observed.input_records)
         report = CheckReport()
+        if ctx.started_between is not None and ctx.started_between[1] is None:
+            report.fail("first window", "no query published a window before the stream began: its first window "
+                        "waited for data")
         sent_late = {(r.partition, r.offset) for r in observed.input_records if r.value in late_values}
         for query, late in truth.late.items():
             if not sent_late <= late:

@@ -8,6 +8,7 @@ the tests decide what closes when by what they send.
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 import uuid
@@ -62,7 +63,10 @@ class Scenario:
                 "name": self.query, "input_topic": self.input_topic, "output_topic": self.output_topic,
                 "privacy_unit": {"namespace": f"{self.name}-units", "field": "user_id"},
                 "timestamp_field": "ts",
-                "window": {"size": f"{WINDOW_MS}ms", "allowed_lateness": f"{LATENESS_MS}ms", "idle_timeout": "10m"},
+                # windows from base_ms on, older than the worker: published because the file says so
+                "window": {"size": f"{WINDOW_MS}ms", "allowed_lateness": f"{LATENESS_MS}ms", "idle_timeout": "10m",
+                           "publish_from": datetime.datetime.fromtimestamp(
+                               self.base_ms / 1000, datetime.timezone.utc).isoformat()},
                 "group_by": ["page"], "groups": {"public": list(PAGES)},
                 "bounds": {"max_groups_per_unit": 2, "max_events_per_group": 5},
                 "aggregations": {"count": {}, "sum": {"field": "value", "clip": [0, 10]}},

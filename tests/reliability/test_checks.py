@@ -212,6 +212,31 @@ def test_outputs_check_rejects_noise_drawn_twice_a_lost_window_and_a_value_off_t
         assert report.kinds[kind] >= 1, (kind, report.violations)
 
 
+def test_outputs_check_rejects_a_first_window_its_data_chose_and_one_before_the_start(world):
+    """The first window is the one holding the query's first start less allowed_lateness (bounded by the run):
+    releases that begin at the first data window instead, or before the start, fail."""
+    observed, truth, _ = world
+    query = next(iter(truth.namespace))
+    first = min(truth.windows(query))
+    lateness = 1_000
+
+    def report_for(started_between, outputs=None) -> CheckReport:
+        doctored = copy.copy(observed)
+        doctored.started_between, doctored.lateness_ms = started_between, lateness
+        if outputs is not None:
+            doctored.outputs = {**observed.outputs, query: outputs}
+        report = CheckReport()
+        check_outputs(doctored, truth, report)
+        return report
+
+    assert not report_for((first + lateness, first + lateness + 500)).violations  # started in the first window
+    # started three windows before the data, yet nothing was released until the data came
+    assert report_for((first - 6_000 + lateness, first - 6_000 + lateness)).kinds["first window"] >= 1
+    early = _release(query, first - 4_000, "home", 0.0, 0.0)
+    report = report_for((first + lateness, first + lateness), [early, *observed.outputs[query]])
+    assert report.kinds["first window"] >= 1 and report.kinds["empty window not released"] >= 1, report.violations
+
+
 def test_arrival_check_rejects_a_partial_that_reached_the_topic_after_its_window_was_published(world):
     observed, truth, _ = world
     stamped = copy.copy(observed)

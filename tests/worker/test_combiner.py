@@ -21,10 +21,13 @@ def _partial(partition, start, groups, counts, sums=None, distinct=None, parts=3
     )
 
 
-def _combiner(public=None, timeout=30_000, has_sum=True):
-    # One partials partition: every window is homed at 0, and progress is read there.
-    return WindowCombiner("q", window_size_ms=MIN, window_offset_ms=0, release_timeout_ms=timeout,
-                          public_groups=public, has_sum=has_sum)
+def _combiner(public=None, timeout=30_000, has_sum=True, start=0):
+    # One partials partition: every window is homed at 0, and progress is read there. A public query's
+    # first window (``start``) is known, as the release stage sets it from the ledger.
+    c = WindowCombiner("q", window_size_ms=MIN, window_offset_ms=0, release_timeout_ms=timeout,
+                       public_groups=public, has_sum=has_sum)
+    c.query_start_ms = start if public is not None else None
+    return c
 
 
 def test_waits_for_every_partition_or_its_progress():
@@ -228,6 +231,7 @@ def test_a_window_still_waiting_for_partials_is_released_when_they_come_whatever
     starts = [k * MIN for k in range(40)]
     waiting = next(s for s in starts if c.home(s) == 0)
     other = next(s for s in starts if c.home(s) == 1 and s > waiting)
+    c.query_start_ms = waiting  # no earlier window of either home to wait for
     c.add_partial(_partial(0, waiting, [("a",)], [1], [1.0], parts=2), now_ms=0)  # partition 1 has not sent yet
     c.add_partial(_partial(0, other, [("a",)], [1], [1.0], parts=2), now_ms=0)
     c.add_partial(_partial(1, other, [("a",)], [1], [1.0], parts=2), now_ms=0)
@@ -239,14 +243,47 @@ def test_a_window_still_waiting_for_partials_is_released_when_they_come_whatever
     assert c.take(waiting).count.tolist() == [3]
 
 
-def test_a_window_older_than_the_querys_first_release_elsewhere_is_still_released():
-    """Another process released a later window first (and so set the query's start): ours still goes."""
-    c = _combiner(public=[("a",)], timeout=10 * MIN)
-    c.query_start_ms = 10 * MIN  # learned from the ledger
-    c.add_partial(_partial(0, 3 * MIN, [("a",)], [2], [1.0], parts=1), now_ms=0, unreleased=True)
-    c.input_partitions = 1
-    assert c.ready() == [3 * MIN]
-    assert c.take(3 * MIN).count.tolist() == [2]
+def test_a_public_window_before_the_querys_start_is_never_released_data_or_not():
+    """Its first window is the query's (a clock's), whatever data comes before it."""
+    c = _combiner(public=[("a",)], timeout=10 * MIN, start=10 * MIN)
+    assert c.add_partial(_partial(0, 3 * MIN, [("a",)], [2], [1.0], parts=1), now_ms=0, unreleased=True) is False
+    assert c.unreleasable(3 * MIN) and not c.is_released(3 * MIN, 4 * MIN)
+    c.add_progress(home=0, progress=Progress("q", 0, 1, 12 * MIN))
+    assert c.ready() == [10 * MIN, 11 * MIN]
+
+
+def test_windows_pending_before_the_start_was_known_are_discarded_and_nothing_is_released_until_it_is():
+    c = _combiner(public=[("a",)], timeout=1, start=None)
+    for start in (2 * MIN, 5 * MIN):
+        assert c.add_partial(_partial(0, start, [("a",)], [1], [1.0], parts=1), now_ms=0)
+    c.add_progress(home=0, progress=Progress("q", 0, 1, 8 * MIN))
+    assert c.ready() == [] and c.discard_unreleasable() == []  # no start known: wait
+    c.query_start_ms = 4 * MIN
+    assert c.discard_unreleasable() == [(2 * MIN, 1)]
+    assert c.ready() == [4 * MIN, 5 * MIN, 6 * MIN, 7 * MIN]
+
+
+def test_a_home_whose_mark_is_unknown_releases_nothing_then_continues_from_its_mark():
+    c = _combiner(public=[("a",)], timeout=1)
+    c.unknown_homes.add(0)
+    c.add_partial(_partial(0, 3 * MIN, [("a",)], [1], [1.0], parts=1), now_ms=0)
+    c.add_partial(_partial(0, 6 * MIN, [("a",)], [1], [1.0], parts=1), now_ms=0)
+    c.add_progress(home=0, progress=Progress("q", 0, 1, 8 * MIN))
+    assert c.ready() == []  # from the query's start it would draw released windows again
+    c.unknown_homes.discard(0)
+    c.restore_released_through(0, 5 * MIN)
+    assert c.discard_unreleasable() == [(3 * MIN, 1)]
+    assert c.ready() == [5 * MIN, 6 * MIN, 7 * MIN]
+
+
+def test_the_first_window_is_the_one_holding_the_start():
+    from stream_dp.worker.publication_start import first_window_start
+
+    assert first_window_start(0, MIN, 0) == 0
+    assert first_window_start(MIN - 1, MIN, 0) == 0
+    assert first_window_start(MIN, MIN, 0) == MIN
+    assert first_window_start(25_000, MIN, 30_000) == -30_000  # offset windows: [-30 s, 30 s) holds 25 s
+    assert first_window_start(30_000, MIN, 30_000) == 30_000
 
 
 def _hist(dense):

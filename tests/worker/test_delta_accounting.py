@@ -33,7 +33,7 @@ from stream_dp.budget import RedisBudgetStore, StoreOptions, policy_from_config
 from stream_dp.budget.store import DEFAULT_INPUT_RETENTION_MS
 from stream_dp.config import parse_config
 from stream_dp.worker.query_costs import build_plan
-from tests.worker._support import BACKFILL, PRODUCER_STAMPED, consume_all, free_port, metric_sum, scrape
+from tests.worker._support import BACKFILL, PRODUCER_STAMPED, consume_all, free_port, iso_ms, metric_sum, scrape
 
 pytestmark = pytest.mark.slow
 
@@ -98,9 +98,12 @@ def test_gaussian_and_selection_queries_stop_charging_a_unit_at_its_delta_limit(
         f"{name}-g": {"budgets": [{"horizon": "1h", "epsilon": 1000.0, "delta": 1e-3}]},
         f"{name}-s": {"budgets": [{"horizon": "1h", "epsilon": 1000.0, "delta": 1e-3}]},
     }
+    start = (int(time.time() * 1000) - 10 * 60_000) // WINDOW_MS * WINDOW_MS
     queries = [
+        # a backfill: public groups publish from its first window (the worker's first start is later)
         _query(f"{name}_g", f"{name}-g", input_topic, f"{unique_name}-out-g", groups={"public": ["a"]},
-               mechanism="gaussian", epsilon=10.0, delta=gaussian_delta),
+               mechanism="gaussian", epsilon=10.0, delta=gaussian_delta,
+               window={"size": "1s", "allowed_lateness": "200ms", "idle_timeout": "2s", "publish_from": iso_ms(start)}),
         _query(f"{name}_s", f"{name}-s", input_topic, f"{unique_name}-out-s", groups={"select": {"delta": 1e-6}},
                epsilon=10.0),
     ]
@@ -109,7 +112,6 @@ def test_gaussian_and_selection_queries_stop_charging_a_unit_at_its_delta_limit(
         per_window = build_plan(query).loss.delta
         namespaces[query.privacy_unit.namespace]["budgets"][0]["delta"] = 3.5 * per_window
     config = {"namespaces": namespaces, "queries": queries}
-    start = (int(time.time() * 1000) - 10 * 60_000) // WINDOW_MS * WINDOW_MS
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
     for w in range(windows):
         t = start + w * WINDOW_MS

@@ -3,6 +3,7 @@
 On a Redis Cluster the ledger waits for one replica before a stored release is used, as a clustered worker does.
 """
 
+import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -55,12 +56,43 @@ def test_released_through_only_moves_forward(ledger):
     assert ledger.released_through("q", 1) == 60_000
 
 
+def test_the_first_publication_start_is_kept(ledger):
+    before = int(time.time() * 1000)
+    first = ledger.publication_start("q", 5_000)
+    assert before - 5_000 <= first <= int(time.time() * 1000) - 5_000  # the store's clock, less the lateness
+    time.sleep(0.01)
+    assert ledger.publication_start("q", 0) == first  # a later worker, or a restart: the first start stays
+    assert ledger.publication_start("other", 0) > first
+
+
+@pytest.mark.parametrize("backend", ["redis", "redis-cluster"])
+def test_publication_start_never_expires_and_continues_an_earlier_versions_start(request, backend, unique_name):
+    """A query an earlier version released keeps the first window it released (its expiring ``start`` key)."""
+    client, wait = _client_and_wait(request, backend)
+    prefix = f"{unique_name}:ledger"
+    ledger = RedisReleaseLedger(client, prefix=prefix, ttl_s=3_600, wait=wait)
+    try:
+        client.set(f"{prefix}:{{old}}:start", 120_000, ex=3_600)
+        assert ledger.publication_start("old", 1_000) == 120_000
+        client.delete(f"{prefix}:{{old}}:start")  # expired
+        assert ledger.publication_start("old", 1_000) == 120_000
+        assert ledger.publication_start("new", 1_000) > 120_000
+        for query in ("old", "new"):
+            assert client.ttl(f"{prefix}:{{{query}}}:publication-start") == -1
+    finally:
+        for key in client.scan_iter(f"{unique_name}:*"):
+            client.delete(key)
+        client.close()
+
+
 def test_redis_down_raises_ledger_unavailable():
     client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
     ledger = RedisReleaseLedger(client)
     try:
         with pytest.raises(LedgerUnavailable, match="not publishing"):
             ledger.claim("q", 0, b"")
+        with pytest.raises(LedgerUnavailable, match="publication start"):
+            ledger.publication_start("q", 0)
     finally:
         client.close()
 

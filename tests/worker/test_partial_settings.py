@@ -222,6 +222,11 @@ class _Consumer:
         self.committed.update(offsets)
 
 
+def _ledger() -> MemoryReleaseLedger:
+    """A ledger whose clock says the query first ran when the window began: the window is published."""
+    return MemoryReleaseLedger(clock_ms=lambda: START)
+
+
 def _stage(releasing: Any, ledger: MemoryReleaseLedger, monkeypatch: pytest.MonkeyPatch
            ) -> tuple[ReleaseStage, CollectorRegistry, list[dict]]:
     return offline_stage(releasing, monkeypatch, ledger=ledger, consumer=_Consumer(), now_ms=NOW_MS)
@@ -239,7 +244,7 @@ def _withheld(registry: CollectorRegistry, reason: str) -> float:
 
 def test_the_release_stage_counts_and_logs_a_window_charged_under_other_settings(monkeypatch, caplog):
     new = runtime(epsilon=4.0)
-    stage, registry, published = _stage(new, MemoryReleaseLedger(), monkeypatch)
+    stage, registry, published = _stage(new, _ledger(), monkeypatch)
     with caplog.at_level(logging.WARNING):
         asyncio.run(stage._step(_topic(records_of(runtime()))))
     assert _withheld(registry, "settings_differ") == 1
@@ -253,7 +258,7 @@ def test_the_release_stage_counts_and_logs_a_window_charged_under_other_settings
 def test_a_window_replayed_after_a_restart_on_the_same_settings_is_released_with_its_data(monkeypatch):
     """A worker read the window's partials and stopped before releasing it; one started afresh from the
     same query file reads them again and releases the data, not noise alone."""
-    records, ledger = records_of(runtime()), MemoryReleaseLedger()
+    records, ledger = records_of(runtime()), _ledger()
     first, _, nothing = _stage(runtime(), ledger, monkeypatch)
     asyncio.run(first._take_record(0, 0, records[0], NOW_MS, NOW_MS - MIN))  # one partial read, then a stop
     assert nothing == [] and ledger.get("visits", START) is None
