@@ -126,7 +126,7 @@ def _doctored_build(original: Any, doctoring: str) -> Any:
 
 def doubled(query: Any, window: Any) -> Any:
     """``window`` with every total twice what its units contributed (see the module docstring)."""
-    from stream_dp.windows.histogram import SparseHistogram
+    from stream_dp.dp.histogram import SparseHistogram
     from stream_dp.windows.partial import BlockValues
 
     changes: dict[str, Any] = {"count": window.count * 2, "distinct_units": window.distinct_units * 2}

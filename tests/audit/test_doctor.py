@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from stream_dp.dp.staircase import CalibratedStaircase
-from stream_dp.windows.histogram import SparseHistogram
+from stream_dp.dp.histogram import SparseHistogram
 from stream_dp.windows.partial import BlockValues
 from stream_dp.worker import app, release_draw
 from stream_dp.worker.combiner import CombinedWindow

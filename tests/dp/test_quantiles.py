@@ -36,7 +36,7 @@ from stream_dp.dp import quantiles as quantiles_module
 from stream_dp.dp.accuracy import noise_ci_half_width
 from stream_dp.dp.measurements import private_quantile_measurement, quantile_score_transformation
 from stream_dp.dp.quantiles import COUNT_BETA, QuantilesPlan, opendp_alpha, statement_beta
-from stream_dp.windows.histogram import SparseHistogram
+from stream_dp.dp.histogram import SparseHistogram
 
 FAIL_BELOW = 1e-4
 DRAWS = 5_000

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stream_dp.windows.histogram import HistogramSpec
+from stream_dp.dp.histogram import HistogramSpec
 from stream_dp.worker.combiner import WindowCombiner
 from stream_dp.worker.records import PartialAggregate, encode_partial_payload
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stream_dp.windows import EventSchema
-from stream_dp.windows.histogram import HistogramSpec, SparseHistogram, add_histograms
+from stream_dp.dp.histogram import HistogramSpec, SparseHistogram, add_histograms
 from tests.windows._support import NOW_MS, batch_of, by_key, event, make_engine
 from tests.windows.test_properties import CLIP, SIZE, Event, arrange, batches, crash_and_replay
 
