@@ -34,7 +34,7 @@ def test_a_broken_link_an_unknown_anchor_or_a_page_left_out_fails_the_build(tmp_
         # ARCHITECTURE.md at the top is a page of the site too (docs/_hooks/architecture_page.py)
         "architecture link": ("ARCHITECTURE.md", "\n[gone](docs/privacy/no-such-page.md)\n"),
     }
-    for rot, (page, text) in [("none", None), *rots.items()]:
+    for rot, (page, text) in [("none", (None, None)), *rots.items()]:
         copy = tmp_path / rot.replace(" ", "-")
         shutil.copytree(ROOT / "docs", copy / "docs")
         for name in ("mkdocs.yml", "ARCHITECTURE.md"):
