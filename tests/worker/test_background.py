@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from stream_dp.worker.background import BackgroundRounds
+from stream_dp.worker.ingest.background import BackgroundRounds
 
 
 def test_one_round_at_a_time_and_settle_waits_for_it():

@@ -21,8 +21,8 @@ from stream_dp.config import parse_config
 from stream_dp.dp import OpenDPNoise
 from stream_dp.windows import RawBatch
 from stream_dp.worker.app import build_runtimes
-from stream_dp.worker.partials_out import partial_message
-from stream_dp.worker.release_build import build_release
+from stream_dp.worker.ingest.partials_out import partial_message
+from stream_dp.worker.release.build import build_release
 
 SECRET = b"test-secret-0123456789abcdef"
 W0 = 1_704_067_200_000  # a minute boundary

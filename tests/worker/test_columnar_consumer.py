@@ -9,9 +9,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from stream_dp.worker.columnar_consumer import ColumnarConsumer, check_compatible
-from stream_dp.worker.consumed import raw_batch
-from stream_dp.worker.record_columns import RecordColumns
+from stream_dp.worker.kafka.columnar_consumer import ColumnarConsumer, check_compatible
+from stream_dp.worker.ingest.decode import raw_batch
+from stream_dp.worker.kafka.record_columns import RecordColumns
 
 pytestmark = pytest.mark.services
 

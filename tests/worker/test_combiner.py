@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from stream_dp.windows.histogram import SparseHistogram
-from stream_dp.worker.combiner import WindowCombiner
-from stream_dp.worker.records import PartialAggregate, Progress
+from stream_dp.worker.combine.combiner import WindowCombiner
+from stream_dp.worker.partials.wire import PartialAggregate, Progress
 
 MIN = 60_000
 
@@ -151,7 +151,7 @@ def test_ready_and_revoke_respect_ownership():
 
 
 def test_window_home_is_stable_and_spread():
-    from stream_dp.worker.combiner import window_home
+    from stream_dp.worker.combine.combiner import window_home
 
     homes = [window_home("q", start * MIN, 4) for start in range(400)]
     assert homes == [window_home("q", start * MIN, 4) for start in range(400)]
@@ -277,7 +277,7 @@ def test_a_home_whose_mark_is_unknown_releases_nothing_then_continues_from_its_m
 
 
 def test_the_first_window_is_the_one_holding_the_start():
-    from stream_dp.worker.publication_start import first_window_start
+    from stream_dp.worker.release.publication_start import first_window_start
 
     assert first_window_start(0, MIN, 0) == 0
     assert first_window_start(MIN - 1, MIN, 0) == 0

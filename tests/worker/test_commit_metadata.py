@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from stream_dp.worker.commit_metadata import (
+from stream_dp.worker.kafka.commit_metadata import (
     MAX_COMMITTED_STEPS,
     RestoredProgress,
     encode_commit_metadata,

@@ -1,7 +1,7 @@
 """A continual query whose settings change within a period: its fingerprint, and the tree a window continues.
 
 A period's charge and tree hold for the settings they were made under
-(``stream_dp.worker.runtime.settings_fingerprint``). Under other settings the
+(``stream_dp.worker.query.runtime.settings_fingerprint``). Under other settings the
 period is a new one: the tree restarts at the next window and records say so
 (``continual.tree_restarted_ms``); a changed list of public groups never
 stops the release. Under the same settings -- a restart, a replay -- nothing
@@ -27,10 +27,10 @@ import pytest
 from stream_dp.config import parse_config
 from stream_dp.dp.vectorised_noise import VectorisedExactNoise
 from stream_dp.worker.app import build_runtimes
-from stream_dp.worker.combiner import CombinedWindow
-from stream_dp.worker.runtime import settings_fingerprint
-from stream_dp.worker.release_build import build_release
-from stream_dp.worker.release_entry import decode_entry, encode_entry
+from stream_dp.worker.combine.combiner import CombinedWindow
+from stream_dp.worker.query.runtime import settings_fingerprint
+from stream_dp.worker.release.build import build_release
+from stream_dp.worker.release.entry import decode_entry, encode_entry
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "deploy/schemas/release.schema.json").read_text())
 MINUTE_MS = 60_000
@@ -98,7 +98,7 @@ def run(rt: Any, starts: list[int], previous: Any, noise: Any) -> tuple[list[lis
 
 
 def logged(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "stream_dp.worker.continual_release"]
+    return [r for r in caplog.records if r.name == "stream_dp.worker.release.continual"]
 
 
 def minute(i: int) -> int:
@@ -125,7 +125,7 @@ def test_changed_settings_start_a_new_running_total_at_the_next_window(changes, 
     assert totals(released[-1]) == {g: 2 * PER_WINDOW[g] for g in ("a", "b", "c")}
     size = after.config.window.size_ms // MINUTE_MS
     starts = [minute(2), minute(2 + size)]  # the next two windows on the new grid
-    with caplog.at_level(logging.WARNING, logger="stream_dp.worker.continual_release"):
+    with caplog.at_level(logging.WARNING, logger="stream_dp.worker.release.continual"):
         released, _ = run(after, starts, state, NoNoise())
     groups = [g[0] for g in after.public_groups]
     # Each group's total covers the windows since the change, under its own label.
@@ -142,7 +142,7 @@ def test_the_same_settings_after_a_restart_continue_the_tree_bit_for_bit(caplog)
     uninterrupted, _ = run(runtime(), starts, None, seeded_noise(7))
     noise = seeded_noise(7)
     before, state = run(runtime(), starts[:3], None, noise)
-    with caplog.at_level(logging.WARNING, logger="stream_dp.worker.continual_release"):
+    with caplog.at_level(logging.WARNING, logger="stream_dp.worker.release.continual"):
         after, _ = run(runtime(), starts[3:], state, noise)  # a worker built afresh from the same file
     assert before + after == uninterrupted
     assert all(r["continual"]["tree_restarted_ms"] is None for records in after for r in records)
@@ -155,7 +155,7 @@ def test_the_same_settings_after_a_restart_continue_the_tree_bit_for_bit(caplog)
 def test_a_state_stored_without_settings_starts_a_new_tree(caplog):
     _, (fields, arrays) = run(runtime(), [minute(0)], None, NoNoise())
     legacy = ({k: v for k, v in fields.items() if k != "settings"}, arrays)
-    with caplog.at_level(logging.WARNING, logger="stream_dp.worker.continual_release"):
+    with caplog.at_level(logging.WARNING, logger="stream_dp.worker.release.continual"):
         (records,), _ = run(runtime(), [minute(1)], legacy, NoNoise())
     assert totals(records) == {g: PER_WINDOW[g] for g in ("a", "b", "c")}
     assert {r["continual"]["tree_restarted_ms"] for r in records} == {minute(1)}

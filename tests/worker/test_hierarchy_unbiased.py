@@ -36,7 +36,7 @@ from stream_dp.config import parse_config
 from stream_dp.dp import noise_source
 from stream_dp.dp.hierarchy import aggregate_to_levels, rollup_levels
 from stream_dp.worker.app import build_runtimes
-from stream_dp.worker.release_build import build_release
+from stream_dp.worker.release.build import build_release
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "deploy/schemas/release.schema.json").read_text())
 TRIALS = 4_000

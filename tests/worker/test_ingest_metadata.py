@@ -12,7 +12,7 @@ from aiokafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry
 
 from stream_dp.metrics.worker import WorkerMetrics
-from stream_dp.worker.ingest import IngestStage
+from stream_dp.worker.ingest.stage import IngestStage
 
 
 class _FlakyAdmin:

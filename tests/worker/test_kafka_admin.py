@@ -11,13 +11,13 @@ from prometheus_client import CollectorRegistry
 
 from stream_dp.config import Settings, load_config
 from stream_dp.worker.app import Worker, WorkerConfigError
-from stream_dp.worker.kafka_admin import (
+from stream_dp.worker.kafka.admin import (
     RETENTION_CONFIGS,
     ensure_topics,
     partials_retention_problem,
     read_topic_config,
 )
-from stream_dp.worker.ledger import MemoryReleaseLedger
+from stream_dp.worker.store.ledger import MemoryReleaseLedger
 
 DAY_MS = 86_400_000
 HOUR_MS = 3_600_000

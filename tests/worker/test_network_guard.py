@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 import redis
 
-from stream_dp.worker import network_guard
-from stream_dp.worker.sandbox import FunctionLoadError, FunctionSandbox
+from stream_dp.worker.guard import network as network_guard
+from stream_dp.worker.sandbox.runner import FunctionLoadError, FunctionSandbox
 from tests.worker.test_sandbox import SANDBOXED_QUERY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +165,7 @@ def test_where_the_filter_cannot_be_installed_check_config_refuses_the_function(
 
 _WRONG_FILTER = """
 from stream_dp.worker import network_guard
-from stream_dp.worker.process_guard import drop_capabilities
+from stream_dp.worker.guard.process import drop_capabilities
 for arch in network_guard.ARCHES.values():
     arch.denied = tuple(nr for nr in arch.denied if nr not in (41, 198))  # socket's number left out
 drop_capabilities()

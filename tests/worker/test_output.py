@@ -17,9 +17,9 @@ from aiokafka.partitioner import murmur2
 from stream_dp.config import parse_config
 from stream_dp.dp import OpenDPNoise
 from stream_dp.worker.app import build_runtimes
-from stream_dp.worker.combiner import CombinedWindow
-from stream_dp.worker.output import encode_releases, output_partitions, publish_release
-from stream_dp.worker.release_entry import build_entry
+from stream_dp.worker.combine.combiner import CombinedWindow
+from stream_dp.worker.release.publish import encode_releases, output_partitions, publish_release
+from stream_dp.worker.release.entry import build_entry
 from tests.worker._support import consume_all
 
 REPO = Path(__file__).resolve().parents[2]

@@ -28,13 +28,13 @@ from prometheus_client import CollectorRegistry
 
 from stream_dp.config import parse_config
 from stream_dp.worker.app import build_runtimes
-from stream_dp.worker.combiner import WindowCombiner
-from stream_dp.worker.ledger import MemoryReleaseLedger
-from stream_dp.worker.partials_in import PartialsReader
-from stream_dp.worker.partials_out import partial_message
-from stream_dp.worker.runtime import settings_fingerprint
-from stream_dp.worker.records import PartialAggregate, Progress, encode_progress, partial_records
-from stream_dp.worker.release import ReleaseStage
+from stream_dp.worker.combine.combiner import WindowCombiner
+from stream_dp.worker.store.ledger import MemoryReleaseLedger
+from stream_dp.worker.release.intake import PartialsReader
+from stream_dp.worker.ingest.partials_out import partial_message
+from stream_dp.worker.query.runtime import settings_fingerprint
+from stream_dp.worker.partials.wire import PartialAggregate, Progress, encode_progress, partial_records
+from stream_dp.worker.release.stage import ReleaseStage
 from tests.windows._support import NOW_MS, batch_of, event, make_engine
 from tests.worker._offline_stage import offline_stage
 
@@ -111,12 +111,12 @@ TRUE_COUNTS = [7, 7, 6]  # units u0..u19 on pages u % 3
 def test_a_window_charged_under_other_settings_is_withheld_by_a_worker_on_new_settings(changes, caplog):
     old, new = runtime(), runtime(**changes)
     records = records_of(old)
-    with caplog.at_level(logging.WARNING, logger="stream_dp.worker.combiner"):
+    with caplog.at_level(logging.WARNING, logger="stream_dp.worker.combine.combiner"):
         window = released_by(new, records)
     assert window.withheld == "settings_differ"
     assert not window.count.any() and (window.sum is None or not window.sum.any())  # noise only
     assert window.units_charged == 20  # the units stay charged: the window says so
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "stream_dp.worker.combiner"]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "stream_dp.worker.combine.combiner"]
     assert settings_fingerprint(old) in line and settings_fingerprint(new) in line
     # ... and the other way round: a worker still on the old settings withholds what the new ones charged
     assert released_by(runtime(), records_of(new)).withheld == "settings_differ"

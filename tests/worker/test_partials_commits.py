@@ -11,7 +11,7 @@ import time
 
 from aiokafka.structs import TopicPartition
 
-from stream_dp.worker.partials_commits import PartialsCommits
+from stream_dp.worker.release.partials_commits import PartialsCommits
 
 TOPIC = "partials"
 

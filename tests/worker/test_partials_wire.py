@@ -18,11 +18,11 @@ from stream_dp.windows import EventSchema
 from stream_dp.windows.histogram import SparseHistogram
 from stream_dp.windows.partial import BlockValues
 from stream_dp.wire import UnknownWireVersion, WireFormatError
-from stream_dp.worker.query_costs import build_plan
-from stream_dp.worker.combiner import WindowCombiner
-from stream_dp.worker.partials_in import PartialsIntake, PartialsReader
-from stream_dp.worker.partials_out import partial_message
-from stream_dp.worker.records import (
+from stream_dp.worker.query.costs import build_plan
+from stream_dp.worker.combine.combiner import WindowCombiner
+from stream_dp.worker.release.intake import PartialsIntake, PartialsReader
+from stream_dp.worker.ingest.partials_out import partial_message
+from stream_dp.worker.partials.wire import (
     MIN_CHUNK_PAYLOAD,
     PartialAggregate,
     Progress,
@@ -31,7 +31,7 @@ from stream_dp.worker.records import (
     partial_records,
     read_internal,
 )
-from stream_dp.worker.runtime import QueryRuntime
+from stream_dp.worker.query.runtime import QueryRuntime
 from tests.windows._support import NOW_MS as ENGINE_NOW_MS
 from tests.windows._support import batch_of, event, make_engine
 

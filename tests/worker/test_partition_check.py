@@ -2,7 +2,7 @@
 
 A topic stamped by the broker (LogAppendTime) gets records before and after a close time; a
 consumer group commits offsets as the ingest stage would. ``BrokerPartitions`` must find the
-close offset, the log ends and the committed offsets, and ``partition_lag`` judge from them
+close offset, the log ends and the committed offsets, and ``release.partition_lag`` judge from them
 which partitions may be left out of a window's release.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from stream_dp.worker.partition_check import BrokerPartitions, PartitionCheckFailed, committed_by
+from stream_dp.worker.release.partition_check import BrokerPartitions, PartitionCheckFailed, committed_by
 from tests.worker._support import PRODUCER_STAMPED
 
 pytestmark = pytest.mark.services
@@ -134,7 +134,7 @@ def test_where_producers_stamp_the_clock_no_close_offset_is_read(kafka_bootstrap
 def test_the_home_position_is_where_the_release_consumer_reads_next(kafka_bootstrap, new_topic):
     """Left-out partitions wait until the window's home partition is read up to where it ended after the
     broker's answer: the position is the release consumer's next offset, none for a partition it does not own."""
-    from stream_dp.worker.release_waits import home_position
+    from stream_dp.worker.release.waits import home_position
 
     topic = new_topic(partitions=2)
 

@@ -3,7 +3,7 @@
 import pytest
 
 from stream_dp.windows.watermarks import window_close_ms
-from stream_dp.worker.partition_lag import PartitionEvidence
+from stream_dp.worker.release.partition_lag import PartitionEvidence
 
 
 @pytest.mark.parametrize(

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from stream_dp.budget import BudgetUnavailable
-from stream_dp.worker.charging import Charged, WindowCharge, charge_in_order, excluded_units
-from stream_dp.worker.emit import window_charge
-from stream_dp.worker.ledger import LedgerUnavailable
-from stream_dp.worker.period_charging import admit
-from stream_dp.worker.periods import Participation
-from stream_dp.worker.runtime import ContinualCharging
+from stream_dp.worker.ingest.charge import Charged, WindowCharge, charge_in_order, excluded_units
+from stream_dp.worker.ingest.closed_windows import window_charge
+from stream_dp.worker.store.ledger import LedgerUnavailable
+from stream_dp.worker.ingest.period_charge import admit
+from stream_dp.worker.store.period_register import Participation
+from stream_dp.worker.query.runtime import ContinualCharging
 
 from ._periods import HOUR_MS, Backend, backends_fixture
 

@@ -19,9 +19,9 @@ from stream_dp.config import parse_config
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows.partial import WindowPartial
 from stream_dp.worker.app import build_runtimes
-from stream_dp.worker.emit import Emitter, HeldPartial, window_charge
-from stream_dp.worker.ledger import LedgerUnavailable
-from stream_dp.worker.runtime import ContinualCharging
+from stream_dp.worker.ingest.closed_windows import Emitter, HeldPartial, window_charge
+from stream_dp.worker.store.ledger import LedgerUnavailable
+from stream_dp.worker.query.runtime import ContinualCharging
 
 from ._periods import Backend, backends_fixture
 
@@ -148,7 +148,7 @@ def test_over_the_cap_a_units_events_leave_the_published_partials(backends, outa
 def test_a_backlog_is_charged_in_bounded_rounds_and_a_window_closing_meanwhile_goes_next(backends):
     """A round takes the oldest MAX_WINDOWS_PER_ROUND held windows; one of another topic that closes while a
     backlog is charged waits one round, not the whole backlog (it once waited minutes behind one)."""
-    from stream_dp.worker.emit import MAX_WINDOWS_PER_ROUND
+    from stream_dp.worker.ingest.closed_windows import MAX_WINDOWS_PER_ROUND
 
     b, now = backends.make(), backends.clock.now_ms
     runtime, registry, published = continual_runtime(), CollectorRegistry(), Published()

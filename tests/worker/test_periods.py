@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from stream_dp.budget import StoreOptions
-from stream_dp.worker.ledger import LedgerUnavailable
-from stream_dp.worker.periods import (
+from stream_dp.worker.store.ledger import LedgerUnavailable
+from stream_dp.worker.store.period_register import (
     Participation,
     PeriodWindow,
     RedisPeriodRegister,

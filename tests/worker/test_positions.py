@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 from aiokafka.structs import TopicPartition
 
-from stream_dp.worker.positions import PartitionPositions
+from stream_dp.worker.kafka.positions import PartitionPositions
 
 T = "in"
 

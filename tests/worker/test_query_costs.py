@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stream_dp.config import parse_config
-from stream_dp.worker.query_costs import WorkerConfigError, build_plan, window_cost
+from stream_dp.worker.query.costs import WorkerConfigError, build_plan, window_cost
 
 
 def _query(**settings):

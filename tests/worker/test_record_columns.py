@@ -9,8 +9,8 @@ import pytest
 from aiokafka.structs import TopicPartition
 
 from stream_dp.windows.batch import NO_TIMESTAMP
-from stream_dp.worker.consumed import raw_batch as _raw_batch
-from stream_dp.worker.record_columns import CREATE_TIME, LOG_APPEND_TIME, RecordColumns, RecordView, raw_batch
+from stream_dp.worker.ingest.decode import raw_batch as _raw_batch
+from stream_dp.worker.kafka.record_columns import CREATE_TIME, LOG_APPEND_TIME, RecordColumns, RecordView, raw_batch
 
 
 def record(offset, timestamp=1_000, key=b"k", value=b"v"):

@@ -4,7 +4,7 @@ import pytest
 
 from stream_dp.windows.histogram import SparseHistogram
 from stream_dp.wire.frame import decode_frame, encode_frame
-from stream_dp.worker.records import (
+from stream_dp.worker.partials.wire import (
     PartialAggregate,
     Progress,
     WireFormatError,

@@ -3,7 +3,7 @@
 import pytest
 
 from stream_dp.config import Settings
-from stream_dp.worker.release import too_old_to_release
+from stream_dp.worker.release.stage import too_old_to_release
 
 HOUR = 3_600_000
 LIMIT = 10 * HOUR

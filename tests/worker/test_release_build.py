@@ -16,7 +16,7 @@ import orjson
 
 from stream_dp.dp import OpenDPNoise
 from stream_dp.windows.histogram import SparseHistogram
-from stream_dp.worker.release_build import build_release
+from stream_dp.worker.release.build import build_release
 from tests.worker.test_selected_group_releases import KEPT_UNITS, _records, _runtime, _window
 
 BINS = 64
@@ -62,7 +62,7 @@ def test_a_capped_quantiles_window_releases_the_groups_with_the_largest_noisy_co
         noise = _Replayed()
         uncapped = _records(build_release(_quantiles_runtime(100_000), window, noise, 130_000))
         noise.replay = list(noise.drawn)
-        with caplog.at_level(logging.WARNING, logger="stream_dp.worker.release_build"):
+        with caplog.at_level(logging.WARNING, logger="stream_dp.worker.release.build"):
             capped = _records(build_release(_quantiles_runtime(cap), window, noise, 130_000))
         assert noise.replay == []  # the same draws, all of them
         assert {r["group"]["page"] for r in uncapped} == {f"p{i}" for i in range(kept)}

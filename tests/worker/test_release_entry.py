@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from stream_dp.wire import UnknownWireVersion, WireFormatError
 from stream_dp.wire.frame import BINARY_VERSION
-from stream_dp.worker.records import iso_utc, release_id
-from stream_dp.worker.release_entry import (
+from stream_dp.worker.partials.wire import iso_utc, release_id
+from stream_dp.worker.release.entry import (
     ReleaseEntry,
     StoredRecords,
     build_entry,

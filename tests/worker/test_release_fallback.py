@@ -17,7 +17,7 @@ import pytest
 import yaml
 from kafka import KafkaProducer
 
-from stream_dp.worker import release_draw
+from stream_dp.worker.release import draw as release_draw
 from tests.worker._release_once import Deployment, wall_ms
 
 pytestmark = [pytest.mark.services]
@@ -75,7 +75,7 @@ def test_a_window_whose_build_fails_is_published_as_if_empty(tmp_path, kafka_boo
         return sent[0] and any(r["window"]["start_ms"] >= data_window + 2 * WINDOW_MS for r in deployment.releases(output))
 
     try:
-        with caplog.at_level(logging.ERROR, logger="stream_dp.worker.release_draw"):
+        with caplog.at_level(logging.ERROR, logger="stream_dp.worker.release.draw"):
             registry = deployment.run(released_past_the_data, clock_ms=wall_ms, timeout_s=120)
         records = deployment.releases(output)
         ledger = deployment.ledger.get(name, data_window)

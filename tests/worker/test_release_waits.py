@@ -14,11 +14,11 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from stream_dp.metrics.worker import WorkerMetrics
-from stream_dp.worker.combiner import WindowCombiner
-from stream_dp.worker.partition_check import PartitionCheckFailed
-from stream_dp.worker.partition_lag import PartitionEvidence
-from stream_dp.worker.records import PartialAggregate
-from stream_dp.worker.release_waits import PartitionWaits
+from stream_dp.worker.combine.combiner import WindowCombiner
+from stream_dp.worker.release.partition_check import PartitionCheckFailed
+from stream_dp.worker.release.partition_lag import PartitionEvidence
+from stream_dp.worker.partials.wire import PartialAggregate
+from stream_dp.worker.release.waits import PartitionWaits
 
 MIN = 60_000
 TOPIC = "in"
@@ -81,7 +81,7 @@ def test_a_partition_that_is_behind_is_waited_for_and_one_with_nothing_more_left
     async def step(now_ms):
         await waits.step(now_ms, {0}, home_position)
 
-    caplog.set_level(logging.INFO, "stream_dp.worker.release_waits")
+    caplog.set_level(logging.INFO, "stream_dp.worker.release.waits")
     asyncio.run(step(MIN + 10_999))  # within the release timeout: nothing asked
     assert broker.asked == [] and _gauge(metrics, "release_waiting_windows") == 0
     asyncio.run(step(MIN + 11_000))

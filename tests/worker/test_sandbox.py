@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from stream_dp.dp.sample_aggregate import parse_function_path
-from stream_dp.worker.sandbox import FunctionLoadError, FunctionSandbox
+from stream_dp.worker.sandbox.runner import FunctionLoadError, FunctionSandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -285,7 +285,7 @@ def test_a_block_cannot_open_the_sandbox_processs_pipes():
 
 
 def test_an_answer_is_passed_on_through_a_cleared_buffer_where_splice_is_missing(monkeypatch):
-    from stream_dp.worker import sandbox_child
+    from stream_dp.worker.sandbox import child as sandbox_child
 
     monkeypatch.delattr(os, "splice", raising=False)
     block_end, block_write = os.pipe()
@@ -344,7 +344,7 @@ def test_a_function_cannot_read_the_secret_out_of_the_worker_process(tmp_path):
 
 _HOLDER = """
 import sys, time
-from stream_dp.worker.process_guard import drop_capabilities, make_undumpable
+from stream_dp.worker.guard.process import drop_capabilities, make_undumpable
 drop_capabilities()  # as a worker run by an ordinary user: no capabilities at all
 if sys.argv[1] == "guarded":
     make_undumpable()
@@ -353,7 +353,7 @@ time.sleep(60)
 """
 _READER = """
 import sys
-from stream_dp.worker.process_guard import drop_capabilities
+from stream_dp.worker.guard.process import drop_capabilities
 drop_capabilities()
 try:
     print("read" if sys.argv[2].encode() in open(f"/proc/{sys.argv[1]}/environ", "rb").read() else "no secret")
@@ -386,7 +386,7 @@ def test_a_process_of_the_same_user_cannot_read_an_undumpable_ones_environment(g
 def test_every_stream_dp_command_makes_its_process_undumpable(tmp_path):
     config = tmp_path / "queries.yaml"
     config.write_text(SANDBOXED_QUERY)
-    script = ("import sys\nfrom stream_dp.cli.main import main\nfrom stream_dp.worker.process_guard import is_dumpable\n"
+    script = ("import sys\nfrom stream_dp.cli.main import main\nfrom stream_dp.worker.guard.process import is_dumpable\n"
               "before = is_dumpable()\nmain(['check-config', sys.argv[1]])\nprint(before, is_dumpable())")
     done = subprocess.run([sys.executable, "-c", script, str(config)], capture_output=True, text=True, cwd=ROOT,
                           timeout=120, check=True)

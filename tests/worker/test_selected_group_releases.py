@@ -30,13 +30,13 @@ from stream_dp.dp.sample_aggregate import SampleAggregatePlan
 from stream_dp.dp.vectors import VectorPlan
 from stream_dp.windows.histogram import SparseHistogram
 from stream_dp.windows.partial import BlockValues
-from stream_dp.worker import release_draw
+from stream_dp.worker.release import draw as release_draw
 from stream_dp.worker.app import build_runtimes
-from stream_dp.worker.combiner import CombinedWindow
-from stream_dp.worker.ledger import MemoryReleaseLedger
-from stream_dp.worker.release import ReleaseStage, _Unpublished
-from stream_dp.worker.release_build import build_release
-from stream_dp.worker.release_entry import decode_entry, encode_entry
+from stream_dp.worker.combine.combiner import CombinedWindow
+from stream_dp.worker.store.ledger import MemoryReleaseLedger
+from stream_dp.worker.release.stage import ReleaseStage, _Unpublished
+from stream_dp.worker.release.build import build_release
+from stream_dp.worker.release.entry import decode_entry, encode_entry
 from tests.worker._offline_stage import offline_stage
 
 SECRET = b"test-secret-0123456789abcdef"
@@ -215,7 +215,7 @@ def test_a_window_whose_release_cannot_be_built_is_released_as_if_empty(monkeypa
     monkeypatch.setattr(release_draw, "build_release", cannot_be_built)
     stage, ledger, registry, published = _stage(runtime, monkeypatch)
     stage._unpublished.append(_Unpublished(runtime, START, END, window=window, sources=[(0, 7)]))
-    with caplog.at_level(logging.ERROR, logger="stream_dp.worker.release_draw"):
+    with caplog.at_level(logging.ERROR, logger="stream_dp.worker.release.draw"):
         asyncio.run(stage._publish_pending())
     assert stage._unpublished == [] and stage._holds() == {}  # its partials are committed past
     assert ledger.get("probe", START).published
@@ -329,7 +329,7 @@ def test_at_most_max_released_groups_are_released_those_with_the_largest_noisy_c
     counts = [400, 1000, 600, 800] + [1] * 20
     window = _window([80, 200, 120, 160] + units[4:], counts=counts, blocks=_one_value_per_block(units, 4))
     try:
-        with caplog.at_level(logging.WARNING, logger="stream_dp.worker.release_build"):
+        with caplog.at_level(logging.WARNING, logger="stream_dp.worker.release.build"):
             records = _records(build_release(runtime, window, OpenDPNoise(), 130_000))
     finally:
         runtime.sandbox.close()

@@ -10,8 +10,8 @@ from aiokafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry
 
 from stream_dp.metrics.worker import WorkerMetrics
-from stream_dp.worker.ingest import IngestStage
-from stream_dp.worker.spacing import Spacing
+from stream_dp.worker.ingest.stage import IngestStage
+from stream_dp.worker.kafka.spacing import Spacing
 
 
 def test_due_at_once_then_once_an_interval_whatever_the_clocks_zero() -> None:

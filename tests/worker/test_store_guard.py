@@ -1,7 +1,7 @@
 """The store guard: which Redis states it accepts, completes or refuses, on every marker backend.
 
 The verdicts are checked against a table written from the rules in
-``stream_dp.worker.store_guard``'s docstring; the Redis backends are checked on
+``stream_dp.worker.guard.store``'s docstring; the Redis backends are checked on
 the real servers, the cluster one also for where its markers land.
 """
 
@@ -14,8 +14,8 @@ import pytest
 
 from stream_dp.budget.redis_nodes import ReplicaWait
 from stream_dp.budget.redis_url import client_from_url
-from stream_dp.worker.commit_metadata import encode_commit_metadata
-from stream_dp.worker.store_guard import (
+from stream_dp.worker.kafka.commit_metadata import encode_commit_metadata
+from stream_dp.worker.guard.store import (
     MARKERS,
     MemoryStoreMarkers,
     RedisStoreMarkers,

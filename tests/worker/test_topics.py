@@ -11,7 +11,7 @@ from stream_dp.budget import StoreOptions
 from stream_dp.config import ConfigError, QueryConfig
 from stream_dp.config.loader import parse_config
 from stream_dp.worker.app import build_worker_parts
-from stream_dp.worker.topics import (
+from stream_dp.worker.kafka.topics import (
     RECORD_HEADROOM,
     TopicSettingsError,
     TopicSpec,
