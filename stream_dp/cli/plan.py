@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 
-from stream_dp.config import ConfigError, format_duration_ms, load_config
 from stream_dp.cli.plan_expected import accuracy_line, expected_errors, expected_summary
 from stream_dp.cli.plan_namespaces import charges_in, namespace_lines, namespace_summaries
 from stream_dp.cli.plan_options import continual_summary, fmt, option_lines, vector_summary
+from stream_dp.config import ConfigError, format_duration_ms, load_config
 
 EXAMPLE_COUNTS = (10, 100, 1_000, 10_000)
 

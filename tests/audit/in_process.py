@@ -27,15 +27,15 @@ from stream_dp.budget import MemoryBudgetStore, policy_from_config
 from stream_dp.config import parse_config
 from stream_dp.windows import RawBatch
 from stream_dp.worker import app
-from stream_dp.worker.release import draw as release_draw
 from stream_dp.worker.ingest.charge import charge_in_order, excluded_units
-from stream_dp.worker.release.continual import period_of
 from stream_dp.worker.ingest.closed_windows import window_charge
-from stream_dp.worker.store.ledger import MemoryReleaseLedger
-from stream_dp.worker.release.intake import PartialsReader
 from stream_dp.worker.ingest.partials_out import partial_message
-from stream_dp.worker.store.period_register import MemoryPeriodRegister
 from stream_dp.worker.partials.wire import Progress, partial_records
+from stream_dp.worker.release import draw as release_draw
+from stream_dp.worker.release.continual import period_of
+from stream_dp.worker.release.intake import PartialsReader
+from stream_dp.worker.store.ledger import MemoryReleaseLedger
+from stream_dp.worker.store.period_register import MemoryPeriodRegister
 from tests.audit.doctor import doctored
 from tests.audit.neighbours import SCENARIOS, SECRET, TOPIC_PARTITIONS, Scenario, _config, records
 from tests.audit.releases import Releases

@@ -39,9 +39,9 @@ import pytest
 from scipy import optimize, stats
 
 from stream_dp.config import load_config
+from stream_dp.dp.bounds import ClipRange, ContributionBounds
 from stream_dp.dp.exact_sampling import UrandomBits
 from stream_dp.dp.plan import ReleasePlan
-from stream_dp.dp.bounds import ClipRange, ContributionBounds
 from stream_dp.dp.staircase import (
     StaircaseLaw,
     calibrate_staircase_counts,

@@ -153,7 +153,7 @@ def test_a_window_released_out_of_order_is_not_lost(reordered):
 
 
 def test_empty_windows_are_released_on_every_home(scenario):
-    from stream_dp.worker.combine.combiner import window_home
+    from stream_dp.worker.partials.homes import window_home
 
     s = scenario(partials_partitions=2)
     # Homes are hashed from the (random) query name: take data windows on window 0's home up to the

@@ -22,8 +22,8 @@ import redis
 from kafka.admin import KafkaAdminClient
 
 from stream_dp.wire import is_binary, read_prefix
-from stream_dp.worker.store.ledger import RedisReleaseLedger
 from stream_dp.worker.release.entry import decode_entry
+from stream_dp.worker.store.ledger import RedisReleaseLedger
 from tests.worker._big_window import (
     GROUPS,
     LEDGER_PREFIX,

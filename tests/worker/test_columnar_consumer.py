@@ -9,8 +9,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from stream_dp.worker.kafka.columnar_consumer import ColumnarConsumer, check_compatible
 from stream_dp.worker.ingest.decode import raw_batch
+from stream_dp.worker.kafka.columnar_consumer import ColumnarConsumer, check_compatible
 from stream_dp.worker.kafka.record_columns import RecordColumns
 
 pytestmark = pytest.mark.services

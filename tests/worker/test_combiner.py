@@ -151,7 +151,7 @@ def test_ready_and_revoke_respect_ownership():
 
 
 def test_window_home_is_stable_and_spread():
-    from stream_dp.worker.combine.combiner import window_home
+    from stream_dp.worker.partials.homes import window_home
 
     homes = [window_home("q", start * MIN, 4) for start in range(400)]
     assert homes == [window_home("q", start * MIN, 4) for start in range(400)]

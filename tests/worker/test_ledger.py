@@ -12,8 +12,8 @@ import redis
 
 from stream_dp.budget.redis_nodes import ReplicaWait
 from stream_dp.budget.redis_url import client_from_url
-from stream_dp.worker.store.ledger import LedgerUnavailable, MemoryReleaseLedger, RedisReleaseLedger
 from stream_dp.worker.release.entry import decode_entry, pack_records
+from stream_dp.worker.store.ledger import LedgerUnavailable, MemoryReleaseLedger, RedisReleaseLedger
 
 URL_FIXTURES = {"redis": "redis_url", "redis-cluster": "redis_cluster_url"}
 

@@ -18,8 +18,8 @@ from stream_dp.config import parse_config
 from stream_dp.dp import OpenDPNoise
 from stream_dp.worker.app import build_runtimes
 from stream_dp.worker.combine.combiner import CombinedWindow
-from stream_dp.worker.release.publish import encode_releases, output_partitions, publish_release
 from stream_dp.worker.release.entry import build_entry
+from stream_dp.worker.release.publish import encode_releases, output_partitions, publish_release
 from tests.worker._support import consume_all
 
 REPO = Path(__file__).resolve().parents[2]

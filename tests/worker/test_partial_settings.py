@@ -29,12 +29,12 @@ from prometheus_client import CollectorRegistry
 from stream_dp.config import parse_config
 from stream_dp.worker.app import build_runtimes
 from stream_dp.worker.combine.combiner import WindowCombiner
-from stream_dp.worker.store.ledger import MemoryReleaseLedger
-from stream_dp.worker.release.intake import PartialsReader
 from stream_dp.worker.ingest.partials_out import partial_message
-from stream_dp.worker.query.runtime import settings_fingerprint
 from stream_dp.worker.partials.wire import PartialAggregate, Progress, encode_progress, partial_records
+from stream_dp.worker.query.runtime import settings_fingerprint
+from stream_dp.worker.release.intake import PartialsReader
 from stream_dp.worker.release.stage import ReleaseStage
+from stream_dp.worker.store.ledger import MemoryReleaseLedger
 from tests.windows._support import NOW_MS, batch_of, event, make_engine
 from tests.worker._offline_stage import offline_stage
 

@@ -18,9 +18,7 @@ from stream_dp.windows import EventSchema
 from stream_dp.windows.histogram import SparseHistogram
 from stream_dp.windows.partial import BlockValues
 from stream_dp.wire import UnknownWireVersion, WireFormatError
-from stream_dp.worker.query.costs import build_plan
 from stream_dp.worker.combine.combiner import WindowCombiner
-from stream_dp.worker.release.intake import PartialsIntake, PartialsReader
 from stream_dp.worker.ingest.partials_out import partial_message
 from stream_dp.worker.partials.wire import (
     MIN_CHUNK_PAYLOAD,
@@ -31,7 +29,9 @@ from stream_dp.worker.partials.wire import (
     partial_records,
     read_internal,
 )
+from stream_dp.worker.query.costs import build_plan
 from stream_dp.worker.query.runtime import QueryRuntime
+from stream_dp.worker.release.intake import PartialsIntake, PartialsReader
 from tests.windows._support import NOW_MS as ENGINE_NOW_MS
 from tests.windows._support import batch_of, event, make_engine
 

@@ -15,10 +15,10 @@ import pytest
 from stream_dp.budget import BudgetUnavailable
 from stream_dp.worker.ingest.charge import Charged, WindowCharge, charge_in_order, excluded_units
 from stream_dp.worker.ingest.closed_windows import window_charge
-from stream_dp.worker.store.ledger import LedgerUnavailable
 from stream_dp.worker.ingest.period_charge import admit
-from stream_dp.worker.store.period_register import Participation
 from stream_dp.worker.query.runtime import ContinualCharging
+from stream_dp.worker.store.ledger import LedgerUnavailable
+from stream_dp.worker.store.period_register import Participation
 
 from ._periods import HOUR_MS, Backend, backends_fixture
 

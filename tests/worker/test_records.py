@@ -13,9 +13,8 @@ from stream_dp.worker.partials.wire import (
     encode_partial,
     encode_partial_payload,
     encode_progress,
-    iso_utc,
-    release_id,
 )
+from stream_dp.worker.release.ids import iso_utc, release_id
 
 
 def _partial(**overrides):

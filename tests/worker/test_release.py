@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 from stream_dp.config import parse_config
-from stream_dp.worker.release import stage as release_module
 from stream_dp.worker.app import build_runtimes
 from stream_dp.worker.combine.combiner import CombinedWindow
-from stream_dp.worker.store.ledger import MemoryReleaseLedger
+from stream_dp.worker.release import stage as release_module
 from stream_dp.worker.release.stage import _Unpublished
+from stream_dp.worker.store.ledger import MemoryReleaseLedger
 from tests.worker._offline_stage import offline_stage
 
 MINUTE_MS = 60_000

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from stream_dp.wire import UnknownWireVersion, WireFormatError
 from stream_dp.wire.frame import BINARY_VERSION
-from stream_dp.worker.partials.wire import iso_utc, release_id
 from stream_dp.worker.release.entry import (
     ReleaseEntry,
     StoredRecords,
@@ -23,6 +22,7 @@ from stream_dp.worker.release.entry import (
     encode_entry,
     pack_records,
 )
+from stream_dp.worker.release.ids import iso_utc, release_id
 
 PRIVACY = {"namespace": "users", "mechanism": "laplace", "epsilon": 0.5, "delta": 0.0, "groups": "selected"}
 

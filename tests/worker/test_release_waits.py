@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry
 
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.worker.combine.combiner import WindowCombiner
+from stream_dp.worker.partials.wire import PartialAggregate
 from stream_dp.worker.release.partition_check import PartitionCheckFailed
 from stream_dp.worker.release.partition_lag import PartitionEvidence
-from stream_dp.worker.partials.wire import PartialAggregate
 from stream_dp.worker.release.waits import PartitionWaits
 
 MIN = 60_000

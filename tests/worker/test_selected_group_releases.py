@@ -30,13 +30,13 @@ from stream_dp.dp.sample_aggregate import SampleAggregatePlan
 from stream_dp.dp.vectors import VectorPlan
 from stream_dp.windows.histogram import SparseHistogram
 from stream_dp.windows.partial import BlockValues
-from stream_dp.worker.release import draw as release_draw
 from stream_dp.worker.app import build_runtimes
 from stream_dp.worker.combine.combiner import CombinedWindow
-from stream_dp.worker.store.ledger import MemoryReleaseLedger
-from stream_dp.worker.release.stage import ReleaseStage, _Unpublished
+from stream_dp.worker.release import draw as release_draw
 from stream_dp.worker.release.build import build_release
 from stream_dp.worker.release.entry import decode_entry, encode_entry
+from stream_dp.worker.release.stage import ReleaseStage, _Unpublished
+from stream_dp.worker.store.ledger import MemoryReleaseLedger
 from tests.worker._offline_stage import offline_stage
 
 SECRET = b"test-secret-0123456789abcdef"

@@ -22,9 +22,9 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from stream_dp.worker import app as worker_app
-from stream_dp.worker.kafka.commit_metadata import committed_store
-from stream_dp.worker.kafka.admin import read_commit_metadata
 from stream_dp.worker.guard.store import MARKERS, StoreReplaced
+from stream_dp.worker.kafka.admin import read_commit_metadata
+from stream_dp.worker.kafka.commit_metadata import committed_store
 from tests.worker._support import PRODUCER_STAMPED
 from tests.worker._release_once import by_window, metric, wall_ms
 from tests.worker.test_release_once import _Deployment, _first_release

@@ -14,7 +14,6 @@ import pytest
 
 from stream_dp.budget.redis_nodes import ReplicaWait
 from stream_dp.budget.redis_url import client_from_url
-from stream_dp.worker.kafka.commit_metadata import encode_commit_metadata
 from stream_dp.worker.guard.store import (
     MARKERS,
     MemoryStoreMarkers,
@@ -24,6 +23,7 @@ from stream_dp.worker.guard.store import (
     check,
     judge,
 )
+from stream_dp.worker.kafka.commit_metadata import encode_commit_metadata
 
 T, U = "a" * 32, "b" * 32
 ALL_T = [T] * MARKERS

@@ -26,12 +26,12 @@ from stream_dp.wire import is_binary, read_prefix
 from stream_dp.wire.chunks import payload_digest
 from stream_dp.wire.letters import DEAD_LETTER_HEAD_BYTES, reassemble
 from stream_dp.worker.app import build_runtimes
-from stream_dp.worker.kafka.clients import kafka_clients
 from stream_dp.worker.kafka.admin import describe_topics
-from stream_dp.worker.store.ledger import RedisReleaseLedger
-from stream_dp.worker.release.entry import decode_entry
+from stream_dp.worker.kafka.clients import kafka_clients
 from stream_dp.worker.kafka.topic_setup import prepare_topics
 from stream_dp.worker.kafka.topics import RECORD_HEADROOM, TopicSettingsError
+from stream_dp.worker.release.entry import decode_entry
+from stream_dp.worker.store.ledger import RedisReleaseLedger
 from tests.worker import _big_window as big
 from tests.worker._support import PRODUCER_STAMPED, free_port
 
@@ -201,8 +201,8 @@ def test_a_top_k_record_larger_than_another_output_topics_batches_is_published(
     """Two output topics, one sized for a top_k list of long groups, one left at the broker's default: the
     output producer's batches fit both, and the top_k topic's large record goes out alone in its own batch
     rather than being left out as too large for the other topic."""
-    from stream_dp.worker.release.publish import publish_release
     from stream_dp.worker.release.entry import StoredRecords
+    from stream_dp.worker.release.publish import publish_release
 
     event_bytes, k = 12_100, 100
     path = tmp_path / "two.yaml"

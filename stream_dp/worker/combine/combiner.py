@@ -1,14 +1,9 @@
 """Combine per-partition partials of a window into one total, and decide when
 a window can be released. Pure logic: no Kafka, no Redis, no clock of its own.
 
-Each window of a query has a **home**: one partition of the partials topic
-(``window_home``). Every input partition's partial of the window is sent
-there, and the release consumer that owns the home releases the window.
-Progress markers ("input partition p has closed every window through t") go
-to every partials partition, each after the partials they cover, so within
-one home partition a marker is never read before the partials it vouches for.
-Completeness is therefore judged only with the progress read from the
-window's own home partition.
+Each window of a query has a **home**, one partition of the partials topic
+(``partials.homes``): the release consumer that owns the home releases the window,
+and judges its completeness only with the progress read from that partition.
 
 A window is **complete** when every input partition has either sent its
 partial or reported progress through the window's end (a partition with no
@@ -50,11 +45,9 @@ data is an all-zero row, i.e. no cell).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass, field, replace
 
-from stream_dp.worker.combine.totals import CombinedWindow, merge_partials
 from stream_dp.worker.combine.checks import (
     blocks_conflict,
     features_conflict,
@@ -62,24 +55,13 @@ from stream_dp.worker.combine.checks import (
     placement_conflict,
     settings_conflict,
 )
+from stream_dp.worker.combine.totals import CombinedWindow, merge_partials
+from stream_dp.worker.partials.homes import window_home
 from stream_dp.worker.partials.wire import GroupKey, PartialAggregate, Progress
 
 log = logging.getLogger(__name__)
 MAX_EMPTY_WINDOWS_PER_STEP = 1_000  # bounds the work after a long silence
 COMBINE_FAILED = "combine_failed"  # the ``withheld`` reason of a window whose partials raised when added up
-
-
-def window_home(query: str, window_start_ms: int, partials_partitions: int, period: tuple[int, int] | None = None) -> int:
-    """The partials-topic partition of a (query, window): stable across processes and versions.
-
-    ``period`` = (period_ms, offset_ms) of a continual query: all windows of one period share a
-    home, so one release consumer continues the period's tree window after window, in order.
-    """
-    if period is not None:
-        period_ms, offset_ms = period
-        window_start_ms = offset_ms + (window_start_ms - offset_ms) // period_ms * period_ms
-    digest = hashlib.blake2b(f"{query}|{window_start_ms}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % partials_partitions
 
 
 @dataclass

@@ -31,8 +31,8 @@ import numpy as np
 
 from stream_dp.budget import BudgetStore, BudgetUnavailable, ChargeConflict, ChargeRejected
 from stream_dp.budget.store import ChargeOutcome
-from stream_dp.worker.store.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.ingest.period_charge import charge_period_window
+from stream_dp.worker.store.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.store.period_register import PeriodRegister, PeriodWindow
 
 

@@ -21,13 +21,13 @@ from aiokafka import AIOKafkaProducer
 
 from stream_dp.budget import BudgetStore, BudgetUnavailable, ChargeConflict, ChargeRejected
 from stream_dp.metrics.worker import WorkerMetrics
+from stream_dp.worker.guard.store import StoreGuard
 from stream_dp.worker.ingest.charge import WindowCharge, charge_id, charge_in_order, excluded_units
 from stream_dp.worker.ingest.decode import alert_json
-from stream_dp.worker.store.ledger import LedgerUnavailable, ReleaseLedger
 from stream_dp.worker.ingest.partials_out import PartialsOut, partial_message
-from stream_dp.worker.store.period_register import PeriodRegister, PeriodWindow
 from stream_dp.worker.query.runtime import QueryRuntime, settings_fingerprint
-from stream_dp.worker.guard.store import StoreGuard
+from stream_dp.worker.store.ledger import LedgerUnavailable, ReleaseLedger
+from stream_dp.worker.store.period_register import PeriodRegister, PeriodWindow
 
 log = logging.getLogger(__name__)
 

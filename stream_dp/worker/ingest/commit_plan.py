@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 from aiokafka.structs import TopicPartition
 
-from stream_dp.worker.kafka.commit_metadata import encode_commit_metadata
 from stream_dp.worker.ingest.closed_windows import HeldPartial
+from stream_dp.worker.kafka.commit_metadata import encode_commit_metadata
 from stream_dp.worker.query.runtime import QueryRuntime
 
 Offsets = dict[TopicPartition, tuple[int, str]]

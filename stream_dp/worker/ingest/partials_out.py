@@ -17,7 +17,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from stream_dp.worker.combine.combiner import window_home
+from stream_dp.worker.partials.homes import window_home
 from stream_dp.worker.partials.wire import PartialAggregate, partial_key, partial_records
 from stream_dp.worker.query.runtime import settings_fingerprint
 

@@ -3,7 +3,7 @@
 One loop iteration (``step``): take a batch from the consumer, run it through
 each query's engine, send rejected events to the dead-letter topic, charge the
 budget of every window partial that closed, publish the budget-filtered
-partials, tell the release stage how far each partition has closed, and
+partials, tell the release stage how far each partition has closed (``ingest.progress_out``), and
 commit only offsets that no open or unpublished window still needs.
 
 Fail closed: a partial whose charge fails is held (and its offsets with it)
@@ -29,20 +29,20 @@ from aiokafka.structs import TopicPartition
 from stream_dp.budget import BudgetStore
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import RejectReason
-from stream_dp.worker.ingest.background import BackgroundRounds
-from stream_dp.worker.kafka.commit_metadata import restored_partitions
-from stream_dp.worker.ingest.commit_plan import committable_offsets
-from stream_dp.worker.ingest.decode import raw_batch
-from stream_dp.worker.ingest.dead_letters import DeadLetters
-from stream_dp.worker.ingest.closed_windows import Emitter, HeldPartial
-from stream_dp.worker.store.ledger import ReleaseLedger
-from stream_dp.worker.ingest.partials_out import PartialsOut
-from stream_dp.worker.store.period_register import PeriodRegister
-from stream_dp.worker.kafka.positions import PartitionPositions
-from stream_dp.worker.partials.wire import Progress, encode_progress
-from stream_dp.worker.query.runtime import QueryRuntime
-from stream_dp.worker.kafka.spacing import Spacing
 from stream_dp.worker.guard.store import MemoryStoreMarkers, StoreGuard, StoreReplaced
+from stream_dp.worker.ingest.background import BackgroundRounds
+from stream_dp.worker.ingest.closed_windows import Emitter, HeldPartial
+from stream_dp.worker.ingest.commit_plan import committable_offsets
+from stream_dp.worker.ingest.dead_letters import DeadLetters
+from stream_dp.worker.ingest.decode import raw_batch
+from stream_dp.worker.ingest.partials_out import PartialsOut
+from stream_dp.worker.ingest.progress_out import ProgressOut, progress_through
+from stream_dp.worker.kafka.commit_metadata import restored_partitions
+from stream_dp.worker.kafka.positions import PartitionPositions
+from stream_dp.worker.kafka.spacing import Spacing
+from stream_dp.worker.query.runtime import QueryRuntime
+from stream_dp.worker.store.ledger import ReleaseLedger
+from stream_dp.worker.store.period_register import PeriodRegister
 
 log = logging.getLogger(__name__)
 _METADATA_ATTEMPTS = 6  # about 8 s of retries, within any rebalance or poll timeout
@@ -108,9 +108,9 @@ class IngestStage:
         self.max_records = max_records
         self.poll_timeout_ms = poll_timeout_ms
         self._lock = asyncio.Lock()
-        self._commit_spacing = Spacing(commit_interval_s)  # both due at once the first time
-        self._heartbeat_spacing = Spacing(progress_interval_s)
-        self._sent_progress: dict[tuple[str, int], int] = {}
+        self._commit_spacing = Spacing(commit_interval_s)  # due at once the first time
+        self.progress_out = ProgressOut(producer, topic=partials_topic, partitions=partials_partitions,
+                                        interval_s=progress_interval_s)
         self.positions = PartitionPositions(consumer)
         self._joined = False  # an assignment (possibly empty) arrived from the group
         # Charging and publishing closed windows waits mostly on Redis: it runs beside the loop.
@@ -237,38 +237,12 @@ class IngestStage:
             # Before a batch can advance the watermark: partitions that are slow (or were not watched
             # while this loop stalled) are not idle, or another partition's records would close their windows.
             self._hold_open_slow_partitions()
-            closed: list[HeldPartial] = []
-            by_topic: dict[str, list[tuple[TopicPartition, list]]] = defaultdict(list)
-            for tp, records in batches.items():
-                if records:
-                    by_topic[tp.topic].append((tp, records))
-            for topic, items in by_topic.items():
-                if not self._note_partition_count(topic):
-                    # Placement cannot be checked without the topic's partition count: read these again later.
-                    for tp, records in items:
-                        self.consumer.seek(tp, records[0].offset)
-                    continue
-                batch = raw_batch(items)
-                for query in self.by_topic.get(topic, ()):
-                    result = query.engine.process(batch)
-                    self._count(query, result)
-                    await self.dead_letters.send(query.name, topic, result.rejections)
-                    closed += [HeldPartial(query, p, now_ms) for p in result.partials]
+            closed = await self._process(batches, now_ms)
             self.positions.note_batches(batches)
             await self.positions.learn_starts()
-            for tp in self.consumer.assignment():
-                start = self.positions.start_offset(tp)
-                if start is not None:
-                    for query in self.by_topic.get(tp.topic, ()):
-                        query.engine.note_read_position(tp.partition, start)
+            self._note_read_positions()
             self._hold_open_slow_partitions()
-            for query in self.queries:
-                closed += [HeldPartial(query, p, now_ms) for p in query.engine.tick()]
-                self.metrics.windows_open.labels(query.name).set(len(query.engine.open_windows))
-                self.metrics.open_rows.labels(query.name).set(query.engine.open_rows)
-                closed_through = query.engine.closed_through_ms
-                if closed_through:
-                    self.metrics.watermark.labels(query.name).set(min(closed_through.values()) / 1000)
+            closed += self._tick(now_ms)
             self.emitter.held += closed
             self._rounds.start()  # charge and publish what is held, while the next records are read
             await self._commit()
@@ -277,6 +251,47 @@ class IngestStage:
             self._update_lag()
 
     # -- pieces --------------------------------------------------------------------------
+
+    async def _process(self, batches: dict[TopicPartition, list], now_ms: int) -> list[HeldPartial]:
+        """Run each topic's records through its queries' engines; the windows that closed on them."""
+        closed: list[HeldPartial] = []
+        by_topic: dict[str, list[tuple[TopicPartition, list]]] = defaultdict(list)
+        for tp, records in batches.items():
+            if records:
+                by_topic[tp.topic].append((tp, records))
+        for topic, items in by_topic.items():
+            if not self._note_partition_count(topic):
+                # Placement cannot be checked without the topic's partition count: read these again later.
+                for tp, records in items:
+                    self.consumer.seek(tp, records[0].offset)
+                continue
+            batch = raw_batch(items)
+            for query in self.by_topic.get(topic, ()):
+                result = query.engine.process(batch)
+                self._count(query, result)
+                await self.dead_letters.send(query.name, topic, result.rejections)
+                closed += [HeldPartial(query, p, now_ms) for p in result.partials]
+        return closed
+
+    def _note_read_positions(self) -> None:
+        """Tell the engines where reading each owned partition started, once the consumer knows."""
+        for tp in self.consumer.assignment():
+            start = self.positions.start_offset(tp)
+            if start is not None:
+                for query in self.by_topic.get(tp.topic, ()):
+                    query.engine.note_read_position(tp.partition, start)
+
+    def _tick(self, now_ms: int) -> list[HeldPartial]:
+        """The windows the wall clock closed, and each query's open windows and watermark as metrics."""
+        closed: list[HeldPartial] = []
+        for query in self.queries:
+            closed += [HeldPartial(query, p, now_ms) for p in query.engine.tick()]
+            self.metrics.windows_open.labels(query.name).set(len(query.engine.open_windows))
+            self.metrics.open_rows.labels(query.name).set(query.engine.open_rows)
+            closed_through = query.engine.closed_through_ms
+            if closed_through:
+                self.metrics.watermark.labels(query.name).set(min(closed_through.values()) / 1000)
+        return closed
 
     async def _emit_round(self) -> None:
         """One background round: charge and publish what is held, a bounded batch at a time (windows
@@ -337,39 +352,13 @@ class IngestStage:
         return len(partitions) if partitions else 0
 
     def _progress_through(self, query: QueryRuntime, partition: int) -> int | None:
-        closed = query.engine.closed_through_ms.get(partition)
-        if closed is None:
-            return None
-        for held in self.emitter.held:
-            if held.query is query and held.partial.partition == partition:
-                # A held window is not closed for the release stage yet.
-                closed = min(closed, held.partial.window_start_ms)
-        return closed
+        return progress_through(query, partition, self.emitter.held)
 
     async def _send_progress(self) -> None:
-        now_s = self._heartbeat_spacing.now()
-        heartbeat = self._heartbeat_spacing.due(now_s)
-        sends = []
-        for tp in self.consumer.assignment():
-            for query in self.by_topic.get(tp.topic, ()):
-                through = self._progress_through(query, tp.partition)
-                durable = self.positions.durable_through(query.name, tp)
-                if through is None or durable is None:
-                    continue
-                through = min(through, durable)
-                key = (query.name, tp.partition)
-                if not heartbeat and self._sent_progress.get(key) == through:
-                    continue
-                self._sent_progress[key] = through
-                value = encode_progress(Progress(query.name, tp.partition, self._partition_count(tp.topic), through))
-                # Every release consumer must see every partition's progress:
-                # the marker goes to each partition of the partials topic.
-                for partials_partition in range(self.partials_partitions):
-                    sends.append(await self.producer.send(self.partials_topic, value=value, partition=partials_partition))
-        if heartbeat:
-            self._heartbeat_spacing.done(now_s)
-        if sends:
-            await asyncio.gather(*sends)
+        await self.progress_out.send(
+            self.consumer.assignment(), self.by_topic, through=self._progress_through,
+            durable=self.positions.durable_through, partition_count=self._partition_count,
+        )
 
     def committable(self) -> tuple[dict[TopicPartition, tuple[int, str]], list[tuple[str, TopicPartition, int]]]:
         """Offsets (with metadata) safe to commit, and the closures that metadata makes durable."""

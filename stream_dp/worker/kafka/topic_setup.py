@@ -12,15 +12,13 @@ from typing import Any
 
 from stream_dp.config import Settings
 from stream_dp.wire.chunks import CHUNK_HEADER_ROOM
+from stream_dp.worker.kafka.admin import describe_cluster, describe_topics, ensure_topics, partials_retention_problem
 from stream_dp.worker.kafka.input_clock import (
     INPUT_TOPIC_CONFIGS,
     TIMESTAMP_TYPE,
     input_topics,
     timestamp_type_problem,
 )
-from stream_dp.worker.kafka.admin import describe_cluster, describe_topics, ensure_topics, partials_retention_problem
-from stream_dp.worker.partials.wire import MIN_CHUNK_PAYLOAD
-from stream_dp.worker.query.runtime import QueryRuntime
 from stream_dp.worker.kafka.topics import (
     OUTPUT_MAX_REQUEST_BYTES,
     RECORD_HEADROOM,
@@ -34,6 +32,8 @@ from stream_dp.worker.kafka.topics import (
     replication,
     topic_problems,
 )
+from stream_dp.worker.partials.wire import MIN_CHUNK_PAYLOAD
+from stream_dp.worker.query.runtime import QueryRuntime
 
 log = logging.getLogger(__name__)
 

@@ -1,33 +1,30 @@
-"""Wire formats of the worker's topics, as pure encode/decode functions.
+"""Wire format of the partials topic (internal), as pure encode/decode functions.
 
-* partials topic (internal): one ``PartialAggregate`` per (query, window, input
-  partition) and ``Progress`` markers saying an input partition has closed all
-  windows through a time. Keyed by ``query|window_start_ms`` so that every
-  partial of a window reaches the same combine-and-release consumer.
+One ``PartialAggregate`` per (query, window, input
+partition) and ``Progress`` markers saying an input partition has closed all
+windows through a time. Keyed by ``query|window_start_ms`` so that every
+partial of a window reaches the same combine-and-release consumer.
 
-  Wire version 2 (binary): a partial is a frame of numpy columns (group keys,
-  counts, sums, distinct units; ``stream_dp.wire``), sent as one or more chunk
-  records that each fit the topic's record limit. A quantiles query's partial
-  also holds its per-group value histogram, sparse: the nonzero cells as
-  columns ``hist.group`` (int64, index into the groups), ``hist.bin`` (uint16)
-  and ``hist.count`` (int64), sorted by group then bin, with the bin count in
-  the header; partials without them (all earlier ones) read with no
-  histogram. The header's ``settings`` names the fingerprint of the
-  settings the partial's units were charged under
-  (``query.runtime.settings_fingerprint``); partials of earlier versions have
-  none and read with ``settings`` None, which the release stage does not
-  combine (``combine.checks.settings_conflict``). Workers of earlier
-  versions ignore the field, so they read these partials -- and combine
-  them unchecked: roll out a version that writes it before changing a
-  query's settings. Progress markers stay JSON
-  (wire version 1, a few dozen bytes). Partials of version 1 (one JSON
-  record each) are still read.
-* output topics: one ``release`` record per released group per window, plus
-  one per group of each coarser level of a hierarchy query and one
-  ``{"kind": "top_k"}`` record per window of a top_k query (schema:
-  ``deploy/schemas/release.schema.json``); only noisy values.
-* dead-letter topic: the original bytes of a rejected event, with the reason in
-  headers.
+Wire version 2 (binary): a partial is a frame of numpy columns (group keys,
+counts, sums, distinct units; ``stream_dp.wire``), sent as one or more chunk
+records that each fit the topic's record limit. A quantiles query's partial
+also holds its per-group value histogram, sparse: the nonzero cells as
+columns ``hist.group`` (int64, index into the groups), ``hist.bin`` (uint16)
+and ``hist.count`` (int64), sorted by group then bin, with the bin count in
+the header; partials without them (all earlier ones) read with no
+histogram. The header's ``settings`` names the fingerprint of the
+settings the partial's units were charged under
+(``query.runtime.settings_fingerprint``); partials of earlier versions have
+none and read with ``settings`` None, which the release stage does not
+combine (``combine.checks.settings_conflict``). Workers of earlier
+versions ignore the field, so they read these partials -- and combine
+them unchecked: roll out a version that writes it before changing a
+query's settings. Progress markers stay JSON
+(wire version 1, a few dozen bytes). Partials of version 1 (one JSON
+record each) are still read.
+
+The output topics' records: ``release.ids`` and ``release.entry``; the dead-letter topic's:
+``ingest.dead_letters``.
 
 Partials hold exact per-partition aggregates of already bounded contributions:
 they are internal data like the input events themselves and must be protected
@@ -36,9 +33,7 @@ they are internal data like the input events themselves and must be protected
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -370,13 +365,3 @@ def _decode_json(value: bytes) -> PartialAggregate | Progress:
         raise
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise WireFormatError(f"corrupt internal record: {exc}") from None
-
-
-def iso_utc(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def release_id(query: str, window_start_ms: int, group: GroupKey) -> str:
-    """Stable id of one (query, window, group) release: consumers dedupe on it."""
-    digest = hashlib.blake2b(orjson.dumps([query, window_start_ms, list(group)]), digest_size=12).hexdigest()
-    return f"{query}:{window_start_ms}:{digest}"

@@ -24,8 +24,8 @@ import orjson
 from stream_dp.config.release_time import capped_option
 from stream_dp.dp.quantiles import COUNT_BETA
 from stream_dp.windows.histogram import SparseHistogram
-from stream_dp.worker.partials.wire import iso_utc, release_id
 from stream_dp.worker.release.entry import ReleaseEntry, build_entry
+from stream_dp.worker.release.ids import iso_utc, release_id
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ import orjson
 from stream_dp.dp.continual import TreeState
 from stream_dp.wire import WireFormatError
 from stream_dp.worker.query.runtime import settings_fingerprint
-from stream_dp.worker.partials.wire import iso_utc
 from stream_dp.worker.release.entry import ReleaseEntry, build_entry, decode_entry
+from stream_dp.worker.release.ids import iso_utc
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ import orjson
 
 from stream_dp.wire.frame import WireFormatError, decode_frame, encode_frame, is_binary
 from stream_dp.wire.groups import Column, decode_columns, encode_columns, json_values, key_columns
-from stream_dp.worker.partials.wire import iso_utc
+from stream_dp.worker.release.ids import iso_utc
 
 Record = tuple[bytes, bytes]  # (Kafka key: the group values as a JSON array, record JSON)
 VALUE_COLUMNS = ("count", "sum", "mean", "mean_ci")

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 
 from stream_dp.metrics.worker import WorkerMetrics
-from stream_dp.worker.store.ledger import LedgerUnavailable, ReleaseLedger, StoredRelease
 from stream_dp.worker.query.runtime import QueryRuntime
+from stream_dp.worker.store.ledger import LedgerUnavailable, ReleaseLedger, StoredRelease
 
 log = logging.getLogger(__name__)
 ASK_EVERY_S = 2.0  # how often a start or a mark not read yet is asked for again

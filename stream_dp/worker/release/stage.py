@@ -39,18 +39,18 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.wire import WireFormatError
 from stream_dp.worker.combine.combiner import COMBINE_FAILED, CombinedWindow
-from stream_dp.worker.release.continual import PreviousTrees, opens_period
-from stream_dp.worker.store.ledger import LedgerUnavailable, ReleaseLedger
-from stream_dp.worker.release.publish import publish_release
-from stream_dp.worker.release.partials_commits import PartialsCommits
-from stream_dp.worker.release.intake import PartialsIntake, too_old_to_release
-from stream_dp.worker.release.partition_check import BrokerPartitions
-from stream_dp.worker.release.publication_start import PublicationStarts
 from stream_dp.worker.partials.wire import PartialAggregate
+from stream_dp.worker.query.runtime import QueryRuntime
+from stream_dp.worker.release.continual import PreviousTrees, opens_period
 from stream_dp.worker.release.draw import draw_payload
 from stream_dp.worker.release.entry import ReleaseEntry, StoredRecords, decode_entry
+from stream_dp.worker.release.intake import PartialsIntake, too_old_to_release
+from stream_dp.worker.release.partials_commits import PartialsCommits
+from stream_dp.worker.release.partition_check import BrokerPartitions
+from stream_dp.worker.release.publication_start import PublicationStarts
+from stream_dp.worker.release.publish import publish_release
 from stream_dp.worker.release.waits import PartitionWaits, home_position
-from stream_dp.worker.query.runtime import QueryRuntime
+from stream_dp.worker.store.ledger import LedgerUnavailable, ReleaseLedger
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from aiokafka.structs import TopicPartition
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows.watermarks import window_close_ms
 from stream_dp.worker.combine.combiner import Overdue
-from stream_dp.worker.release.partition_check import BrokerPartitions, PartitionCheckFailed
 from stream_dp.worker.query.runtime import QueryRuntime
+from stream_dp.worker.release.partition_check import BrokerPartitions, PartitionCheckFailed
 
 log = logging.getLogger(__name__)
 
