@@ -23,7 +23,7 @@ from stream_dp.worker.ingest.closed_windows import Emitter, HeldPartial, window_
 from stream_dp.worker.query.runtime import ContinualCharging
 from stream_dp.worker.store.ledger import LedgerUnavailable
 
-from ._periods import Backend, backends_fixture
+from tests.worker._periods import Backend, backends_fixture
 
 WINDOW_MS = 60_000
 PERIOD_MS = 10 * WINDOW_MS

@@ -28,9 +28,9 @@ import redis
 
 from stream_dp.worker.guard import network as network_guard
 from stream_dp.worker.sandbox.runner import FunctionLoadError, FunctionSandbox
-from tests.worker.test_sandbox import SANDBOXED_QUERY
+from tests.worker.sandbox.test_runner import SANDBOXED_QUERY
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="seccomp is Linux's")
 X86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="the x32 ABI is x86_64's")
 

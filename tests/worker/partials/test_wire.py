@@ -14,7 +14,6 @@ from stream_dp.worker.partials.wire import (
     encode_partial_payload,
     encode_progress,
 )
-from stream_dp.worker.release.ids import iso_utc, release_id
 
 
 def _partial(**overrides):
@@ -46,16 +45,6 @@ def test_count_only_partial_and_progress_round_trip():
 def test_corrupt_internal_records_raise_one_error_type(value):
     with pytest.raises(WireFormatError):
         decode_internal(value)
-
-
-def test_release_id_is_stable_and_distinct():
-    assert release_id("q", 0, ("/a",)) == release_id("q", 0, ("/a",))
-    assert len({release_id("q", 0, ("/a",)), release_id("q", 60_000, ("/a",)), release_id("q", 0, ("/b",)), release_id("r", 0, ("/a",))}) == 4
-
-
-def test_iso_utc():
-    assert iso_utc(0) == "1970-01-01T00:00:00.000Z"
-    assert iso_utc(1_700_000_000_123) == "2023-11-14T22:13:20.123Z"
 
 
 def _histogram(rows=2, bins=4):

@@ -17,7 +17,7 @@ import orjson
 from stream_dp.dp import OpenDPNoise
 from stream_dp.windows.histogram import SparseHistogram
 from stream_dp.worker.release.build import build_release
-from tests.worker.test_selected_group_releases import KEPT_UNITS, _records, _runtime, _window
+from tests.worker.release.test_selected_group_releases import KEPT_UNITS, _records, _runtime, _window
 
 BINS = 64
 

@@ -328,7 +328,7 @@ def test_settings_apart_from_the_charge_and_the_noise_leave_the_fingerprint(base
 def test_continual_queries_keep_the_fingerprints_their_stored_periods_are_keyed_by():
     """Pinned: stored periods, charges and trees are keyed by these values, and another value would charge
     every unit of a running period again."""
-    from tests.worker.test_continual_settings import runtime as continual_runtime
+    from tests.worker.release.test_continual_settings import runtime as continual_runtime
 
     assert settings_fingerprint(continual_runtime()) == "cfbddac1b92b4832"
     assert settings_fingerprint(continual_runtime(epsilon=5.0)) == "5150007720abc2fc"
@@ -348,11 +348,11 @@ def test_every_process_computes_the_same_fingerprint_whatever_its_hash_seed(tmp_
     here = {name: settings_fingerprint(runtime(**changes)) for name, changes in kinds.items()}
     assert len(set(here.values())) == len(kinds)
     script = ("import sys, json; sys.path.insert(0, sys.argv[1]); "
-              "from tests.worker.test_partial_settings import runtime, settings_fingerprint; "
+              "from tests.worker.combine.test_partial_settings import runtime, settings_fingerprint; "
               "kinds = json.loads(sys.argv[2]); "
               "print(json.dumps({k: settings_fingerprint(runtime(**v)) for k, v in kinds.items()}))")
     for seed in ("0", "1", "12345"):
-        args = [sys.executable, "-c", script, str(Path(__file__).parents[2]), orjson.dumps(kinds).decode()]
+        args = [sys.executable, "-c", script, str(Path(__file__).parents[3]), orjson.dumps(kinds).decode()]
         out = subprocess.run(args, check=True, capture_output=True, text=True, cwd=tmp_path,
                              env={**os.environ, "PYTHONHASHSEED": seed})
         assert orjson.loads(out.stdout) == here

@@ -1,6 +1,6 @@
 """Windows past their release timeout: what the release stage asks, leaves out, waits for and reports.
 
-The broker's answers come from a stand-in (``tests/worker/test_partition_check.py`` reads them
+The broker's answers come from a stand-in (``tests/worker/release/test_partition_check.py`` reads them
 from the real broker); the combiner, metrics and decisions are the worker's own.
 """
 

@@ -25,7 +25,7 @@ from stream_dp.dp import OpenDPNoise
 from stream_dp.worker.app import build_runtimes
 from stream_dp.worker.release.build import _top_k_record, build_release
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "deploy/schemas/release.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "deploy/schemas/release.schema.json").read_text())
 LINF = 1_000
 # (page, distinct units, events): the "kept_*" groups pass selection, the "gone_*" ones do not (one
 # unit or none: each kept with probability 7e-10 at this epsilon and delta), yet hold the most events

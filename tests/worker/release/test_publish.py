@@ -22,7 +22,7 @@ from stream_dp.worker.release.entry import build_entry
 from stream_dp.worker.release.publish import encode_releases, output_partitions, publish_release
 from tests.worker._support import consume_all
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCHEMA = json.loads((REPO / "deploy/schemas/release.schema.json").read_text())
 
 

@@ -19,7 +19,7 @@ import pytest
 from stream_dp.dp.sample_aggregate import parse_function_path
 from stream_dp.worker.sandbox.runner import FunctionLoadError, FunctionSandbox
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _blocks(*values):

@@ -38,7 +38,7 @@ from stream_dp.dp.hierarchy import aggregate_to_levels, rollup_levels
 from stream_dp.worker.app import build_runtimes
 from stream_dp.worker.release.build import build_release
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "deploy/schemas/release.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "deploy/schemas/release.schema.json").read_text())
 TRIALS = 4_000
 MIN_COVERAGE = 0.93
 # one country, 20 regions of 10 cities each

@@ -22,7 +22,7 @@ from stream_dp.worker.store.period_register import (
     standing,
 )
 
-from ._periods import HOUR_MS, backends_fixture
+from tests.worker._periods import HOUR_MS, backends_fixture
 
 FIRST, MORE, REPLAY, FULL = Participation.FIRST, Participation.MORE, Participation.REPLAY, Participation.FULL
 WINDOW_MS = 60_000

@@ -32,7 +32,7 @@ from stream_dp.worker.query.runtime import settings_fingerprint
 from stream_dp.worker.release.build import build_release
 from stream_dp.worker.release.entry import decode_entry, encode_entry
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "deploy/schemas/release.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "deploy/schemas/release.schema.json").read_text())
 MINUTE_MS = 60_000
 PERIOD_START_MS = 1_700_000_040_000 // (8 * MINUTE_MS) * (8 * MINUTE_MS)
 # Each group's events in every window: a running total tells which windows, and whose, it adds up.

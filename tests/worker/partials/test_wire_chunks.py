@@ -35,7 +35,7 @@ from stream_dp.worker.release.intake import PartialsIntake, PartialsReader
 from tests.windows._support import NOW_MS as ENGINE_NOW_MS
 from tests.windows._support import batch_of, event, make_engine
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 HOUR_MS = 3_600_000
 NOW_MS = 1_800_000_000_000

@@ -20,7 +20,7 @@ from stream_dp.worker.query.runtime import ContinualCharging
 from stream_dp.worker.store.ledger import LedgerUnavailable
 from stream_dp.worker.store.period_register import Participation
 
-from ._periods import HOUR_MS, Backend, backends_fixture
+from tests.worker._periods import HOUR_MS, Backend, backends_fixture
 
 WINDOW_MS = 60_000
 PERIOD_MS = 10 * WINDOW_MS
@@ -96,7 +96,7 @@ def classes(values: np.ndarray) -> list[Participation]:
 
 # -- settings changed within a period ---------------------------------------------------------
 # A period's charge paid for the settings it was made under: other settings (here W, the cost and the
-# window size; tests/worker/test_continual_settings.py covers every setting) make a new period.
+# window size; tests/worker/release/test_continual_settings.py covers every setting) make a new period.
 
 
 def test_a_unit_charged_under_other_settings_is_charged_again_at_its_next_window(backends):
