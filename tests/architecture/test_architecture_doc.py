@@ -122,3 +122,8 @@ def test_every_privacy_guarantee_has_its_place_with_a_file_and_a_function():
     assert not missing, f"ARCHITECTURE.md does not say where these Privacy guarantees are enforced: {missing}"
     unplaced = [title for title in guarantees if not named(paragraphs[title])[1]]
     assert not unplaced, f"ARCHITECTURE.md names no file and function for: {unplaced}"
+
+
+def test_the_architecture_stays_a_map():
+    lines = len(DOC.read_text().splitlines())
+    assert lines <= 150, f"ARCHITECTURE.md has {lines} lines; keep it a map of at most 150 and move detail to docs/"
