@@ -171,7 +171,7 @@ def _combine(runtime: Any, parsed: Any, partials: list[Any], partitions: int, cl
 def _release(runtime: Any, combined: list[Any], noise: Any, clock: Any) -> list[dict]:
     """The records of the ``combined`` windows, drawn in window order by the release stage's build.
 
-    As the stage does (``release.ReleaseStage._publish``): ``release.draw.build_release`` draws every noise
+    As the stage does (``release.stage.ReleaseStage._publish``): ``release.draw.build_release`` draws every noise
     of a window once, a continual window continues the tree state stored with the window before it in its
     period; the records are those the stage would publish. The stage's ledger and producer are left out.
     """
