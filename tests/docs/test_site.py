@@ -1,5 +1,5 @@
-"""The documentation site (mkdocs.yml, docs/) builds with ``mkdocs build --strict``: every page is in the
-navigation, and every link between pages and every anchor resolves."""
+"""The documentation site (mkdocs.yml, docs/, and ARCHITECTURE.md as a page through docs/_hooks/) builds with
+``mkdocs build --strict``: every page is in the navigation, and every link between pages and every anchor resolves."""
 
 from __future__ import annotations
 
