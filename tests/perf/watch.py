@@ -341,6 +341,7 @@ INGEST_CATEGORIES: tuple[tuple[str, str], ...] = (
     ("aiokafka getmany (record objects)", "getmany"),
     ("aiokafka, rest (fetch, protocol)", "aiokafka/"),
     ("ingest stage, rest (metrics, progress, commit)", "IngestStage."),
+    ("ingest stage, rest (metrics, progress, commit)", "ProgressOut."),
     ("/metrics endpoint (scrapes)", "prometheus_client"),
     ("event loop, select", "select"),
 )
@@ -358,6 +359,7 @@ RELEASE_CATEGORIES: tuple[tuple[str, str], ...] = (
     ("window close (bounding, partials)", "WindowEngine._advance"),
     ("release stage, rest", "ReleaseStage."),
     ("ingest stage, rest", "IngestStage."),
+    ("ingest stage, rest", "ProgressOut."),
     ("aiokafka (fetch, produce)", "aiokafka/"),
     ("/metrics endpoint (scrapes)", "prometheus_client"),
     ("event loop, select", "select"),

@@ -164,7 +164,7 @@ def test_where_the_filter_cannot_be_installed_check_config_refuses_the_function(
 
 
 _WRONG_FILTER = """
-from stream_dp.worker import network_guard
+from stream_dp.worker.guard import network as network_guard
 from stream_dp.worker.guard.process import drop_capabilities
 for arch in network_guard.ARCHES.values():
     arch.denied = tuple(nr for nr in arch.denied if nr not in (41, 198))  # socket's number left out
