@@ -1,6 +1,7 @@
 """ARCHITECTURE.md cannot rot: every file it names exists, every function named right after a file is
 defined in that file (read with ``ast``), every ``Class.method`` it names is defined somewhere in
-stream_dp, it maps every package, and it places every guarantee of the README's Privacy section.
+stream_dp, it maps every package in the order their imports go, and it places every guarantee of the
+README's Privacy section.
 
 How a name is tied to a file: a code span holding a path (``stream_dp/...``, ``tests/...``, ``docs/...``,
 ``deploy/...``) followed by code spans holding names, separated only by spaces, line breaks or single
@@ -127,3 +128,21 @@ def test_every_privacy_guarantee_has_its_place_with_a_file_and_a_function():
 def test_the_architecture_stays_a_map():
     lines = len(DOC.read_text().splitlines())
     assert lines <= 150, f"ARCHITECTURE.md has {lines} lines; keep it a map of at most 150 and move detail to docs/"
+
+
+def test_the_package_order_the_map_states_is_the_order_of_the_imports():
+    """The map lists the top-level packages in groups separated by '·' (each group's members in backquotes
+    before its parenthesis); every import between packages goes from a later group to an earlier one."""
+    from tests.architecture.imports import package_imports, unit_edges
+
+    text = DOC.read_text()
+    start = text.index("Each package imports only those before it here")
+    paragraph = text[start:text.index("\n\n", start)]
+    groups = [re.findall(r"`(\w+)`", segment.split("(")[0]) for segment in paragraph.split(":", 1)[1].split("·")]
+    rank = {f"stream_dp.{name}": position for position, names in enumerate(groups) for name in names}
+    packages = {f"stream_dp.{p.parent.name}" for p in (ROOT / "stream_dp").glob("*/__init__.py")}
+    assert set(rank) == packages, f"the map's package order names {sorted(rank)}, the packages are {sorted(packages)}"
+    backwards = [f"{source} imports {target} ({edges[0].path}:{edges[0].line})"
+                 for (source, target), edges in sorted(unit_edges(package_imports(), "stream_dp").items())
+                 if source in rank and target in rank and rank[target] >= rank[source]]
+    assert not backwards, "ARCHITECTURE.md's package order is not the imports' order:\n" + "\n".join(backwards)
