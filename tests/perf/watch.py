@@ -182,7 +182,7 @@ def rss_bytes(pids: Iterable[int]) -> int:
     return total
 
 
-_ASSIGNED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO stream_dp\.worker\.ingest: assigned \['")
+_ASSIGNED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO stream_dp\.worker\.ingest\.stage: assigned \['")
 
 
 def first_assignment_wall(log_text: str) -> float | None:

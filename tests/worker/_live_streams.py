@@ -131,7 +131,7 @@ class Deployment:
             self.check_workers()
             owned = self.assignments()
             settled = (set().union(*owned) == wanted and sum(map(len, owned)) == len(wanted)
-                       and all("ingest: assigned" in w.log_text() and "release homes assigned" in w.log_text()
+                       and all("ingest.stage: assigned" in w.log_text() and "release homes assigned" in w.log_text()
                                for w in self.workers))
             current = tuple(map(frozenset, owned))
             if current != state:

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaProducer
 from stream_dp.budget import BudgetStore, BudgetUnavailable, ChargeConflict, ChargeRejected
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.worker.guard.store import StoreGuard
-from stream_dp.worker.ingest.charge import WindowCharge, charge_id, charge_in_order, excluded_units
+from stream_dp.worker.ingest.charge import Charged, WindowCharge, charge_id, charge_in_order, excluded_units
 from stream_dp.worker.ingest.decode import alert_json
 from stream_dp.worker.ingest.partials_out import PartialsOut, partial_message
 from stream_dp.worker.query.runtime import QueryRuntime, settings_fingerprint
@@ -104,7 +104,7 @@ class Emitter:
         windows = [window_charge(h.query, h.partial) for h in ordered]
         results = await asyncio.to_thread(charge_in_order, self.journal, self.budget, windows, self.periods)
         for position, (held, window, result) in enumerate(zip(ordered, windows, results)):
-            query, partial, cid = held.query, held.partial, window.charge_id
+            query, cid = held.query, window.charge_id
             exc = result.error
             if isinstance(exc, (BudgetUnavailable, LedgerUnavailable)):
                 if self.store is not None:
@@ -127,32 +127,8 @@ class Emitter:
                 self.metrics.budget_failures.labels(query.name, "rejected").inc()
                 log.error("budget store refused %s: %s; the window is dropped unreleased", cid, exc)
                 continue
-            assert result.outcome is not None and result.charged_units is not None and result.excluded is not None
-            units, outcome = result.units, result.outcome
             self._charge_attempts = 0
-            excluded, rebuilt = excluded_units(units, result.charged_units, result.excluded)
-            if rebuilt:
-                self.metrics.internal_errors.labels("replay_rebuilt_differently").inc()
-                log.warning("window %s was rebuilt with other units than first charged; releasing only the charged ones", cid)
-            totals = partial.aggregate(excluded if excluded.any() else None, histogram=query.histogram,
-                                       features=query.features, blocks=query.blocks)
-            n_excluded = int(excluded.sum())
-            # Counted over the journaled list: a window rebuilt with fewer units can have fewer left out.
-            over_cap = min(result.over_cap, n_excluded)
-            self.metrics.units_charged.labels(query.name, "charged").inc(len(units) - n_excluded)
-            self.metrics.units_charged.labels(query.name, "excluded").inc(n_excluded - over_cap)
-            # Incremented by zero too, so the dashboard's excluded-share panel has a series for every query.
-            self.metrics.units_charged.labels(query.name, "over_period_cap").inc(over_cap)
-            self.metrics.release_stage_seconds.labels(query.name, "charge").observe(result.seconds)
-            message = partial_message(
-                query, partial, totals, input_partitions=self.partition_count(query.config.input_topic),
-                units=len(units), excluded=n_excluded, closed_at_ms=held.closed_at_ms,
-            )
-            sends += await self.partials_out.send(message)
-            for alert in outcome.alerts:
-                sends.append(await self.producer.send(self.alerts_topic, key=query.namespace.encode(), value=alert_json(alert)))
-                self.metrics.alerts_published.labels(query.namespace).inc()
-            self.metrics.windows_closed.labels(query.name).inc()
+            sends += await self._send_charged(held, cid, result)
         if sends:
             # Partials must be in the topic before progress says their window is closed.
             await asyncio.gather(*sends)
@@ -161,6 +137,37 @@ class Emitter:
         self.held = still_held + [h for h in self.held if id(h) not in taken]
         self.set_pending_gauge()
         return bool(sends)
+
+    async def _send_charged(self, held: HeldPartial, cid: str, result: Charged) -> list:
+        """A charged window's partial, its excluded units left out, and its namespace's budget alerts, sent;
+        the sends to wait for."""
+        query, partial = held.query, held.partial
+        assert result.outcome is not None and result.charged_units is not None and result.excluded is not None
+        units, outcome = result.units, result.outcome
+        excluded, rebuilt = excluded_units(units, result.charged_units, result.excluded)
+        if rebuilt:
+            self.metrics.internal_errors.labels("replay_rebuilt_differently").inc()
+            log.warning("window %s was rebuilt with other units than first charged; releasing only the charged ones", cid)
+        totals = partial.aggregate(excluded if excluded.any() else None, histogram=query.histogram,
+                                   features=query.features, blocks=query.blocks)
+        n_excluded = int(excluded.sum())
+        # Counted over the journaled list: a window rebuilt with fewer units can have fewer left out.
+        over_cap = min(result.over_cap, n_excluded)
+        self.metrics.units_charged.labels(query.name, "charged").inc(len(units) - n_excluded)
+        self.metrics.units_charged.labels(query.name, "excluded").inc(n_excluded - over_cap)
+        # Incremented by zero too, so the dashboard's excluded-share panel has a series for every query.
+        self.metrics.units_charged.labels(query.name, "over_period_cap").inc(over_cap)
+        self.metrics.release_stage_seconds.labels(query.name, "charge").observe(result.seconds)
+        message = partial_message(
+            query, partial, totals, input_partitions=self.partition_count(query.config.input_topic),
+            units=len(units), excluded=n_excluded, closed_at_ms=held.closed_at_ms,
+        )
+        sends = list(await self.partials_out.send(message))
+        for alert in outcome.alerts:
+            sends.append(await self.producer.send(self.alerts_topic, key=query.namespace.encode(), value=alert_json(alert)))
+            self.metrics.alerts_published.labels(query.namespace).inc()
+        self.metrics.windows_closed.labels(query.name).inc()
+        return sends
 
     def set_pending_gauge(self) -> None:
         for query in self.queries:

@@ -146,7 +146,7 @@ class QueryRuntime:
     delta: float  # charged beside ``cost`` to the namespace's delta limits, per window or (continual) per period
     privacy: dict[str, Any]  # the `privacy` block of every release record of this query
     continual: ContinualCharging | None = None  # set for continual queries: charged per period, not per window
-    sandbox: Any = None  # sample_aggregate queries: the user function's process (``worker.sandbox``)
+    sandbox: Any = None  # sample_aggregate queries: the user function's process (``worker.sandbox.runner``)
 
     def __post_init__(self) -> None:
         # The release stage adds up only partials charged under the settings it noises for: its own.

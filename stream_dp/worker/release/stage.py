@@ -300,26 +300,11 @@ class ReleaseStage:
         self._unpublished = remaining
 
     async def _publish(self, item: _Unpublished) -> None:
-        query, window = item.query, item.window
+        query = item.query
         timing = self.metrics.release_stage_seconds
-        if item.payload is None:
-            assert window is not None
-            previous = None
-            if query.plan.continual is not None:
-                previous = await self.trees.before(query, item.window_start_ms)
-                # Asked before this window's own publish raises the ledger's released-through past it.
-                item.opens_period = previous is None and await asyncio.to_thread(
-                    opens_period, self.ledger, query, item.window_start_ms)  # LedgerUnavailable: held
-            drawn = await draw_payload(query, window, self.noise, self.metrics, self.clock_ms(), previous)
-            if drawn is None:  # not even as if empty (``release.draw``), unless an earlier run stored its release
-                earlier = await asyncio.to_thread(self.ledger.get, query.name, item.window_start_ms)
-                if earlier is None:
-                    return  # dropped, so its partials are committed past
-                item.payload = earlier.payload
-            else:
-                # the window as drawn: without its data if the build fell back (``withheld`` says why)
-                item.window, item.payload, item.release = drawn.window, drawn.payload, drawn.release
-                window = drawn.window
+        if item.payload is None and not await self._draw(item):
+            return  # dropped, so its partials are committed past
+        window = item.window
         started = time.perf_counter()
         stored = await asyncio.to_thread(self.ledger.claim, query.name, item.window_start_ms, item.payload)
         timing.labels(query.name, "ledger").observe(time.perf_counter() - started)
@@ -360,17 +345,43 @@ class ReleaseStage:
         await asyncio.to_thread(self.ledger.raise_released_through, query.name, home, item.window_end_ms)
         timing.labels(query.name, "ledger").observe(time.perf_counter() - started)
         if stored.newly_written and window is not None:
-            self.metrics.windows_released.labels(query.name).inc()
-            self.metrics.groups_released.labels(query.name).inc(published)
-            if query.plan.continual is None or item.opens_period:
-                self.metrics.epsilon_spent.labels(query.name, query.namespace).inc(query.privacy["epsilon"])
-            if window.partitions_missing:
-                self.metrics.partitions_missing.labels(query.name).inc(len(window.partitions_missing))
-            if window.withheld:
-                self.metrics.windows_withheld.labels(query.name, window.withheld).inc()
-                log.warning("window %s of %s released without data: %s", window.window_start_ms, query.name, window.withheld)
-            if window.closed_at_ms is not None:
-                self.metrics.release_latency.labels(query.name).observe(max(0.0, (self.clock_ms() - window.closed_at_ms) / 1000))
+            self._count_release(item, window, published)
+
+    async def _draw(self, item: _Unpublished) -> bool:
+        """Draw the window's release into ``item`` (every noise draw, once); False when there is none to publish."""
+        query, window = item.query, item.window
+        assert window is not None
+        previous = None
+        if query.plan.continual is not None:
+            previous = await self.trees.before(query, item.window_start_ms)
+            # Asked before this window's own publish raises the ledger's released-through past it.
+            item.opens_period = previous is None and await asyncio.to_thread(
+                opens_period, self.ledger, query, item.window_start_ms)  # LedgerUnavailable: held
+        drawn = await draw_payload(query, window, self.noise, self.metrics, self.clock_ms(), previous)
+        if drawn is None:  # not even as if empty (``release.draw``), unless an earlier run stored its release
+            earlier = await asyncio.to_thread(self.ledger.get, query.name, item.window_start_ms)
+            if earlier is None:
+                return False
+            item.payload = earlier.payload
+        else:
+            # the window as drawn: without its data if the build fell back (``withheld`` says why)
+            item.window, item.payload, item.release = drawn.window, drawn.payload, drawn.release
+        return True
+
+    def _count_release(self, item: _Unpublished, window: CombinedWindow, published: int) -> None:
+        """A window this worker released first: its metrics, and the privacy loss it spent."""
+        query = item.query
+        self.metrics.windows_released.labels(query.name).inc()
+        self.metrics.groups_released.labels(query.name).inc(published)
+        if query.plan.continual is None or item.opens_period:
+            self.metrics.epsilon_spent.labels(query.name, query.namespace).inc(query.privacy["epsilon"])
+        if window.partitions_missing:
+            self.metrics.partitions_missing.labels(query.name).inc(len(window.partitions_missing))
+        if window.withheld:
+            self.metrics.windows_withheld.labels(query.name, window.withheld).inc()
+            log.warning("window %s of %s released without data: %s", window.window_start_ms, query.name, window.withheld)
+        if window.closed_at_ms is not None:
+            self.metrics.release_latency.labels(query.name).observe(max(0.0, (self.clock_ms() - window.closed_at_ms) / 1000))
 
     def _holds(self) -> dict[int, int]:
         """Lowest partials-topic offset per partition that an unreleased window still needs."""
