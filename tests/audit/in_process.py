@@ -34,6 +34,7 @@ from stream_dp.worker.ledger import MemoryReleaseLedger
 from stream_dp.worker.partials_in import PartialsReader
 from stream_dp.worker.partials_out import partial_message
 from stream_dp.worker.periods import MemoryPeriodRegister
+from stream_dp.worker.publication_start import first_window_start
 from stream_dp.worker.records import Progress, partial_records
 from tests.audit.doctor import doctored
 from tests.audit.neighbours import SCENARIOS, SECRET, TOPIC_PARTITIONS, Scenario, _config, records
@@ -82,7 +83,8 @@ def combine(scenario: Scenario, windows: int, *, with_target: bool, doctoring: s
             start_ms: int = START_MS) -> Combined:
     """D (``with_target`` False) or D' of ``scenario`` through engine, charge, partials and combiner
     (``doctoring``: the local-DP producers', see ``neighbours.records``). Close it when done."""
-    config = _config("ip", {s.topic: f"in-{s.topic}" for s in SCENARIOS}, {s.name: f"out-{s.name}" for s in SCENARIOS})
+    config = _config("ip", {s.topic: f"in-{s.topic}" for s in SCENARIOS}, {s.name: f"out-{s.name}" for s in SCENARIOS},
+                     start_ms)
     config["queries"] = [q for q in config["queries"] if q["name"] == f"ip_{scenario.name}"]
     config["namespaces"] = {q["privacy_unit"]["namespace"]: config["namespaces"][q["privacy_unit"]["namespace"]]
                             for q in config["queries"]}
@@ -91,6 +93,9 @@ def combine(scenario: Scenario, windows: int, *, with_target: bool, doctoring: s
     now_ms = start_ms + (windows + 10) * 1000 + 10 * 60_000
     clock = lambda: now_ms  # noqa: E731
     (runtime,) = app.build_runtimes(parsed, secret=SECRET.encode(), clock_ms=clock)
+    window = parsed.queries[0].window
+    if runtime.public_groups is not None:  # as the release stage learns it: the file's publish_from, the backlog's start
+        runtime.combiner.query_start_ms = first_window_start(window.publish_from_ms, window.size_ms, window.offset_ms)
     try:
         partitions = TOPIC_PARTITIONS[scenario.topic]
         sent = records(scenario.topic, start_ms, windows, with_target=with_target, doctoring=doctoring)
