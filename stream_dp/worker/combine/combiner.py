@@ -188,8 +188,14 @@ class WindowCombiner:
         self.input_partitions = max(self.input_partitions, count)
 
     def leave_out(self, window_start_ms: int, partitions: set[int]) -> None:
-        """The broker showed these input partitions to hold nothing more for the window (``release.partition_lag``)."""
+        """The broker showed these input partitions to hold nothing more for the window (``release.partition_lag``).
+        An empty window of public groups gets a pending entry without partials, released once accounted for."""
         pending = self._pending.get(window_start_ms)
+        if pending is None and self.public_groups is not None:
+            end = window_start_ms + self.window_size_ms
+            if self.unreleasable(window_start_ms) or self.is_released(window_start_ms, end):
+                return
+            pending = self._pending[window_start_ms] = _Pending(end, end)
         if pending is not None:
             pending.left_out |= partitions
 
@@ -267,7 +273,29 @@ class WindowCombiner:
             waiting = self._waiting_for(start, pending) if self.input_partitions else []
             if waiting:
                 out.append(Overdue(start, pending.window_end_ms, pending.first_seen_ms, home, waiting))
-        return out
+        if self.public_groups is not None and self.input_partitions:
+            homes = sorted(owned) if owned is not None else range(self.partials_partitions)
+            out += [w for home in homes if (w := self._empty_overdue(home, now_ms)) is not None]
+        return sorted(out, key=lambda w: w.window_start_ms)
+
+    def _empty_overdue(self, home: int, now_ms: int) -> Overdue | None:
+        """The first window of ``home`` with no partial that progress does not show empty yet, once
+        ``release_timeout_ms`` past its end: every later window of the home waits for it, as for a window
+        with data (a paused worker's partition, asked about like any other)."""
+        start = self.home_start(home)
+        if start is None:
+            return None
+        size = self.window_size_ms
+        through = self._min_progress(home)
+        if through is not None and start + size <= through:  # shown empty through ``through``: skip ahead
+            start += (through - start) // size * size
+        while start + size + self.release_timeout_ms <= now_ms:
+            if self.home(start) == home and start not in self._pending:
+                waiting = [p for p in range(self.input_partitions) if self._progress_of(home, p) < start + size]
+                if waiting:
+                    return Overdue(start, start + size, start + size, home, waiting)
+            start += size
+        return None
 
     def _min_progress(self, home: int) -> int | None:
         seen = self.progress.get(home, {})
