@@ -34,6 +34,7 @@ from stream_dp.worker.partials.wire import Progress, partial_records
 from stream_dp.worker.release import draw as release_draw
 from stream_dp.worker.release.continual import period_of
 from stream_dp.worker.release.intake import PartialsReader
+from stream_dp.worker.release.publication_start import first_window_start
 from stream_dp.worker.store.ledger import MemoryReleaseLedger
 from stream_dp.worker.store.period_register import MemoryPeriodRegister
 from tests.audit.doctor import doctored
@@ -83,7 +84,8 @@ def combine(scenario: Scenario, windows: int, *, with_target: bool, doctoring: s
             start_ms: int = START_MS) -> Combined:
     """D (``with_target`` False) or D' of ``scenario`` through engine, charge, partials and combiner
     (``doctoring``: the local-DP producers', see ``neighbours.records``). Close it when done."""
-    config = _config("ip", {s.topic: f"in-{s.topic}" for s in SCENARIOS}, {s.name: f"out-{s.name}" for s in SCENARIOS})
+    config = _config("ip", {s.topic: f"in-{s.topic}" for s in SCENARIOS}, {s.name: f"out-{s.name}" for s in SCENARIOS},
+                     start_ms)
     config["queries"] = [q for q in config["queries"] if q["name"] == f"ip_{scenario.name}"]
     config["namespaces"] = {q["privacy_unit"]["namespace"]: config["namespaces"][q["privacy_unit"]["namespace"]]
                             for q in config["queries"]}
@@ -92,6 +94,9 @@ def combine(scenario: Scenario, windows: int, *, with_target: bool, doctoring: s
     now_ms = start_ms + (windows + 10) * 1000 + 10 * 60_000
     clock = lambda: now_ms  # noqa: E731
     (runtime,) = app.build_runtimes(parsed, secret=SECRET.encode(), clock_ms=clock)
+    window = parsed.queries[0].window
+    if runtime.public_groups is not None:  # as the release stage learns it: the file's publish_from, the backlog's start
+        runtime.combiner.query_start_ms = first_window_start(window.publish_from_ms, window.size_ms, window.offset_ms)
     try:
         partitions = TOPIC_PARTITIONS[scenario.topic]
         sent = records(scenario.topic, start_ms, windows, with_target=with_target, doctoring=doctoring)

@@ -27,7 +27,7 @@ from kafka import KafkaProducer
 
 from stream_dp.windows.record_clock import PRODUCER_QUORUM
 from tests.conftest import PRODUCER_STAMPED
-from tests.worker._support import consume_all, free_port, metric_sum, scrape
+from tests.worker._support import consume_all, free_port, iso_ms, metric_sum, scrape
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -57,14 +57,15 @@ def backlog(start_ms: int, target_stamps: list[int]) -> list[tuple[bytes, bytes,
     return out
 
 
-def query_file(path, name: str, topic: str, output: str) -> None:
+def query_file(path, name: str, topic: str, output: str, start_ms: int) -> None:
     config = {
         "namespaces": {f"{name}-users": {"budgets": [{"horizon": "24h", "epsilon": 100.0}]}},
         "queries": [{
             "name": name, "input_topic": topic, "output_topic": output,
             "privacy_unit": {"namespace": f"{name}-users", "field": "user_id"},
             "timestamp_field": "ts",
-            "window": {"size": "1m", "allowed_lateness": "5s", "idle_timeout": "2s"},
+            # the backlog is older than the query's first run: its windows are published because the file says so
+            "window": {"size": "1m", "allowed_lateness": "5s", "idle_timeout": "2s", "publish_from": iso_ms(start_ms)},
             "group_by": ["page"], "groups": {"public": ["a"]},
             "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
             "aggregations": {"count": {}},
@@ -83,7 +84,7 @@ def run_stream(tmp_path, label: str, bootstrap: str, redis_url: str, unique_name
     output = f"{unique_name}-{label}-out"
     work = tmp_path / label
     work.mkdir()
-    query_file(work / "queries.yaml", name, topic, output)
+    query_file(work / "queries.yaml", name, topic, output, start_ms)
     port = free_port()
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap, REDIS_URL=redis_url,
                STREAM_DP_GROUP_ID=f"{unique_name}-{label}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{unique_name}.{label}.",

@@ -171,13 +171,15 @@ def check_outputs(observed: Observed, truth: Truth, report: CheckReport) -> None
             for start in range(min(expected | released), max(expected | released) + 1, observed.window_ms):
                 if start not in expected and start not in released:
                     report.fail("empty window not released", f"{query}: window {start} (no data) was never released")
-            for start in sorted(s for s in released - expected if min(expected) <= s <= max(expected)):
-                report.fail("unexpected window", f"{query}: window {start} released but the model has no data in it")
         report.count("windows released", len(released & expected))
+        # A window between the model's first and last with no data in it (its events late by the broker's stamps
+        # after an outage, say) is released as every public window is: its values are checked against zero.
+        checked = set(range(min(expected), max(expected) + 1, observed.window_ms)) if expected else set()
+        report.count("windows released empty", len((released & checked) - expected))
         for release_id, copies in by_id.items():
             record = copies[0]
             start = record["window"]["start_ms"]
-            if start not in expected:
+            if start not in checked:
                 continue
             true_count, true_sum = truth.totals(query, start).get(tuple(record["group"].values()), (0, 0.0))
             for name, exact in (("count", true_count), ("sum", true_sum)):

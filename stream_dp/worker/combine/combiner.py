@@ -20,16 +20,8 @@ a metric, an alert and a log line. Partials that come after their window was
 released are counted and dropped (the budget they charged stays charged,
 which errs on the safe side).
 
-For queries with public groups, windows in which no partition had any event
-are released too (all counts zero before noise) once every partition's
-progress has passed them: otherwise the mere presence of a release would say,
-without noise, that somebody was active in that window. For the same reason
-where a query's publication starts is no data's doing: its first window is
-``query_start_ms``, the window holding the query's publication start (the
-wall clock at its first start less ``allowed_lateness``, kept in the release
-ledger, or ``window.publish_from``). Each home releases its windows in order
-from its released mark, or from that first window if it has released none;
-a window before that is never released, data or not (``unreleasable``).
+Windows of public groups without any partial are released too, in order per home from the query's
+publication start (``combine.empty_windows``).
 
 A window is added up only from partials charged under the settings it is
 noised for: each partial names its ingest worker's settings fingerprint, and
@@ -55,12 +47,12 @@ from stream_dp.worker.combine.checks import (
     placement_conflict,
     settings_conflict,
 )
+from stream_dp.worker.combine.empty_windows import first_unaccounted_empty, in_home_order
 from stream_dp.worker.combine.totals import CombinedWindow, merge_partials
 from stream_dp.worker.partials.homes import window_home
 from stream_dp.worker.partials.wire import GroupKey, PartialAggregate, Progress
 
 log = logging.getLogger(__name__)
-MAX_EMPTY_WINDOWS_PER_STEP = 1_000  # bounds the work after a long silence
 COMBINE_FAILED = "combine_failed"  # the ``withheld`` reason of a window whose partials raised when added up
 
 
@@ -188,8 +180,14 @@ class WindowCombiner:
         self.input_partitions = max(self.input_partitions, count)
 
     def leave_out(self, window_start_ms: int, partitions: set[int]) -> None:
-        """The broker showed these input partitions to hold nothing more for the window (``release.partition_lag``)."""
+        """The broker showed these input partitions to hold nothing more for the window (``release.partition_lag``).
+        An empty window of public groups gets a pending entry without partials, released once accounted for."""
         pending = self._pending.get(window_start_ms)
+        if pending is None and self.public_groups is not None:
+            end = window_start_ms + self.window_size_ms
+            if self.unreleasable(window_start_ms) or self.is_released(window_start_ms, end):
+                return
+            pending = self._pending[window_start_ms] = _Pending(end, end)
         if pending is not None:
             pending.left_out |= partitions
 
@@ -267,7 +265,26 @@ class WindowCombiner:
             waiting = self._waiting_for(start, pending) if self.input_partitions else []
             if waiting:
                 out.append(Overdue(start, pending.window_end_ms, pending.first_seen_ms, home, waiting))
-        return out
+        if self.public_groups is not None and self.input_partitions:
+            homes = sorted(owned) if owned is not None else range(self.partials_partitions)
+            out += [w for home in homes if (w := self._empty_overdue(home, now_ms)) is not None]
+        return sorted(out, key=lambda w: w.window_start_ms)
+
+    def _empty_overdue(self, home: int, now_ms: int) -> Overdue | None:
+        """The first window of ``home`` without a partial that waits past its timeout (``combine.empty_windows``)."""
+        start = self.home_start(home)
+        if start is None:
+            return None
+        found = first_unaccounted_empty(
+            home, start, size=self.window_size_ms, through=self._min_progress(home), pending=self._pending,
+            home_of=self.home, timeout_ms=self.release_timeout_ms, now_ms=now_ms,
+            behind=lambda end: [p for p in range(self.input_partitions) if self._progress_of(home, p) < end],
+        )
+        if found is None:
+            return None
+        start, waiting = found
+        end = start + self.window_size_ms
+        return Overdue(start, end, end, home, waiting)
 
     def _min_progress(self, home: int) -> int | None:
         seen = self.progress.get(home, {})
@@ -290,15 +307,8 @@ class WindowCombiner:
         return sorted(set(starts))
 
     def _with_empty_windows(self, starts: list[int], owned: set[int] | None) -> list[int]:
-        """Add the empty windows (no partial anywhere) each home may release, and keep every home in order.
-
-        A home releases its windows in window order from ``home_start``: a window with data waits while an
-        earlier window of its home has neither data nor the progress that shows it empty, and an empty window
-        is released once progress shows it empty, whether or not any window had data. Otherwise the releases
-        (and the gaps between them) would tell without noise which windows had activity. Pending windows
-        before ``home_start`` are never released (``discard_unreleasable`` drops them).
-        """
-        size = self.window_size_ms
+        """Add the empty windows each home may release, and keep every home in order (``combine.empty_windows``).
+        Pending windows before ``home_start`` are never released (``discard_unreleasable`` drops them)."""
         by_home: dict[int, list[int]] = {}
         for start in starts:
             by_home.setdefault(self.home(start), []).append(start)
@@ -309,21 +319,8 @@ class WindowCombiner:
             if start is None:
                 continue  # the query's start or the home's mark is not known yet: nothing is released
             data = sorted(w for w in by_home.get(home, ()) if w >= start)
-            through = self._min_progress(home)
-            last = max(data[-1] if data else start, start)
-            added = 0
-            while start <= last or (through is not None and start + size <= through):
-                if self.home(start) == home:
-                    if start in self._pending:
-                        if start not in data:
-                            break  # its data is not ready: later windows of this home wait
-                        out.append(start)
-                    elif through is not None and start + size <= through and added < MAX_EMPTY_WINDOWS_PER_STEP:
-                        out.append(start)
-                        added += 1
-                    else:
-                        break  # not known empty yet (or enough for one step): later windows wait
-                start += size
+            out += in_home_order(home, start, data, size=self.window_size_ms, through=self._min_progress(home),
+                                 pending=self._pending, home_of=self.home)
         return out
 
     def pending_source_offsets(self) -> list[tuple[int, int]]:

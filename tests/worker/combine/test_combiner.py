@@ -64,6 +64,30 @@ def test_no_wait_releases_a_window_without_a_partition_that_is_behind():
     assert c.add_partial(_partial(2, 0, [("a",)], [5]), now_ms=3_700_000) is False  # late: refused
 
 
+def test_an_empty_public_window_is_asked_about_past_its_timeout_like_one_with_data():
+    """A window without a partial blocks its home's later windows until progress shows it empty. A partition
+    whose worker is paused sends neither, so past the timeout the empty window is overdue like any other and
+    the broker's answer releases it; a window with data behind it waits for it, never jumps ahead."""
+    public = [("a",)]
+    c = _combiner(public=public, timeout=10_000)
+    c.add_progress(home=0, progress=Progress("q", 0, 2, 2 * MIN))  # partition 0 went on; partition 1 is paused
+    c.add_partial(_partial(0, MIN, [("a",)], [3], parts=2), now_ms=2 * MIN)
+    assert c.ready() == [] and c.overdue(now_ms=MIN + 9_999) == []
+    (empty,) = [o for o in c.overdue(now_ms=MIN + 10_000)]
+    assert (empty.window_start_ms, empty.window_end_ms, empty.partitions) == (0, MIN, [1])
+    # window MIN (data from partition 0) is overdue too, from its first partial
+    assert [o.window_start_ms for o in c.overdue(now_ms=2 * MIN + 10_000)] == [0, MIN]
+    c.leave_out(0, {1})  # the broker: partition 1 holds nothing more for window 0
+    assert c.ready() == [0]
+    window = c.take(0)
+    assert window.count.tolist() == [0] and window.partitions_missing == [1]
+    assert c.ready() == []  # window MIN still waits for partition 1
+    c.leave_out(MIN, {1})
+    assert c.ready() == [MIN] and c.take(MIN).count.tolist() == [3]
+    c.leave_out(0, {1})  # an answer about a window released meanwhile adds nothing
+    assert c.pending_windows == 0
+
+
 def test_partitions_the_topic_gained_are_waited_for():
     c = _combiner(timeout=1)
     c.add_partial(_partial(0, 0, [("a",)], [2], parts=2), now_ms=0)
