@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
     from stream_dp.budget import StoreOptions
     from stream_dp.cli.plan_expected import expected_errors, warning_lines
     from stream_dp.worker.app import build_worker_parts
-    from stream_dp.worker.input_clock import clock_summary
-    from stream_dp.worker.query_costs import build_plan
+    from stream_dp.worker.kafka.input_clock import clock_summary
+    from stream_dp.worker.query.costs import build_plan
 
     try:
         retention_ms = _input_retention_ms(args)

@@ -241,8 +241,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _prepare_topic(topic: str, client_options: dict, *, backfill: bool) -> None:
     """Create ``topic`` as an input topic if it does not exist, and say what stamps its records."""
-    from stream_dp.worker.input_clock import INPUT_TOPIC_CONFIGS, LOG_APPEND_TIME, TIMESTAMP_TYPE
-    from stream_dp.worker.kafka_admin import create_input_topic, read_topic_config
+    from stream_dp.worker.kafka.admin import create_input_topic, read_topic_config
+    from stream_dp.worker.kafka.input_clock import INPUT_TOPIC_CONFIGS, LOG_APPEND_TIME, TIMESTAMP_TYPE
 
     if create_input_topic(client_options, topic, INPUT_TOPIC_CONFIGS):
         print(f"created topic {topic} with {TIMESTAMP_TYPE}={LOG_APPEND_TIME} and the broker's default partition "

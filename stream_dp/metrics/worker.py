@@ -183,7 +183,7 @@ class WorkerMetrics:
         )
         self.store_checks = Counter(
             "stream_dp_store_checks_total",
-            "Checks that Redis is the store the group's progress was charged on (stream_dp.worker.store_guard), by "
+            "Checks that Redis is the store the group's progress was charged on (stream_dp.worker.guard.store), by "
             "outcome: verified, unanswered (Redis did not answer: nothing is charged or released until it does), "
             "replaced (it lost its data or is another server: the worker stops).",
             ["outcome"],

@@ -146,7 +146,7 @@ def window_close_ms(window_end_ms: int, allowed_lateness_ms: int) -> int:
     The watermark rule above read backwards: a partition's watermark passes the end once it has
     delivered a record stamped ``allowed_lateness_ms`` after it. The release stage asks the broker
     for the first such record of a partition that has not reported a window closed
-    (``stream_dp.worker.partition_lag``): records before it may still hold the window's events.
+    (``stream_dp.worker.release.partition_lag``): records before it may still hold the window's events.
     """
     return window_end_ms + allowed_lateness_ms
 

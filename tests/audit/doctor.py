@@ -64,7 +64,8 @@ def doctored(doctoring: str | None) -> Iterator[None]:
 def install(doctoring: str | None, patch: pytest.MonkeyPatch) -> None:
     """Apply ``doctoring``'s monkeypatches with ``patch`` (a worker process never undoes them)."""
     from stream_dp.dp.staircase import CalibratedStaircase
-    from stream_dp.worker import app, release_draw
+    from stream_dp.worker import app
+    from stream_dp.worker.release import draw as release_draw
 
     if doctoring == "noise_half":
         patch.setattr(app, "noise_source", _halved_source(app.noise_source))

@@ -76,7 +76,7 @@ class Stream:
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Until the worker owns its input partition and its release homes."""
         assert self.worker is not None
-        for needle in ("stream_dp.worker.ingest: assigned", "release homes assigned ["):
+        for needle in ("stream_dp.worker.ingest.stage: assigned", "release homes assigned ["):
             if not self.worker.wait_for_log(needle, timeout_s):
                 raise RuntimeError(f"{self.label}: the worker did not log {needle!r}:\n{self.worker.log_text()[-3000:]}")
 

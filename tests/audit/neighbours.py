@@ -454,7 +454,7 @@ class Deployment:
             inputs, homes = [], []
             for worker in self.workers:
                 text = worker.log_text().splitlines()
-                lines = [line for line in text if "stream_dp.worker.ingest: assigned" in line]
+                lines = [line for line in text if "stream_dp.worker.ingest.stage: assigned" in line]
                 inputs.append(set(re.findall(r"'([^']+)'", lines[-1])) if lines else set())
                 lines = [line for line in text if "release homes assigned" in line]
                 homes.append(lines[-1].split("assigned", 1)[1].strip() if lines else "[]")

@@ -125,7 +125,7 @@ NUM = r"(-?[\d,.]+(?:e[+-]\d+)?)"
 
 def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
     from stream_dp.config import load_config
-    from stream_dp.worker.query_costs import build_plan
+    from stream_dp.worker.query.costs import build_plan
 
     blocks = _plan_blocks([str(EXAMPLE)], capsys)
     config = load_config(EXAMPLE)
@@ -314,7 +314,7 @@ def test_plan_states_what_top_k_over_selected_groups_spends_and_resolves(tmp_pat
     selecting = tmp_path / "top_selected.yaml"
     selecting.write_text(head + name + rest.replace('public: ["/", "/pricing", "/docs"]', "select: {delta: 1.0e-6}", 1))
     from stream_dp.config import load_config
-    from stream_dp.worker.query_costs import build_plan
+    from stream_dp.worker.query.costs import build_plan
 
     plan = build_plan(load_config(selecting).query("top_pages"))
     m = _one(_plan_blocks([str(selecting)], capsys)["top_pages"],
@@ -334,7 +334,7 @@ def test_plan_states_what_top_k_over_selected_groups_spends_and_resolves(tmp_pat
 def _stated_rank_errors(plan) -> list[float]:
     """The rank errors a worker's quantiles records carry for ``plan`` (three public groups)."""
     from stream_dp.dp import OpenDPNoise
-    from stream_dp.worker.release_build import _quantile_fragments
+    from stream_dp.worker.release.build import _quantile_fragments
 
     noise = OpenDPNoise()
     counts = np.array([5, 50, 500], dtype=np.int64)
@@ -525,7 +525,7 @@ def test_produce_creates_a_missing_topic_as_input_topics_are_to_be_created(kafka
                                                                             capsys):
     from kafka.admin import KafkaAdminClient
 
-    from stream_dp.worker.kafka_admin import describe_topics
+    from stream_dp.worker.kafka.admin import describe_topics
 
     topic = f"{unique_name}-events"
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)

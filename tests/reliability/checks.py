@@ -39,8 +39,8 @@ from pathlib import Path
 import jsonschema
 import orjson
 
-from stream_dp.worker.partials_in import PartialsReader
-from stream_dp.worker.records import PartialAggregate, WireFormatError
+from stream_dp.worker.partials.wire import PartialAggregate, WireFormatError
+from stream_dp.worker.release.intake import PartialsReader
 from tests.reliability.model import Truth
 from tests.reliability.topics import TopicRecord
 

@@ -56,7 +56,7 @@ SECRET = "reliability-secret-0123456789abcdef"
 # a time, about once in 15 runs of "broker down between claim and publish"; a worker whose clock ignored
 # lateness would accept hundreds.
 MAX_ACCEPTED_BY_COARSER_CLOCK = 10
-_ASSIGNED = re.compile(r"stream_dp\.worker\.ingest: assigned \[(.*)\]")
+_ASSIGNED = re.compile(r"stream_dp\.worker\.ingest\.stage: assigned \[(.*)\]")
 
 
 class Fault(Protocol):

@@ -19,8 +19,8 @@ import orjson
 import yaml
 
 from stream_dp.windows.record_clock import PRODUCER_QUORUM
-from stream_dp.worker.partials_in import PartialsReader
-from stream_dp.worker.records import PartialAggregate
+from stream_dp.worker.partials.wire import PartialAggregate
+from stream_dp.worker.release.intake import PartialsReader
 from tests.reliability.redis_proxy import FaultProxy
 from tests.reliability.services import PrivateRedis
 from tests.reliability.topics import TopicRecord, create_topic, delete_topics, read_topic, wait_until

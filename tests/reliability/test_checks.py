@@ -17,7 +17,7 @@ import pytest
 
 from stream_dp.config import load_config
 from stream_dp.wire.letters import dead_letter_record
-from stream_dp.worker.records import PartialAggregate, encode_partial
+from stream_dp.worker.partials.wire import PartialAggregate, encode_partial
 from tests.reliability.checks import (
     CheckReport,
     accepted_by_coarser_clock,
@@ -121,7 +121,7 @@ def test_the_clean_world_passes_every_check(world):
 
 
 def _doctor_partial(observed: Observed, index: int, **changes) -> Observed:
-    from stream_dp.worker.records import decode_internal
+    from stream_dp.worker.partials.wire import decode_internal
 
     doctored = copy.copy(observed)
     partials = list(observed.partials)
@@ -140,7 +140,7 @@ def _doctor_partial(observed: Observed, index: int, **changes) -> Observed:
 ])
 def test_partials_check_rejects_a_wrong_partial(world, changes, kind):
     observed, truth, evidence = world
-    from stream_dp.worker.records import decode_internal
+    from stream_dp.worker.partials.wire import decode_internal
 
     original = decode_internal(observed.partials[0].value)
     real = {"plus one": lambda v: v + 1, "doubled": lambda v: v * 2}
@@ -159,7 +159,7 @@ def test_partials_check_rejects_a_lost_and_a_differing_copy(world):
     assert report.kinds["partial lost"] == 1, report.violations
     twice = _doctor_partial(observed, 0, closed_at_ms=1)
     twice.partials = twice.partials + [observed.partials[0]]
-    from stream_dp.worker.records import decode_internal
+    from stream_dp.worker.partials.wire import decode_internal
 
     first = decode_internal(observed.partials[0].value)
     twice = _doctor_partial(twice, 0, count=first.count + 1)

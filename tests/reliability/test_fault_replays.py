@@ -103,7 +103,7 @@ def test_a_crash_after_the_charge_with_a_different_replay_batch_keeps_the_window
 def reordered(request, tmp_path_factory, kafka_bootstrap):
     """Redis is down: window 0 closes and is held, window 1 closes and is held too; Redis returns.
 
-    Down from the start, the worker cannot even verify its store (``store_guard``); down after it
+    Down from the start, the worker cannot even verify its store (``guard.store``); down after it
     did, window 0's charge fails and the worker waits to verify the store again. Either way both
     windows wait uncharged, whatever backoff a charge would be at, and once Redis answers they are
     charged in window order. The budget covers one window, every unit is in both. Returns the
@@ -153,7 +153,7 @@ def test_a_window_released_out_of_order_is_not_lost(reordered):
 
 
 def test_empty_windows_are_released_on_every_home(scenario):
-    from stream_dp.worker.combiner import window_home
+    from stream_dp.worker.partials.homes import window_home
 
     s = scenario(partials_partitions=2)
     # Homes are hashed from the (random) query name: take data windows on window 0's home up to the

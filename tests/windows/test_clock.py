@@ -226,7 +226,7 @@ def test_a_replay_meets_every_offset_with_the_closure_the_first_run_met_it_with(
     (held,) = [p for r in results for p in r.partials if p.window_start_ms == w]
     assert _late_offsets(results) == {6, 7} and int(held.aggregate().count.sum()) == 5
     # What the worker commits while W is held: W is not durably closed, so the commit offset stays
-    # at W's first offset and the committed closure below W (see worker/commit_plan.committable_offsets).
+    # at W's first offset and the committed closure below W (see worker/ingest/commit_plan.committable_offsets).
     steps = {0: [s for s in first.closure_steps[0] if s[1] > w]}
     assert steps[0], "the first run's raise of the closure past W must be kept for a next owner"
 

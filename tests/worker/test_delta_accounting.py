@@ -32,7 +32,7 @@ from kafka import KafkaProducer
 from stream_dp.budget import RedisBudgetStore, StoreOptions, policy_from_config
 from stream_dp.budget.store import DEFAULT_INPUT_RETENTION_MS
 from stream_dp.config import parse_config
-from stream_dp.worker.query_costs import build_plan
+from stream_dp.worker.query.costs import build_plan
 from tests.worker._support import BACKFILL, PRODUCER_STAMPED, consume_all, free_port, iso_ms, metric_sum, scrape
 
 pytestmark = pytest.mark.slow
