@@ -72,7 +72,10 @@ def key_ids(keys: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
     """``(id per key, True where the record has a key)``: a key's id is its hash, the same for equal keys in this
     process. One hash per record: the only per-record Python work of the rule."""
     n = len(keys)
-    has_key = np.fromiter((key is not None for key in keys), dtype=bool, count=n)
+    if None in keys:
+        has_key = np.fromiter((key is not None for key in keys), dtype=bool, count=n)
+    else:  # the usual case, found by one C-level scan
+        has_key = np.ones(n, dtype=bool)
     try:
         ids = np.fromiter(map(hash, keys), dtype=np.int64, count=n)
     except TypeError:  # a mutable buffer (bytearray, memoryview) for a key
