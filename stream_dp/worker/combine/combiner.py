@@ -283,7 +283,7 @@ class WindowCombiner:
             return None
         found = first_unaccounted_empty(
             home, start, size=self.window_size_ms, through=self._min_progress(home), pending=self._pending,
-            home_of=self.home, now_ms=now_ms,
+            home_of=self.home, closed_by_one=max(self.progress.get(home, {}).values(), default=None),
             behind=lambda end: [p for p in range(self.input_partitions) if self._progress_of(home, p) < end],
         )
         if found is None:

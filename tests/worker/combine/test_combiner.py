@@ -101,6 +101,17 @@ def test_an_old_empty_window_found_in_a_backlog_waits_its_timeout_from_then():
     assert c.overdue(now_ms=later + 300_000) == [] and c.ready() == [0]
 
 
+def test_an_empty_window_no_partition_closed_is_not_asked_about_whatever_the_wall_clock():
+    """Only a partition's progress shows a window ended: a releasing process whose clock runs ten minutes
+    ahead must not ask the broker about windows that have not begun for the producers (nothing would be in
+    them yet, and they would be released without partitions that were about to fill them)."""
+    c = _combiner(public=[("a",)], timeout=1_000)
+    assert c.overdue(now_ms=0) == [] and c.overdue(now_ms=10 * MIN) == []
+    c.add_progress(home=0, progress=Progress("q", 0, 2, MIN))  # partition 0 closed window 0, no later one
+    c.overdue(now_ms=10 * MIN)
+    assert [o.window_start_ms for o in c.overdue(now_ms=20 * MIN)] == [0]
+
+
 def test_partitions_the_topic_gained_are_waited_for():
     c = _combiner(timeout=1)
     c.add_partial(_partial(0, 0, [("a",)], [2], parts=2), now_ms=0)
