@@ -106,7 +106,8 @@ def test_an_empty_window_no_partition_closed_is_not_asked_about_whatever_the_wal
     ahead must not ask the broker about windows that have not begun for the producers (nothing would be in
     them yet, and they would be released without partitions that were about to fill them)."""
     c = _combiner(public=[("a",)], timeout=1_000)
-    assert c.overdue(now_ms=0) == [] and c.overdue(now_ms=10 * MIN) == []
+    c.note_input_partitions(2)
+    assert c.overdue(now_ms=10 * MIN) == [] and c.overdue(now_ms=10 * MIN + 1_000) == []
     c.add_progress(home=0, progress=Progress("q", 0, 2, MIN))  # partition 0 closed window 0, no later one
     c.overdue(now_ms=10 * MIN)
     assert [o.window_start_ms for o in c.overdue(now_ms=20 * MIN)] == [0]
