@@ -283,7 +283,8 @@ class QueryConfig(_Strict):
         False,
         description="Whether the input topic's CreateTime record timestamps, set by its producers, may close "
                     "windows: true only for a backfill whose producers stamp each record with its event's time. "
-                    "Even then a time counts once 16 records are stamped at it or later. By default only the "
+                    "Even then a time counts once records of 16 distinct keys (units) are stamped at it or later. "
+                    "By default only the "
                     "broker's LogAppendTime stamps do, and the worker refuses a CreateTime input topic "
                     "(docs/privacy/clock.md).")
     continual: ContinualConfig | None = Field(

@@ -25,7 +25,8 @@ class RawBatch:
     times, drive the window clock (``record_clock``). ``producer_stamped`` is
     True where the producer stamped the record (``CreateTime``); None when the
     broker stamped every record (``LogAppendTime``). ``keys`` are the message
-    keys; ``None`` when the caller does not check co-partitioning.
+    keys: a trusted producer clock counts its stamps per key (``record_clock``), and co-partitioning is
+    checked by them; ``None`` when the caller has none (then no producer stamp moves a clock).
     """
 
     values: Sequence[bytes | None]

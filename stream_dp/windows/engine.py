@@ -241,7 +241,7 @@ class WindowEngine(EngineState):
             closed &= listed
             replayed &= listed
         late = closed & ~replayed
-        note_records(progress, slots, batch.timestamps, batch.producer_stamped, now, self.clock_rule)
+        note_records(progress, slots, batch.timestamps, batch.producer_stamped, batch.keys, now, self.clock_rule)
         if late.any():
             late_rows = np.flatnonzero(late)
             rejected[RejectReason.LATE] = len(late_rows)

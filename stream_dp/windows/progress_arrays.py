@@ -3,6 +3,8 @@ advance, the offsets they cover, and the closure each event meets (``WindowEngin
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from stream_dp.windows.record_clock import NO_CLOCK, ClockRule, clocks_by_slot
@@ -63,17 +65,18 @@ def record_clock(timestamps: np.ndarray, now: int) -> np.ndarray:
 
 
 def note_records(progress: list[PartitionProgress], slots: np.ndarray, timestamps: np.ndarray,
-                 producer_stamped: np.ndarray | None, now: int, rule: ClockRule) -> None:
+                 producer_stamped: np.ndarray | None, keys: Sequence[bytes | None] | None, now: int,
+                 rule: ClockRule) -> None:
     """Every record, valid or not, keeps its partition active; its timestamp moves the partition's clock as
-    far as ``rule`` lets it (``record_clock``)."""
+    far as ``rule`` lets it (``record_clock``: a trusted producer's stamp counts per unit, by its record key)."""
     if not len(slots):
         return
-    clocks, kept = clocks_by_slot(slots, len(progress), timestamps, producer_stamped, rule, now,
-                                  [p.producer_stamps for p in progress])
+    clocks, kept = clocks_by_slot(slots, len(progress), timestamps, producer_stamped, keys, rule, now,
+                                  [p.unit_stamps for p in progress])
     for slot in np.unique(slots).tolist():
         progress[slot].last_active_wall_ms = now
     for slot, p in enumerate(progress):
-        p.producer_stamps = kept[slot]
+        p.unit_stamps = kept[slot]
         clock = int(clocks[slot])
         if clock != NO_CLOCK:
             p.max_record_ms = clock if p.max_record_ms is None else max(p.max_record_ms, clock)

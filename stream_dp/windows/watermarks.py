@@ -4,7 +4,7 @@ Which window an event belongs to is decided by its own event time; *when*
 windows close is decided by a clock no privacy unit controls: the partition's
 record clock (``record_clock``: the Kafka record timestamps the broker set
 with ``LogAppendTime``, or, where the query trusts its producers' clocks, a
-quorum of ``CreateTime`` stamps), never ahead of the worker's wall clock, and
+quorum of distinct units' ``CreateTime`` stamps), never ahead of the worker's wall clock, and
 the wall clock for idle partitions. An event dated in the future therefore
 moves nobody's windows: it lands in its own (future) window, or is rejected
 when its event time is further than ``max_future_skew_ms`` ahead of its
@@ -55,8 +55,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from stream_dp.windows.record_clock import UnitStamps
 from stream_dp.windows.specs import WindowSpec
 
 #: Closure steps kept per partition: raises happen once a window, and only those above the
@@ -82,8 +81,9 @@ class PartitionProgress:
     closure_steps: list[tuple[int, int]] = field(default_factory=list)
     #: The earlier owner's steps above the restored closure, not taken yet (see the module docstring).
     restored_steps: tuple[tuple[int, int], ...] = ()
-    #: Trusted producer stamps read since assignment, the largest ``ClockRule.quorum`` of them (``record_clock``).
-    producer_stamps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: Trusted producer stamps read since assignment: the newest per unit (record key), for the ``ClockRule.quorum``
+    #: units with the newest ones (``record_clock``).
+    unit_stamps: UnitStamps = field(default_factory=UnitStamps.empty)
 
     def __post_init__(self) -> None:
         if self.closed_through_ms is None:

@@ -45,7 +45,8 @@ FUTURE_AHEAD_MS = 4 * 60_000  # inside max_future_skew (5 minutes)
 EXHAUSTED_AFTER = 10  # windows the exhausted target's budget covers
 LOCAL_EPSILON = 1.0  # of one report, in the local_dp scenario
 # Windows at the end of a clock topic segment its own records leave open: the trusted producer clock is the
-# PRODUCER_QUORUM-th newest stamp, BACKGROUND_UNITS records a window back, and lateness closes one more.
+# PRODUCER_QUORUM-th newest stamp of distinct units (keys), BACKGROUND_UNITS fresh units a window back, and
+# lateness closes one more.
 SEGMENT_OPEN = -(-PRODUCER_QUORUM // BACKGROUND_UNITS) + 3
 
 
@@ -236,21 +237,25 @@ def _event(unit: str, ts: int, group: str, value: float) -> bytes:
     return orjson.dumps({"user_id": unit, "ts": ts, "group": group, "value": value, "region": "r1"})
 
 
-def _closer_key(partition: int, partitions: int) -> bytes:
-    """A unit id that the default partitioner (murmur2, as the producer's) puts on ``partition``."""
+def _closer_keys(partition: int, partitions: int) -> list[bytes]:
+    """PRODUCER_QUORUM unit ids that the default partitioner (murmur2, as the producer's) puts on ``partition``."""
     from kafka.partitioner.default import murmur2
 
+    keys: list[bytes] = []
     i = 0
-    while (murmur2(key := f"closer-{partition}-{i}".encode()) & 0x7FFFFFFF) % partitions != partition:
+    while len(keys) < PRODUCER_QUORUM:
+        key = f"closer-{partition}-{i}".encode()
+        if (murmur2(key) & 0x7FFFFFFF) % partitions == partition:
+            keys.append(key)
         i += 1
-    return key
+    return keys
 
 
 def records(topic: str, start_ms: int, windows: int, *, with_target: bool,
             doctoring: str | None = None) -> list[tuple[bytes, bytes, int, int | None]]:
     """(key, value, record timestamp, explicit partition or None) in sending order.
 
-    The stream ends with PRODUCER_QUORUM records per partition dated past the
+    The stream ends with records of PRODUCER_QUORUM units per partition dated past the
     last window's end plus lateness: their record timestamps close every
     audited window, in D as in D', without waiting for the idle rule (fewer
     would move no trusted producer clock, ``stream_dp.windows.record_clock``).
@@ -293,8 +298,8 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool,
             out.append((b"target", _event("target", t + FUTURE_AHEAD_MS, "a", 1.0), t + 900, None))
     closes_all = start_ms + (windows + 1) * 1000 + 600
     for partition in range(TOPIC_PARTITIONS[topic]):
-        key = _closer_key(partition, TOPIC_PARTITIONS[topic])
-        out += [(key, _event(key.decode(), closes_all, "a", 0.0), closes_all, None)] * PRODUCER_QUORUM
+        out += [(key, _event(key.decode(), closes_all, "a", 0.0), closes_all, None)
+                for key in _closer_keys(partition, TOPIC_PARTITIONS[topic])]
     if topic in ("local", "local_oue"):
         return _randomized(out, "krr" if topic == "local" else "oue", local_epsilon(LOCAL_EPSILON, doctoring))
     return out
@@ -481,7 +486,7 @@ class Deployment:
             producer.flush(timeout=120)
             # The clock topic goes in segments of FUTURE_EVERY windows, each sent once the worker has
             # released the segment before up to the last window its own events close (all but its last
-            # SEGMENT_OPEN: the clock trails the newest stamp by PRODUCER_QUORUM records): the worker reads every segment in batches of its own, as on a live stream, so an
+            # SEGMENT_OPEN: the clock trails the newest stamp by PRODUCER_QUORUM units): the worker reads every segment in batches of its own, as on a live stream, so an
             # event that moved the window clock would make the next segment's events late (within one
             # batch it could not). Waiting for a window only idle closing releases would let the wall
             # clock close everything, in D as in D'.

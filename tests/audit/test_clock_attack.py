@@ -4,9 +4,10 @@ real worker processes on the real broker.
 D is a backlog produced while no worker ran: WINDOWS one-minute windows of EVENTS_PER_WINDOW events two
 hours old, on a CreateTime topic whose records are stamped with their event times (a backfill, so the query
 says ``trust_producer_timestamps: true``). D' is D plus records of one unit, sent after the first
-window's events: one stamped 0 (which the broker takes with CreateTime), one stamped up to an hour ahead (the
-broker's default ``message.timestamp.after.max.ms``), or a handful so stamped (one fewer than the quorum a
-trusted producer clock needs, ``stream_dp.windows.record_clock``). The worker reads the backlog in batches of up to 20,000
+window's events, all keyed by that unit: one stamped 0 (which the broker takes with CreateTime), one stamped up
+to an hour ahead (the broker's default ``message.timestamp.after.max.ms``), a handful so stamped (one fewer than
+the quorum of units a trusted producer clock needs, ``stream_dp.windows.record_clock``), a hundred so stamped, or
+as many as that quorum so stamped that are not JSON (dead-lettered: they carry no unit but their key). The worker reads the backlog in batches of up to 20,000
 records; had that one record moved the clock to the wall clock, every event of a later batch would be late
 and the windows released without them. Neighbours must release the same windows with the same counts (up
 to noise) and call the same events late (none).
@@ -39,11 +40,15 @@ AHEAD_MS = 55 * MIN  # within the hour a broker takes by default (message.timest
 # Two counts of one window, each with discrete Laplace noise of scale 1 (epsilon 1, sensitivity 1), differ
 # by more than 16 with probability below 17 e^-16 < 2e-6 per window.
 NOISE_SLACK = 16
-TARGETS = {"zero": lambda now_ms: [0], "ahead": lambda now_ms: [now_ms + AHEAD_MS],
-           "handful_ahead": lambda now_ms: [now_ms + AHEAD_MS] * (PRODUCER_QUORUM - 1)}
+NOT_JSON = b"not json"
+#: The target's records: (record timestamp, whether it is an event rather than ``NOT_JSON``), all keyed b"target".
+TARGETS = {"zero": lambda now_ms: [(0, True)], "ahead": lambda now_ms: [(now_ms + AHEAD_MS, True)],
+           "handful_ahead": lambda now_ms: [(now_ms + AHEAD_MS, True)] * (PRODUCER_QUORUM - 1),
+           "hundred_ahead": lambda now_ms: [(now_ms + AHEAD_MS, True)] * 100,
+           "quorum_not_json_ahead": lambda now_ms: [(now_ms + AHEAD_MS, False)] * PRODUCER_QUORUM}
 
 
-def backlog(start_ms: int, target_stamps: list[int]) -> list[tuple[bytes, bytes, int]]:
+def backlog(start_ms: int, target: list[tuple[int, bool]]) -> list[tuple[bytes, bytes, int]]:
     """(key, value, record timestamp) in sending order; the target's records after the first window's events."""
     out = []
     for w in range(WINDOWS):
@@ -53,7 +58,8 @@ def backlog(start_ms: int, target_stamps: list[int]) -> list[tuple[bytes, bytes,
             out.append((unit.encode(), orjson.dumps({"user_id": unit, "ts": t, "page": "a"}), t))
         if w == 0:
             t = start_ms + MIN - 500
-            out += [(b"target", orjson.dumps({"user_id": "target", "ts": t, "page": "a"}), s) for s in target_stamps]
+            event = orjson.dumps({"user_id": "target", "ts": t, "page": "a"})
+            out += [(b"target", event if valid else NOT_JSON, stamp) for stamp, valid in target]
     return out
 
 
@@ -121,8 +127,8 @@ def run_stream(tmp_path, label: str, bootstrap: str, redis_url: str, unique_name
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
-def test_one_record_stamped_zero_or_a_handful_an_hour_ahead_move_no_clock(tmp_path, kafka_bootstrap, redis_url, new_topic,
-                                                                 unique_name, target):
+def test_one_units_records_stamped_zero_or_an_hour_ahead_move_no_clock(tmp_path, kafka_bootstrap, redis_url,
+                                                                      new_topic, unique_name, target):
     now_ms = int(time.time() * 1000)
     start_ms = (now_ms - AGO_MS) // MIN * MIN
     topics = {"D": new_topic("d", configs=PRODUCER_STAMPED), "D'": new_topic("dd", configs=PRODUCER_STAMPED)}

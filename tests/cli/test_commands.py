@@ -513,8 +513,8 @@ def test_plan_and_check_config_say_whose_clock_closes_each_querys_windows(comman
                   "worker refuses the topic if its producers stamp it (CreateTime), and creates it with "
                   "message.timestamp.type=LogAppendTime if it does not exist")
         producers = ("window clock: the producers' record timestamps of events.pageviews (trust_producer_timestamps: "
-                     "true): a time counts once 16 records are stamped at it or later, none stamped 0 or less; the "
-                     "broker's stamps where it sets them (docs/privacy/clock.md)")
+                     "true): a time counts once records of 16 distinct keys are stamped at it or later, none stamped 0 "
+                     "or less; the broker's stamps where it sets them (docs/privacy/clock.md)")
         assert lines.count(producers if trusted else broker) == len(queries), lines
     assert main(["plan", str(trusting), "--json"]) == 0
     plans = {p["query"]: p for p in json.loads(capsys.readouterr().out)["queries"]}

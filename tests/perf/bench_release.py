@@ -41,7 +41,8 @@ PARTITIONS = 4
 
 
 def _send_closers(services: perfkit.Services, topic: str, ts_ms: int) -> float:
-    """``PRODUCER_QUORUM`` events at ``ts_ms`` on every partition (as many as move a trusted producer clock);
+    """``PRODUCER_QUORUM`` events at ``ts_ms`` on every partition, each of a unit of its own (as many units as
+    move a trusted producer clock);
     returns the monotonic time just before sending."""
     from confluent_kafka import Producer
 
@@ -49,11 +50,12 @@ def _send_closers(services: perfkit.Services, topic: str, ts_ms: int) -> float:
     producer.list_topics(topic, timeout=10)  # connect first: the clock should not count the handshake
     started = time.monotonic()
     for partition in range(PARTITIONS):
-        value = b'{"user_id":"closer-%d","ts":%d,"page":"/g0","value":1.0}' % (partition, ts_ms)
         # Stamped with its event time as a live producer's record would be: a wall-clock stamp would move the
         # worker's record clock past every later (back-dated) window of the run and close them as they fill.
-        for _ in range(PRODUCER_QUORUM):
-            producer.produce(topic, value=value, key=b"closer-%d" % partition, partition=partition, timestamp=ts_ms)
+        for i in range(PRODUCER_QUORUM):
+            unit = b"closer-%d-%d" % (partition, i)
+            value = b'{"user_id":"%s","ts":%d,"page":"/g0","value":1.0}' % (unit, ts_ms)
+            producer.produce(topic, value=value, key=unit, partition=partition, timestamp=ts_ms)
     if producer.flush(30):
         raise RuntimeError(f"closing events to {topic} were not acknowledged")
     return started

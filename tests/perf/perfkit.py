@@ -106,10 +106,10 @@ def synthetic_events(
     ``produce`` stamps each record with its event time, as a live producer would, so
     the worker's record clock (which closes windows) follows the data.
 
-    ``closers_after_ms``: also ``PRODUCER_QUORUM`` events per partition (a unit of its own, group 0)
+    ``closers_after_ms``: also ``PRODUCER_QUORUM`` events per partition (each of a unit of its own, group 0)
     that much after the end of the last window, appended at the end: the stream going on, whose
     record timestamps close the last window without waiting for the idle timeout (a trusted
-    producer clock moves once that many records are stamped past a window).
+    producer clock moves once that many units' records are stamped past a window).
     """
     from stream_dp.windows.partitioning import expected_partitions
 
@@ -123,7 +123,7 @@ def synthetic_events(
     if closers_after_ms is not None:
         from stream_dp.windows.record_clock import PRODUCER_QUORUM
 
-        closer_units = np.repeat(_units_on_each_partition(partitions, first=max(units, 10**9)), PRODUCER_QUORUM)
+        closer_units = _units_on_each_partition(partitions, first=max(units, 10**9), per_partition=PRODUCER_QUORUM)
         unit = np.concatenate([unit, closer_units])
         group = np.concatenate([group, np.zeros(len(closer_units), dtype=group.dtype)])
         end_ms = first_window_ms + windows * WINDOW_MS + closers_after_ms
@@ -144,13 +144,14 @@ def _unit_keys(unit: np.ndarray) -> np.ndarray:
     return np.char.add(b"u", unit.astype("S20"))
 
 
-def _units_on_each_partition(partitions: int, first: int) -> np.ndarray:
-    """One unit number per partition, from ``first`` on, whose key murmur2 puts on that partition."""
+def _units_on_each_partition(partitions: int, first: int, per_partition: int = 1) -> np.ndarray:
+    """``per_partition`` unit numbers per partition (partition by partition), from ``first`` on, whose keys
+    murmur2 puts on that partition."""
     from stream_dp.windows.partitioning import expected_partitions
 
-    candidates = np.arange(first, first + 64 * partitions)
+    candidates = np.arange(first, first + 64 * partitions * per_partition)
     placed = expected_partitions(_unit_keys(candidates), partitions, "murmur2")
-    return np.array([candidates[np.flatnonzero(placed == p)[0]] for p in range(partitions)])
+    return np.concatenate([candidates[np.flatnonzero(placed == p)[:per_partition]] for p in range(partitions)])
 
 
 def group_names(groups: int) -> list[str]:

@@ -31,7 +31,7 @@ LATENESS_MS = 500
 EPSILON = 1.0
 SECRET = "scenario-secret-0123456789abcdef"
 PAGES = ("home", "search")
-TICK = b"clock tick"  # a record that carries only its record timestamp (``Scenario.closers``)
+TICK = b"clock tick"  # how a record that carries only its record timestamp starts (``Scenario.closers``)
 
 
 class Scenario:
@@ -101,9 +101,10 @@ class Scenario:
 
     def closers(self, k: int, unit: str = "closer") -> list[bytes]:
         """What closes every window up to ``k``: the closer and ``PRODUCER_QUORUM - 1`` ticks after it, records
-        without an event (dead-lettered as invalid JSON) that ``produce`` stamps as the closer. A trusted
-        producer clock moves only once that many records are stamped past a window (``record_clock``)."""
-        return [self.closer(k, unit)] + [TICK] * (PRODUCER_QUORUM - 1)
+        without an event (dead-lettered as invalid JSON), each keyed by itself, that ``produce`` stamps as the
+        closer. A trusted producer clock moves only once that many units' records (distinct keys) are stamped
+        past a window (``record_clock``)."""
+        return [self.closer(k, unit)] + [TICK + b" %d" % i for i in range(1, PRODUCER_QUORUM)]
 
     # -- I/O ------------------------------------------------------------------------
 
@@ -177,12 +178,13 @@ class Scenario:
 
 
 def _key_and_time(value: bytes | None) -> tuple[bytes | None, int | None]:
-    """The unit id (as the message key) and the event time in ms of an event, where it has them."""
+    """The unit id (as the message key) and the event time in ms of an event, where it has them; a tick is
+    keyed by itself."""
     try:
         event = orjson.loads(value)  # type: ignore[arg-type]
         unit, ts = event.get("user_id"), event.get("ts")
     except (orjson.JSONDecodeError, AttributeError, TypeError):
-        return None, None
+        return (value if isinstance(value, bytes) and value.startswith(TICK) else None), None
     key = str(unit).encode() if isinstance(unit, (str, int)) and not isinstance(unit, bool) else None
     stamp = int(ts) if isinstance(ts, int) and not isinstance(ts, bool) and 0 <= ts < 2**53 else None
     return key, stamp

@@ -136,6 +136,8 @@ class WindowCombiner:
         self.query_start_ms: int | None = None
         self.progress: dict[int, dict[int, int]] = {}  # home partition -> input partition -> closed through
         self._pending: dict[int, _Pending] = {}
+        # empty window -> when first found holding up its home: timed from then, as a window from its first partial
+        self._empty_seen: dict[int, int] = {}
 
     def home(self, window_start_ms: int) -> int:
         return window_home(self.query, window_start_ms, self.partials_partitions, self.period)
@@ -267,24 +269,27 @@ class WindowCombiner:
                 out.append(Overdue(start, pending.window_end_ms, pending.first_seen_ms, home, waiting))
         if self.public_groups is not None and self.input_partitions:
             homes = sorted(owned) if owned is not None else range(self.partials_partitions)
-            out += [w for home in homes if (w := self._empty_overdue(home, now_ms)) is not None]
+            blocking = [w for home in homes if (w := self._empty_blocking(home, now_ms)) is not None]
+            self._empty_seen = {w.window_start_ms: self._empty_seen.get(w.window_start_ms, now_ms) for w in blocking}
+            out += [replace(w, first_seen_ms=self._empty_seen[w.window_start_ms]) for w in blocking
+                    if now_ms - self._empty_seen[w.window_start_ms] >= self.release_timeout_ms]
         return sorted(out, key=lambda w: w.window_start_ms)
 
-    def _empty_overdue(self, home: int, now_ms: int) -> Overdue | None:
-        """The first window of ``home`` without a partial that waits past its timeout (``combine.empty_windows``)."""
+    def _empty_blocking(self, home: int, now_ms: int) -> Overdue | None:
+        """The first ended window of ``home`` without a partial that progress does not show empty
+        (``combine.empty_windows``), with ``first_seen_ms`` left to the caller."""
         start = self.home_start(home)
         if start is None:
             return None
         found = first_unaccounted_empty(
             home, start, size=self.window_size_ms, through=self._min_progress(home), pending=self._pending,
-            home_of=self.home, timeout_ms=self.release_timeout_ms, now_ms=now_ms,
+            home_of=self.home, closed_by_one=max(self.progress.get(home, {}).values(), default=None),
             behind=lambda end: [p for p in range(self.input_partitions) if self._progress_of(home, p) < end],
         )
         if found is None:
             return None
         start, waiting = found
-        end = start + self.window_size_ms
-        return Overdue(start, end, end, home, waiting)
+        return Overdue(start, start + self.window_size_ms, now_ms, home, waiting)
 
     def _min_progress(self, home: int) -> int | None:
         seen = self.progress.get(home, {})
@@ -298,10 +303,8 @@ class WindowCombiner:
 
         ``owned``: the partials partitions assigned to this process (None: all).
         """
-        def mine(start: int) -> bool:
-            return owned is None or self.home(start) in owned
-
-        starts = [start for start, pending in self._pending.items() if mine(start) and self._complete(start, pending)]
+        starts = [start for start, pending in self._pending.items()
+                  if (owned is None or self.home(start) in owned) and self._complete(start, pending)]
         if self.public_groups is not None:
             starts = self._with_empty_windows(starts, owned)
         return sorted(set(starts))

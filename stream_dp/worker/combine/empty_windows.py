@@ -54,15 +54,19 @@ def in_home_order(
 
 def first_unaccounted_empty(
     home: int, start: int, *, size: int, through: int | None, pending: Container[int], home_of: Callable[[int], int],
-    timeout_ms: int, now_ms: int, behind: Callable[[int], list[int]],
+    closed_by_one: int | None, behind: Callable[[int], list[int]],
 ) -> tuple[int, list[int]] | None:
-    """The first window of ``home`` from ``start`` with no partial that progress does not show empty yet,
-    once ``timeout_ms`` past its end, and the input partitions whose progress is behind its end
-    (``behind``); None when there is none. Every later window of the home waits for it, as for a window
-    with data (a paused worker's partition, asked about like any other)."""
+    """The first window of ``home`` from ``start`` that some input partition has closed (``closed_by_one``:
+    the furthest progress of any, None: none reported), that has no partial and that progress does not
+    show empty yet, and the input partitions whose progress is behind its end (``behind``); None when there
+    is none. Every later window of the home waits for it, as for a window with data (a paused worker's
+    partition): the combiner times it from when it first finds it, as it times a window from its first
+    partial. Closed by a partition's progress, never by this process's wall clock, which may run ahead."""
     if through is not None and start + size <= through:  # shown empty through ``through``: skip ahead
         start += (through - start) // size * size
-    while start + size + timeout_ms <= now_ms:
+    if closed_by_one is None:
+        return None
+    while start + size <= closed_by_one:
         if home_of(start) == home and start not in pending:
             waiting = behind(start + size)
             if waiting:

@@ -38,8 +38,8 @@ def clock_summary(query: Any) -> str:
     """What closes ``query``'s windows and what the worker checks at start (``check-config``, ``plan``)."""
     if query.trust_producer_timestamps:
         return (f"window clock: the producers' record timestamps of {query.input_topic} (trust_producer_timestamps: "
-                f"true): a time counts once {PRODUCER_QUORUM} records are stamped at it or later, none stamped 0 or "
-                f"less; the broker's stamps where it sets them ({DOCS})")
+                f"true): a time counts once records of {PRODUCER_QUORUM} distinct keys are stamped at it or later, "
+                f"none stamped 0 or less; the broker's stamps where it sets them ({DOCS})")
     return (f"window clock: the broker's record timestamps ({LOG_APPEND_TIME}) of {query.input_topic}; at start the "
             f"worker refuses the topic if its producers stamp it ({CREATE_TIME}), and creates it with "
             f"{TIMESTAMP_TYPE}={LOG_APPEND_TIME} if it does not exist")

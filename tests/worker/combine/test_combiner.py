@@ -72,9 +72,10 @@ def test_an_empty_public_window_is_asked_about_past_its_timeout_like_one_with_da
     c = _combiner(public=public, timeout=10_000)
     c.add_progress(home=0, progress=Progress("q", 0, 2, 2 * MIN))  # partition 0 went on; partition 1 is paused
     c.add_partial(_partial(0, MIN, [("a",)], [3], parts=2), now_ms=2 * MIN)
-    assert c.ready() == [] and c.overdue(now_ms=MIN + 9_999) == []
+    # timed from when it is first found holding up its home (here at its end), as a window from its first partial
+    assert c.ready() == [] and c.overdue(now_ms=MIN) == [] and c.overdue(now_ms=MIN + 9_999) == []
     (empty,) = [o for o in c.overdue(now_ms=MIN + 10_000)]
-    assert (empty.window_start_ms, empty.window_end_ms, empty.partitions) == (0, MIN, [1])
+    assert (empty.window_start_ms, empty.window_end_ms, empty.first_seen_ms, empty.partitions) == (0, MIN, MIN, [1])
     # window MIN (data from partition 0) is overdue too, from its first partial
     assert [o.window_start_ms for o in c.overdue(now_ms=2 * MIN + 10_000)] == [0, MIN]
     c.leave_out(0, {1})  # the broker: partition 1 holds nothing more for window 0
@@ -86,6 +87,30 @@ def test_an_empty_public_window_is_asked_about_past_its_timeout_like_one_with_da
     assert c.ready() == [MIN] and c.take(MIN).count.tolist() == [3]
     c.leave_out(0, {1})  # an answer about a window released meanwhile adds nothing
     assert c.pending_windows == 0
+
+
+def test_an_old_empty_window_found_in_a_backlog_waits_its_timeout_from_then():
+    """A backlog's windows ended long ago by the wall clock: an empty one found holding up its home is asked
+    about only ``release_timeout`` after it was first found, not at once (its partitions are being read)."""
+    c = _combiner(public=[("a",)], timeout=300_000)
+    c.add_progress(home=0, progress=Progress("q", 0, 2, MIN))
+    later = 30 * MIN  # the wall clock, half an hour past window 0
+    assert c.overdue(now_ms=later) == [] and c.overdue(now_ms=later + 299_999) == []
+    assert [(o.window_start_ms, o.first_seen_ms) for o in c.overdue(now_ms=later + 300_000)] == [(0, later)]
+    c.add_progress(home=0, progress=Progress("q", 1, 2, MIN))  # partition 1 reports it: nothing waits
+    assert c.overdue(now_ms=later + 300_000) == [] and c.ready() == [0]
+
+
+def test_an_empty_window_no_partition_closed_is_not_asked_about_whatever_the_wall_clock():
+    """Only a partition's progress shows a window ended: a releasing process whose clock runs ten minutes
+    ahead must not ask the broker about windows that have not begun for the producers (nothing would be in
+    them yet, and they would be released without partitions that were about to fill them)."""
+    c = _combiner(public=[("a",)], timeout=1_000)
+    c.note_input_partitions(2)
+    assert c.overdue(now_ms=10 * MIN) == [] and c.overdue(now_ms=10 * MIN + 1_000) == []
+    c.add_progress(home=0, progress=Progress("q", 0, 2, MIN))  # partition 0 closed window 0, no later one
+    c.overdue(now_ms=10 * MIN)
+    assert [o.window_start_ms for o in c.overdue(now_ms=20 * MIN)] == [0]
 
 
 def test_partitions_the_topic_gained_are_waited_for():
