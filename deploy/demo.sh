@@ -56,6 +56,8 @@ if sys.argv[2] == "inputs":
     for topic in dict.fromkeys(q.input_topic for q in queries):
         local = [q for q in queries if q.input_topic == topic and q.local_dp is not None]
         print(topic, local[0].name if local else "-", local[0].local_dp.field if local else "-")
+elif sys.argv[2] == "lateness":
+    print(-(-max(q.window.allowed_lateness_ms for q in queries) // 1000))
 else:
     for q in queries:
         print(q.output_topic, q.name, format_duration_ms(q.window.size_ms))
@@ -78,7 +80,10 @@ while read -r topic local_query local_field; do
   producers+=($!)
   echo "publishing $rate live events a second to $topic (log $run_dir/producer-$topic.log)"
 done <<< "$inputs"
-# Started after the producers, so that the input topics are theirs to create.
+# Started after the producers, so that the input topics are theirs to create, and once they have run
+# for the queries' allowed_lateness: a query first run publishes from its start less allowed_lateness,
+# so its second window then begins after the first event (a full window).
+sleep "$(read_config lateness)"
 .venv/bin/stream-dp run --config "$config" > "$run_dir/worker.log" 2>&1 &
 worker=$!
 echo "worker started (pid $worker, log $run_dir/worker.log, metrics http://127.0.0.1:${STREAM_DP_METRICS_PORT:-9108}/metrics)"

@@ -170,9 +170,17 @@ def unique_name(request: pytest.FixtureRequest) -> str:
     return f"t-{base}-{uuid.uuid4().hex[:8]}"
 
 
+#: How users are told to create input topics: the broker stamps every record, so no producer sets the
+#: window clock (docs/privacy/clock.md).
+INPUT_TOPIC_CONFIGS = {"message.timestamp.type": "LogAppendTime"}
+#: A topic whose producers stamp its records, for backfills a query trusts (``trust_producer_timestamps``).
+PRODUCER_STAMPED = {"message.timestamp.type": "CreateTime"}
+
+
 @pytest.fixture
 def new_topic(kafka_bootstrap: str, unique_name: str):
-    """Factory creating fresh topics on the real broker; deletes them afterwards."""
+    """Factory creating fresh topics on the real broker, as input topics are to be created (``configs``
+    added to ``INPUT_TOPIC_CONFIGS``, or replacing them); deletes them afterwards."""
     from kafka.admin import KafkaAdminClient, NewTopic
 
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="stream-dp-tests")
@@ -180,7 +188,7 @@ def new_topic(kafka_bootstrap: str, unique_name: str):
 
     def create(suffix: str = "", partitions: int = 1, configs: dict[str, str] | None = None) -> str:
         name = f"{unique_name}{'-' + suffix if suffix else ''}"
-        admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs or {})])
+        admin.create_topics([NewTopic(name, partitions, 1, topic_configs={**INPUT_TOPIC_CONFIGS, **(configs or {})})])
         created.append(name)
         return name
 

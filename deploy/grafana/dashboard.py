@@ -173,6 +173,13 @@ def windows() -> list[Panel]:
                Target(f"sum by (topic) (increase(stream_dp_partition_count_changes_total{RATE}))",
                       "{{topic}} partition count changes")),
               no_value="0"),
+        Panel("Unreleasable partials", "Partials of public-group windows that are never released, data or not: "
+              "before their query's publication start (before_start: a backlog older than the query's first run; "
+              "window.publish_from publishes one) or behind their home's released mark with no release stored "
+              "(behind_mark). Their units stay charged. Zero when no backlog predates the query.",
+              (Target(f"sum by (query, reason) (increase(stream_dp_partials_unreleasable_total{{{Q}}}{RATE}))",
+                      "{{query}} {{reason}}"),),
+              no_value="0"),
         Panel("Sample-and-aggregate failed blocks", "Blocks whose user function raised, returned no finite "
               "number, ran past its timeout, ended its process or could not be loaded; each counts as its output "
               "range's midpoint and the window is still released. Zero when the functions are healthy.",

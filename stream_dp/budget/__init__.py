@@ -28,7 +28,7 @@ only on that unit's own past charges.
 mechanism, calibrated for a unit in at most W windows of a period): a unit is
 charged the whole period's loss once, at the end of the first window of the
 period it contributes to, and its contributions to windows after its W-th
-are left out (:mod:`stream_dp.worker.period_charging`).
+are left out (:mod:`stream_dp.worker.ingest.period_charge`).
 
 **The admission rule.** Charges arrive out of event-time order (several
 queries, late windows, replays), so checking only the horizon that ends at

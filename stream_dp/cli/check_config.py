@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     from stream_dp.budget import StoreOptions
     from stream_dp.cli.plan_expected import expected_errors, warning_lines
     from stream_dp.worker.app import build_worker_parts
-    from stream_dp.worker.query_costs import build_plan
+    from stream_dp.worker.kafka.input_clock import clock_summary
+    from stream_dp.worker.query.costs import build_plan
 
     try:
         retention_ms = _input_retention_ms(args)
@@ -96,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         for line in config.implied(query.name):
             # a setting the query left out and was given: said, so that nothing is added unseen
             print(f"  {line}")
+        # what closes its windows, and what the worker will check of its input topic (not reachable from here)
+        print(f"  {clock_summary(query)}")
         if query.continual is not None:
             # a silent default would drop most of an active unit's day: say what the file asks for
             windows = query.continual.max_windows_per_unit

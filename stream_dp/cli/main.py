@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from stream_dp.cli import budget, check_config, plan, produce, run, schema, tail
-from stream_dp.worker.process_guard import make_undumpable
+from stream_dp.worker.guard.process import make_undumpable
 
 SUBCOMMANDS = ("run", "check-config", "plan", "produce", "tail", "budget", "schema")
 

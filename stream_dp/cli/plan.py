@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 
-from stream_dp.config import ConfigError, format_duration_ms, load_config
 from stream_dp.cli.plan_expected import accuracy_line, expected_errors, expected_summary
 from stream_dp.cli.plan_namespaces import charges_in, namespace_lines, namespace_summaries
 from stream_dp.cli.plan_options import continual_summary, fmt, option_lines, vector_summary
+from stream_dp.config import ConfigError, format_duration_ms, load_config
 
 EXAMPLE_COUNTS = (10, 100, 1_000, 10_000)
 
@@ -49,7 +49,8 @@ def mechanism_label(query) -> str:
 def plan_config(config) -> list[dict]:
     """Each query's plan; a query that cannot be planned raises ``ValueError`` naming it (as ``check-config``
     does), whatever its builders raised."""
-    from stream_dp.worker.query_costs import build_plan, check_cost_fits, explain_build_error, window_cost
+    from stream_dp.worker.kafka.input_clock import clock_summary
+    from stream_dp.worker.query.costs import build_plan, check_cost_fits, explain_build_error, window_cost
 
     out = []
     for index, query in enumerate(config.queries):
@@ -95,6 +96,7 @@ def plan_config(config) -> list[dict]:
             # mean_vector / covariance: sensitivity, noise sd and the 95% errors the text line prints
             "vector": None if plan.vector is None else vector_summary(plan.vector),
             "options": option_lines(query, plan, described),
+            "window_clock": clock_summary(query),
             # each 95% error beside the value it qualifies at the query's expected counts, and the warnings
             "expected": expected_summary(query, plan, build_plan),
             "accuracy_line": accuracy_line(query, *expected_errors(query, plan)),
@@ -132,7 +134,7 @@ def _period_horizon(budget, cost: float, delta: float, period_ms: int, accountin
     """One horizon's limit against a continual query's charges.
 
     The worker charges a unit the period's loss once per period, at the end of the unit's first window
-    of the period (``stream_dp.worker.period_charging``); its later windows of the period are free (up
+    of the period (``stream_dp.worker.ingest.period_charge``); its later windows of the period are free (up
     to ``max_windows_per_unit``). A charge of period ``k`` falls in ``(start_k, end_k]``, so an interval
     of length ``D`` overlaps at most ``ceil(D / P) + 1`` periods and holds at most that many charges (two
     when ``D <= P``: a unit first seen at the end of one period and at the start of the next). A unit
@@ -249,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
             print("  " + _horizon_line(p, h, sharing[p["namespace"]]))
         for line in p["options"]:
             print("  " + line)
+        print("  " + p["window_clock"])
         if p["accuracy_line"] is not None:
             print("  " + p["accuracy_line"])
         for line in p["expected"]["warnings"]:

@@ -3,10 +3,14 @@
 Keying by the privacy unit id (its UTF-8 bytes) with the query's partitioner
 and no explicit partition puts all of a unit's events in one partition, where
 the worker bounds the unit's contribution; the worker dead-letters events
-keyed or placed otherwise. Each record's Kafka timestamp is, by default, the
-event's own time (``--record-time event``): a backfill then closes windows as
-its times advance. ``--record-time now`` leaves the timestamp to the client
-(the send time), as a live producer relaying untrusted event times should.
+keyed or placed otherwise. A topic that does not exist yet is created as input
+topics should be: with ``message.timestamp.type=LogAppendTime``, so that the
+broker stamps each record and its windows close by the broker's clock
+(docs/privacy/clock.md). On a ``CreateTime`` topic each record's Kafka timestamp
+is, by default, the event's own time (``--record-time event``): a backfill read
+by queries with ``trust_producer_timestamps: true`` then closes windows as its
+times advance. ``--record-time now`` leaves the timestamp to the client (the
+send time).
 """
 
 from __future__ import annotations
@@ -47,8 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", type=Path, help="query file: take field names and public groups from --query")
     parser.add_argument("--query", help="query in --config whose fields the synthetic events use")
     parser.add_argument("--record-time", choices=("event", "now"), default="event",
-                        help="Kafka record timestamp: the event's time (default; for backfills and trusted times) "
-                             "or the send time")
+                        help="Kafka record timestamp on a CreateTime topic: the event's time (default; for backfills "
+                             "read with trust_producer_timestamps: true) or the send time; a LogAppendTime topic "
+                             "(how a missing topic is created) gets the broker's time either way")
     parser.add_argument("--partitioner", choices=("murmur2", "crc32"),
                         help="how keys map to partitions (default: the --query's partitioner, else murmur2)")
     parser.add_argument("--local-dp", metavar="FIELD",
@@ -228,18 +233,39 @@ def run(args: argparse.Namespace) -> int:
         total = None  # one report per unit per window: fewer are sent than read, so no bar to a total
     # Synthetic events at a rate are timed by the wall clock: each goes out at its own time, also when a
     # local_dp producer sends only some of them (one report per unit and window).
+    live = args.synthetic is not None and args.rate > 0
     return _send(args.topic, events, total, args.rate, quiet=args.quiet, record_time=args.record_time,
-                 partitioner=args.partitioner or fields.partitioner, live=args.synthetic is not None and args.rate > 0)
+                 partitioner=args.partitioner or fields.partitioner, live=live,
+                 backfill=args.synthetic is not None and not live)  # event times spread back from now
+
+
+def _prepare_topic(topic: str, client_options: dict, *, backfill: bool) -> None:
+    """Create ``topic`` as an input topic if it does not exist, and say what stamps its records."""
+    from stream_dp.worker.kafka.admin import create_input_topic, read_topic_config
+    from stream_dp.worker.kafka.input_clock import INPUT_TOPIC_CONFIGS, LOG_APPEND_TIME, TIMESTAMP_TYPE
+
+    if create_input_topic(client_options, topic, INPUT_TOPIC_CONFIGS):
+        print(f"created topic {topic} with {TIMESTAMP_TYPE}={LOG_APPEND_TIME} and the broker's default partition "
+              f"count: the broker stamps its records, and windows close by its clock (create it yourself beforehand "
+              f"to choose its partitions)", file=sys.stderr)
+    kind = read_topic_config(client_options, topic, (TIMESTAMP_TYPE,)).get(TIMESTAMP_TYPE)
+    if backfill and kind == LOG_APPEND_TIME:
+        print(f"{topic} has {TIMESTAMP_TYPE}={LOG_APPEND_TIME}: the broker stamps each record when it arrives, and "
+              f"windows close by those stamps, so synthetic events dated back from now (no --rate) in windows that "
+              f"closed before a worker read them are late; send live events with --rate, or backfill into a "
+              f"CreateTime topic read with trust_producer_timestamps: true (docs/privacy/clock.md)", file=sys.stderr)
 
 
 def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool, record_time: str = "event",
-          partitioner: str = "murmur2", live: bool = False) -> int:
+          partitioner: str = "murmur2", live: bool = False, backfill: bool = False) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # kafka-python 3.x import-time warnings
         from kafka import KafkaProducer
 
+    client_options = Settings().kafka_client_options()
+    _prepare_topic(topic, client_options, backfill=backfill)
     options = {} if _partitioner(partitioner) is None else {"partitioner": _partitioner(partitioner)}
-    producer = KafkaProducer(**Settings().kafka_client_options(), acks="all", linger_ms=20,
+    producer = KafkaProducer(**client_options, acks="all", linger_ms=20,
                              batch_size=512 * 1024, compression_type=None, **options)
     stamp_event_time = record_time == "event"
     sent = 0

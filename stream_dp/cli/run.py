@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("kafka", "aiokafka"):
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
     from stream_dp.worker.app import WorkerConfigError, run_worker
-    from stream_dp.worker.store_guard import StoreReplaced
+    from stream_dp.worker.guard.store import StoreReplaced
 
     try:
         config = load_config(args.config)

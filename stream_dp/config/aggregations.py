@@ -86,7 +86,7 @@ class QuantilesAggregation(_Strict):
                                   "finer than the field's steps.")
     # A 95% interval in the field's units per quantile, from a noisy histogram that takes half the quantiles'
     # share of epsilon (``stream_dp.dp.quantile_intervals``). Left out of dumps when off, so that a query
-    # without it keeps the settings fingerprint (``worker.runtime``) it had before the option existed.
+    # without it keeps the settings fingerprint (``worker.query.runtime``) it had before the option existed.
     value_interval: bool = Field(False, exclude_if=lambda on: not on,
                                  description="Also release, per q, a 95% interval [lower, upper] in the field's "
                                              "units, read off a noisy histogram that takes half the quantiles' "

@@ -25,7 +25,7 @@ from pydantic import (
 from stream_dp.budget.policy import MAX_HORIZONS, MAX_LIMIT_UNITS, MAX_THRESHOLDS, MICRO, to_units_down
 from stream_dp.config.release_time import check_release_time_together
 from stream_dp.config.aggregations import Aggregations
-from stream_dp.config.durations import DurationMs
+from stream_dp.config.durations import DurationMs, InstantMs
 from stream_dp.config.examples import refuse_empty_options
 from stream_dp.config.implied import implied_settings
 from stream_dp.config.query_checks import check_query_options
@@ -201,6 +201,12 @@ class WindowConfig(_Strict):
         30_000, alias="idle_timeout",
         description="A partition read to its end and silent this long (wall clock) stops holding windows open; keep "
                     "it above the producers' reconnect backoff.")
+    publish_from_ms: InstantMs | None = Field(
+        None, alias="publish_from", examples=["2026-01-01T00:00:00Z"],
+        description="Public groups only: the instant publication starts at (an ISO-8601 time with its zone). The "
+                    "first window published is the one holding it, and every window from there on is, data or not. "
+                    "Without it, the start is Redis's clock when a worker first ran the query, less allowed_lateness; "
+                    "set it to publish a backlog older than that (a backfill).")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -273,6 +279,14 @@ class QueryConfig(_Strict):
                     "whose records show nothing more for the window is left out, one that may still hold its events "
                     "is waited for and alerted on (docs/privacy/partitions.md); also how long the rest of a partial "
                     "cut off mid-way is waited for.")
+    trust_producer_timestamps: bool = Field(
+        False,
+        description="Whether the input topic's CreateTime record timestamps, set by its producers, may close "
+                    "windows: true only for a backfill whose producers stamp each record with its event's time. "
+                    "Even then a time counts once records of 16 distinct keys (units) are stamped at it or later. "
+                    "By default only the "
+                    "broker's LogAppendTime stamps do, and the worker refuses a CreateTime input topic "
+                    "(docs/privacy/clock.md).")
     continual: ContinualConfig | None = Field(
         None, description="Running totals since the start of each period, released after every window.")
     hierarchy: bool | HierarchyConfig = Field(

@@ -19,6 +19,12 @@ def check_query_options(query: Any) -> None:
     """Continual releases, hierarchies and local DP: what they can be combined with."""
     public = query.public_group_keys() is not None
     check_option_query(query)
+    if query.window.publish_from_ms is not None and not public:
+        raise ValueError(
+            "window.publish_from sets the first window a query over public groups publishes (every window is "
+            "published from there on, data or not); a query over selected groups publishes what its selection "
+            "releases in each window, whenever its data comes: remove publish_from"
+        )
     quantiles = query.aggregations.quantiles
     if quantiles is not None and (fixes := release_time_fixes(query, "quantiles", quantiles)):
         raise ValueError("\n".join(f"quantiles needs {fix}" for fix in fixes))

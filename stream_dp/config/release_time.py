@@ -8,7 +8,7 @@ OpenDP on every coordinate of every group, then per-group post-processing) and `
 (the user function on every block of every group). With privately selected groups nothing else bounds
 how many groups they run over -- a producer can make up any number of groups and units that pass
 selection -- so such a query must set ``max_released_groups`` on its option: a window releases at most
-that many groups, those with the largest noisy counts (``release_build``). ``check-config`` then
+that many groups, those with the largest noisy counts (``stream_dp.worker.release.build``). ``check-config`` then
 holds each query's release time within its window, and all of them together within the release
 stage's time; the worker gives its release consumer a poll interval that covers them.
 """

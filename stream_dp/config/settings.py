@@ -198,7 +198,7 @@ class Settings(BaseSettings):
 
     @property
     def release_age_limit_ms(self) -> int:
-        """The release stage draws no noise for a window older than this (see ``stream_dp.worker.release``).
+        """The release stage draws no noise for a window older than this (see ``stream_dp.worker.release.stage``).
 
         The ledger TTL less a margin for clock skew between workers: older
         than that, the window's ledger entry may have expired, so whether it

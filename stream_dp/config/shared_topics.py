@@ -8,6 +8,7 @@ the event's ``privacy_unit.field`` and the partition the one its ``partitioner``
 so queries of one topic whose settings differ cannot all see its events: at least one dead-letters
 them (``wrong_partition``, ``wrong_key``, ``not_randomized``, ``randomizer_mismatch``), or counts
 randomized reports as true values. Whatever the namespaces: the checks are per event, not per budget.
+Its records' timestamps are one clock too: the queries agree on ``trust_producer_timestamps``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,15 @@ def _problems(topic: str, first: Any, other: Any) -> list[str]:
             f"event's message key must be its unit id, and a record has one key, so one of them dead-letters events "
             f"as wrong_key; use one privacy_unit.field for every query of the topic (the field its producers key "
             f"by), or produce the other unit's events to a topic of their own, keyed by it"
+        )
+    if first.trust_producer_timestamps != other.trust_producer_timestamps:
+        trusting, other_query = (first, other) if first.trust_producer_timestamps else (other, first)
+        problems.append(
+            f"{both}, and only {trusting.name!r} has trust_producer_timestamps: true: a topic's records close "
+            f"the windows of every query reading it by one clock, and the worker checks the topic's "
+            f"message.timestamp.type once for all of them; set trust_producer_timestamps alike on both (true "
+            f"only for a backfill whose producers stamp records with their events' times, see "
+            f"docs/privacy/clock.md), or give {other_query.name!r} a topic of its own"
         )
     mine, theirs = _local_settings(first), _local_settings(other)
     if mine != theirs:

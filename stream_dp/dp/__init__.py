@@ -5,6 +5,13 @@ injected :class:`NoiseSource`: :class:`VectorisedExactNoise` (exact discrete
 Laplace samplers on numpy arrays from kernel CSPRNG bits, the same laws as
 OpenDP's measurements) or :class:`OpenDPNoise` (OpenDP's samplers, one FFI call
 per draw), chosen by :func:`noise_source`.
+
+The bottom of the stack: ``dp`` imports no other package of ``stream_dp``. The
+window engine (``stream_dp.windows``) imports the pieces it shares with the
+releases from here -- the histograms quantiles read (``dp.histogram``), the
+local-DP reports (``dp.local``), the blocks of sample-and-aggregate
+(``dp.sample_aggregate.block_of``) and the vector features (``dp.vectors``) --
+never the other way (``tests/architecture/test_import_cycles.py``).
 """
 
 from stream_dp.dp.bounds import ClipRange, ContributionBounds

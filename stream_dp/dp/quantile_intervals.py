@@ -8,7 +8,7 @@ noisy histogram of each group's values, from which a 95% interval
 ``[lower, upper]`` for every quantile is post-processing.
 
 **Histogram.** The group's bin counts ``h_0 .. h_{B-1}`` (the bins of
-``stream_dp.windows.histogram``: bin ``b`` holds ``[c_b, c_{b+1})``, the last
+``stream_dp.dp.histogram``: bin ``b`` holds ``[c_b, c_{b+1})``, the last
 one ``hi`` too) each get discrete Laplace noise of scale ``b_h``. A unit adds
 at most ``Linf = max_events_per_group`` values to each of at most ``L0 =
 max_groups_per_unit`` groups, each value one to one bin: the l1 sensitivity

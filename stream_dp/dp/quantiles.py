@@ -2,7 +2,7 @@
 
 For each group and each requested quantile ``q`` the release is one of the
 ``bins + 1`` bin edges ``c_j = lo + j (hi - lo) / bins`` of the group's value
-histogram (see ``stream_dp.windows.histogram``).
+histogram (see ``stream_dp.dp.histogram``).
 
 **Score.** OpenDP's quantile score (``make_quantile_score_candidates``;
 Smith, "Privacy-preserving statistical estimation with optimal convergence
@@ -265,7 +265,7 @@ class QuantilesPlan:
         """Draw each group's quantiles from its value histogram.
 
         ``histograms``: a dense ``(groups, bins)`` integer array, or a sparse
-        one (``stream_dp.windows.histogram.SparseHistogram``: ``shape`` and
+        one (``stream_dp.dp.histogram.SparseHistogram``: ``shape`` and
         ``dense(start, stop)``). ``noisy_counts`` (the query's released count
         of each group) and ``count_ci`` (its half-width at level
         ``1 - COUNT_BETA``, one number or one per group) give ``q_interval``.

@@ -44,6 +44,7 @@ from numpy.typing import NDArray
 
 from stream_dp.dp.bounds import ContributionBounds
 from stream_dp.dp.calibration import CalibratedNoise, calibrate_sums, smallest_sum_sensitivity
+from stream_dp.dp.histogram import HistogramSpec, SparseHistogram
 from stream_dp.dp.loss import PrivacyLoss
 from stream_dp.dp.measurements import NoiseKind
 from stream_dp.dp.noise import NoiseSource
@@ -183,8 +184,6 @@ class SampleAggregatePlan:
         if self.median is None:
             means, half_width = self.release(outputs, noise)
             return [{"value": float(m), "ci95": half_width, "blocks": self.blocks} for m in means.tolist()]
-        from stream_dp.windows.histogram import HistogramSpec, SparseHistogram
-
         clipped = self._clipped(outputs)
         bins = self.median.bins
         # each output counts in its bin of [lo, hi], as values do for quantiles

@@ -82,6 +82,13 @@ class WorkerMetrics:
             ["query"],
             registry=registry,
         )
+        self.partials_unreleasable = Counter(
+            "stream_dp_partials_unreleasable_total",
+            "Partials of public-groups windows that are never released, data or not (dropped; their units stay "
+            "charged): before the query's publication start (before_start; window.publish_from publishes a "
+            "backlog), or behind their home's released mark with no release stored (behind_mark).",
+            ["query", "reason"], registry=registry,
+        )
         self.windows_expired = Counter(
             "stream_dp_windows_expired_total",
             "Windows (mostly empty public-group windows after a long stop) not released because they ended "
@@ -176,7 +183,7 @@ class WorkerMetrics:
         )
         self.store_checks = Counter(
             "stream_dp_store_checks_total",
-            "Checks that Redis is the store the group's progress was charged on (stream_dp.worker.store_guard), by "
+            "Checks that Redis is the store the group's progress was charged on (stream_dp.worker.guard.store), by "
             "outcome: verified, unanswered (Redis did not answer: nothing is charged or released until it does), "
             "replaced (it lost its data or is another server: the worker stops).",
             ["outcome"],

@@ -1,7 +1,8 @@
 """Event-time window engine: decoding, tumbling windows, watermarks and contribution bounding.
 
 Pure logic with no I/O; the worker feeds it message batches and releases the
-partials it emits.
+partials it emits. It may import ``stream_dp.dp`` (the shapes it shares with
+the releases live there), never the worker, and ``dp`` never imports it.
 """
 
 from stream_dp.windows.engine import BatchResult, RawBatch, WindowEngine

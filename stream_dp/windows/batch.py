@@ -22,8 +22,11 @@ class RawBatch:
     ``timestamps`` are the records' Kafka timestamps in epoch ms (the
     producer's ``CreateTime`` or the broker's ``LogAppendTime``;
     ``NO_TIMESTAMP`` where a record has none). They, not the events' own
-    times, drive the window clock. ``keys`` are the message keys; ``None``
-    when the caller does not check co-partitioning.
+    times, drive the window clock (``record_clock``). ``producer_stamped`` is
+    True where the producer stamped the record (``CreateTime``); None when the
+    broker stamped every record (``LogAppendTime``). ``keys`` are the message
+    keys: a trusted producer clock counts its stamps per key (``record_clock``), and co-partitioning is
+    checked by them; ``None`` when the caller has none (then no producer stamp moves a clock).
     """
 
     values: Sequence[bytes | None]
@@ -31,6 +34,7 @@ class RawBatch:
     offsets: np.ndarray
     timestamps: np.ndarray
     keys: Sequence[bytes | None] | None = None
+    producer_stamped: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         partitions = np.asarray(self.partitions, dtype=np.int32)
@@ -50,6 +54,11 @@ class RawBatch:
         object.__setattr__(self, "partitions", partitions)
         object.__setattr__(self, "offsets", offsets)
         object.__setattr__(self, "timestamps", timestamps)
+        if self.producer_stamped is not None:
+            stamped = np.asarray(self.producer_stamped, dtype=bool)
+            if stamped.shape != (n,):
+                raise ValueError(f"producer_stamped must hold one flag per record ({n}), got shape {stamped.shape}")
+            object.__setattr__(self, "producer_stamped", stamped)
 
     def __len__(self) -> int:
         return len(self.values)

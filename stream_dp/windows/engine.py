@@ -35,6 +35,7 @@ from stream_dp.windows.open_window import OffsetStats, OpenWindow
 from stream_dp.windows.partial import WindowPartial
 from stream_dp.windows.partitioning import Partitioner, check_partitioner
 from stream_dp.windows.placement import check_placement, rejection_of
+from stream_dp.windows.record_clock import ClockRule
 from stream_dp.windows.progress_arrays import (
     NEVER,
     closed_through_by_slot,
@@ -68,6 +69,7 @@ class WindowEngine(EngineState):
         clock_ms: Callable[[], int],
         compact_min_rows: int = 262_144,
         partitioner: Partitioner | None = None,
+        clock_rule: ClockRule | None = None,
         public_groups: Iterable[tuple[str | int, ...]] | None = None,
     ) -> None:
         if compact_min_rows < 1:
@@ -76,6 +78,8 @@ class WindowEngine(EngineState):
             check_partitioner(partitioner)
         self.schema, self.spec, self.bounding = schema, spec, bounding
         self._clock_ms = clock_ms
+        # Whose record timestamps close windows (``record_clock``): the broker's, and producers' only if trusted.
+        self.clock_rule = clock_rule if clock_rule is not None else ClockRule()
         self._compact_min_rows = compact_min_rows
         self._decoder = BulkEventDecoder(schema)
         self._hasher = ContributionHasher(bounding.secret)
@@ -237,7 +241,7 @@ class WindowEngine(EngineState):
             closed &= listed
             replayed &= listed
         late = closed & ~replayed
-        note_records(progress, slots, record_ms, now)
+        note_records(progress, slots, batch.timestamps, batch.producer_stamped, batch.keys, now, self.clock_rule)
         if late.any():
             late_rows = np.flatnonzero(late)
             rejected[RejectReason.LATE] = len(late_rows)

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from stream_dp.dp.histogram import HistogramSpec, SparseHistogram
 from stream_dp.dp.local import UnaryReports
 from stream_dp.dp.sample_aggregate import block_of
 from stream_dp.dp.vectors import FeatureSpec, group_row_sums_in_blocks
 from stream_dp.windows.bounding import ContributionRows, unit_starts
 from stream_dp.windows.exact_sums import PairSumGrid, truncate_features
-from stream_dp.windows.histogram import HistogramSpec, SparseHistogram
 from stream_dp.windows.interning import GroupTable
 from stream_dp.windows.names import UnitNames, to_str
 

@@ -3,8 +3,11 @@ advance, the offsets they cover, and the closure each event meets (``WindowEngin
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
+from stream_dp.windows.record_clock import NO_CLOCK, ClockRule, clocks_by_slot
 from stream_dp.windows.watermarks import PartitionProgress
 
 NEVER = np.iinfo(np.int64).min  # "nothing closed" in per-partition closed-through arrays
@@ -56,18 +59,24 @@ def note_offsets(progress: list[PartitionProgress], slots: np.ndarray, offsets: 
 
 
 def record_clock(timestamps: np.ndarray, now: int) -> np.ndarray:
-    """Each record's timestamp capped at the wall clock; a record without one counts as read now."""
-    return np.where(timestamps < 0, now, np.minimum(timestamps, now))
+    """The time each record's event is checked against (``ahead_of_record``): its timestamp capped at the
+    wall clock, the wall clock for a record without one. Not the window clock (``note_records``)."""
+    return np.where(timestamps <= 0, now, np.minimum(timestamps, now))
 
 
-def note_records(progress: list[PartitionProgress], slots: np.ndarray, record_ms: np.ndarray, now: int) -> None:
-    """Every record, valid or not, advances its partition's clock and keeps it active."""
+def note_records(progress: list[PartitionProgress], slots: np.ndarray, timestamps: np.ndarray,
+                 producer_stamped: np.ndarray | None, keys: Sequence[bytes | None] | None, now: int,
+                 rule: ClockRule) -> None:
+    """Every record, valid or not, keeps its partition active; its timestamp moves the partition's clock as
+    far as ``rule`` lets it (``record_clock``: a trusted producer's stamp counts per unit, by its record key)."""
     if not len(slots):
         return
-    newest = np.full(len(progress), NEVER, dtype=np.int64)
-    np.maximum.at(newest, slots, record_ms)
-    for slot in np.flatnonzero(newest != NEVER).tolist():
-        p = progress[slot]
-        p.last_active_wall_ms = now
-        seen = int(newest[slot])
-        p.max_record_ms = seen if p.max_record_ms is None else max(p.max_record_ms, seen)
+    clocks, kept = clocks_by_slot(slots, len(progress), timestamps, producer_stamped, keys, rule, now,
+                                  [p.unit_stamps for p in progress])
+    for slot in np.unique(slots).tolist():
+        progress[slot].last_active_wall_ms = now
+    for slot, p in enumerate(progress):
+        p.unit_stamps = kept[slot]
+        clock = int(clocks[slot])
+        if clock != NO_CLOCK:
+            p.max_record_ms = clock if p.max_record_ms is None else max(p.max_record_ms, clock)

@@ -1,22 +1,22 @@
 """Per-partition progress and the watermark that closes windows.
 
 Which window an event belongs to is decided by its own event time; *when*
-windows close is decided by a clock no privacy unit controls: the Kafka
-record timestamps of the partition (the producer's ``CreateTime``, or the
-broker's ``LogAppendTime`` when the topic is configured so), never ahead of
-the worker's wall clock, and the wall clock for idle partitions. An event
-dated in the future therefore moves nobody's windows: it lands in its own
-(future) window, or is rejected when its event time is further than
-``max_future_skew_ms`` ahead of its record timestamp. A backlog read after an
-outage closes its windows as its record timestamps advance, so its on-time
-events are on time.
+windows close is decided by a clock no privacy unit controls: the partition's
+record clock (``record_clock``: the Kafka record timestamps the broker set
+with ``LogAppendTime``, or, where the query trusts its producers' clocks, a
+quorum of distinct units' ``CreateTime`` stamps), never ahead of the worker's wall clock, and
+the wall clock for idle partitions. An event dated in the future therefore
+moves nobody's windows: it lands in its own (future) window, or is rejected
+when its event time is further than ``max_future_skew_ms`` ahead of its
+record timestamp. A backlog read after an outage closes its windows as its
+record timestamps advance, so its on-time events are on time.
 
 The rule:
 
-* a partition's watermark is ``min(newest record timestamp it delivered,
-  wall clock) - allowed_lateness_ms`` -- raised to its restored
-  ``closed_through_ms`` when it was assigned with one; a partition that has
-  delivered nothing and has nothing restored has no watermark;
+* a partition's watermark is its record clock (capped at the wall clock)
+  ``- allowed_lateness_ms`` -- raised to its restored
+  ``closed_through_ms`` when it was assigned with one; a partition whose
+  records carried no clock yet and that has nothing restored has no watermark;
 * a partition is *idle* once it has delivered no record for
   ``idle_timeout_ms`` of wall-clock time (counted from its assignment if it
   never delivered one);
@@ -46,8 +46,8 @@ The rule:
   keeps that partition's windows open until it catches up rather than
   calling its replayed events late.
 
-Every record counts for progress and activity, valid or not: its timestamp
-was set by the producer's client or the broker, not read from its contents.
+Every record counts for activity, valid or not, and moves the clock as its
+timestamp allows (``record_clock``), never by its contents.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from stream_dp.windows.record_clock import UnitStamps
 from stream_dp.windows.specs import WindowSpec
 
 #: Closure steps kept per partition: raises happen once a window, and only those above the
@@ -68,7 +69,7 @@ class PartitionProgress:
 
     restored_through_ms: int | None
     last_active_wall_ms: int
-    max_record_ms: int | None = None  # newest record timestamp delivered
+    max_record_ms: int | None = None  # the partition's record clock (``record_clock``)
     next_offset: int | None = None
     closed_through_ms: int | None = None
     #: Offsets below this were processed by an earlier owner: their events in
@@ -80,6 +81,9 @@ class PartitionProgress:
     closure_steps: list[tuple[int, int]] = field(default_factory=list)
     #: The earlier owner's steps above the restored closure, not taken yet (see the module docstring).
     restored_steps: tuple[tuple[int, int], ...] = ()
+    #: Trusted producer stamps read since assignment: the newest per unit (record key), for the ``ClockRule.quorum``
+    #: units with the newest ones (``record_clock``).
+    unit_stamps: UnitStamps = field(default_factory=UnitStamps.empty)
 
     def __post_init__(self) -> None:
         if self.closed_through_ms is None:
@@ -142,7 +146,7 @@ def window_close_ms(window_end_ms: int, allowed_lateness_ms: int) -> int:
     The watermark rule above read backwards: a partition's watermark passes the end once it has
     delivered a record stamped ``allowed_lateness_ms`` after it. The release stage asks the broker
     for the first such record of a partition that has not reported a window closed
-    (``stream_dp.worker.partition_lag``): records before it may still hold the window's events.
+    (``stream_dp.worker.release.partition_lag``): records before it may still hold the window's events.
     """
     return window_end_ms + allowed_lateness_ms
 

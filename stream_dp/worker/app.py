@@ -28,28 +28,29 @@ from stream_dp.metrics.health import watch as watch_health
 from stream_dp.metrics.http import serve as serve_http
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import BoundingSpec, EventSchema, WindowEngine, WindowSpec
-from stream_dp.worker.clients import kafka_clients, release_poll_interval_ms
-from stream_dp.worker.combiner import WindowCombiner
-from stream_dp.worker.ingest import IngestStage
-from stream_dp.worker.kafka_admin import read_commit_metadata, read_group_metadata
-from stream_dp.worker.partition_check import BrokerPartitions, committed_by
-from stream_dp.worker.ledger import RedisReleaseLedger, ReleaseLedger
-from stream_dp.worker.periods import MemoryPeriodRegister, PeriodRegister, RedisPeriodRegister
-from stream_dp.worker.process_tuning import tune_process
-from stream_dp.worker.query_costs import (
+from stream_dp.windows.record_clock import ClockRule
+from stream_dp.worker.combine.combiner import WindowCombiner
+from stream_dp.worker.guard.store import StoreGuard
+from stream_dp.worker.ingest.stage import IngestStage
+from stream_dp.worker.kafka.admin import read_commit_metadata, read_group_metadata
+from stream_dp.worker.kafka.clients import kafka_clients, release_poll_interval_ms
+from stream_dp.worker.kafka.topic_setup import TopicLimits, prepare_topics
+from stream_dp.worker.kafka.topics import TopicSettingsError, check_release_records
+from stream_dp.worker.process.tuning import tune_process
+from stream_dp.worker.query.costs import (
     WorkerConfigError,
     build_plan,
     check_cost_fits,
     explain_build_error,
     window_cost,
 )
-from stream_dp.worker.release import ReleaseStage
-from stream_dp.worker.release_build import privacy_statement
-from stream_dp.worker.runtime import ContinualCharging, QueryRuntime
-from stream_dp.worker.sandbox import FunctionSandbox
-from stream_dp.worker.store_guard import StoreGuard
-from stream_dp.worker.topic_setup import TopicLimits, prepare_topics
-from stream_dp.worker.topics import TopicSettingsError, check_release_records
+from stream_dp.worker.query.runtime import ContinualCharging, QueryRuntime
+from stream_dp.worker.release.build import privacy_statement
+from stream_dp.worker.release.partition_check import BrokerPartitions, committed_by
+from stream_dp.worker.release.stage import ReleaseStage
+from stream_dp.worker.sandbox.runner import FunctionSandbox
+from stream_dp.worker.store.ledger import RedisReleaseLedger, ReleaseLedger
+from stream_dp.worker.store.period_register import MemoryPeriodRegister, PeriodRegister, RedisPeriodRegister
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ def build_runtimes(config: PipelineConfig, *, secret: bytes, clock_ms: Callable[
             ),
             clock_ms=clock_ms,
             partitioner=query.partitioner,
+            clock_rule=ClockRule(trust_producer_timestamps=query.trust_producer_timestamps),
             # events of groups outside a public list are set aside before bounding (a unary report has no group)
             public_groups=None if unary else query.public_group_keys(),
         )
@@ -336,6 +338,9 @@ class Worker:
             clock_ms=self.clock_ms, store_ready=store.ready,
             partition_check=BrokerPartitions(clients.release_consumer, committed_by(clients.ingest_consumer)),
             input_partition_counts=lambda topic: len(clients.ingest_consumer.partitions_for_topic(topic) or ()),
+            # a query trusting its producers' stamps closes windows by a quorum of them, which no one record's
+            # timestamp the broker can look up meets (``stream_dp.windows.record_clock``)
+            broker_stamps=lambda query: not query.config.trust_producer_timestamps,
         )
         clients.release_consumer.subscribe([settings.partials_topic], listener=release.rebalance_listener())
         clients.ingest_consumer.subscribe(sorted(input_topics),

@@ -64,7 +64,8 @@ def doctored(doctoring: str | None) -> Iterator[None]:
 def install(doctoring: str | None, patch: pytest.MonkeyPatch) -> None:
     """Apply ``doctoring``'s monkeypatches with ``patch`` (a worker process never undoes them)."""
     from stream_dp.dp.staircase import CalibratedStaircase
-    from stream_dp.worker import app, release_draw
+    from stream_dp.worker import app
+    from stream_dp.worker.release import draw as release_draw
 
     if doctoring == "noise_half":
         patch.setattr(app, "noise_source", _halved_source(app.noise_source))
@@ -126,7 +127,7 @@ def _doctored_build(original: Any, doctoring: str) -> Any:
 
 def doubled(query: Any, window: Any) -> Any:
     """``window`` with every total twice what its units contributed (see the module docstring)."""
-    from stream_dp.windows.histogram import SparseHistogram
+    from stream_dp.dp.histogram import SparseHistogram
     from stream_dp.windows.partial import BlockValues
 
     changes: dict[str, Any] = {"count": window.count * 2, "distinct_units": window.distinct_units * 2}

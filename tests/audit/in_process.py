@@ -26,15 +26,17 @@ from kafka.partitioner.default import murmur2
 from stream_dp.budget import MemoryBudgetStore, policy_from_config
 from stream_dp.config import parse_config
 from stream_dp.windows import RawBatch
-from stream_dp.worker import app, release_draw
-from stream_dp.worker.charging import charge_in_order, excluded_units
-from stream_dp.worker.continual_release import period_of
-from stream_dp.worker.emit import window_charge
-from stream_dp.worker.ledger import MemoryReleaseLedger
-from stream_dp.worker.partials_in import PartialsReader
-from stream_dp.worker.partials_out import partial_message
-from stream_dp.worker.periods import MemoryPeriodRegister
-from stream_dp.worker.records import Progress, partial_records
+from stream_dp.worker import app
+from stream_dp.worker.ingest.charge import charge_in_order, excluded_units
+from stream_dp.worker.ingest.closed_windows import window_charge
+from stream_dp.worker.ingest.partials_out import partial_message
+from stream_dp.worker.partials.wire import Progress, partial_records
+from stream_dp.worker.release import draw as release_draw
+from stream_dp.worker.release.continual import period_of
+from stream_dp.worker.release.intake import PartialsReader
+from stream_dp.worker.release.publication_start import first_window_start
+from stream_dp.worker.store.ledger import MemoryReleaseLedger
+from stream_dp.worker.store.period_register import MemoryPeriodRegister
 from tests.audit.doctor import doctored
 from tests.audit.neighbours import SCENARIOS, SECRET, TOPIC_PARTITIONS, Scenario, _config, records
 from tests.audit.releases import Releases
@@ -82,7 +84,8 @@ def combine(scenario: Scenario, windows: int, *, with_target: bool, doctoring: s
             start_ms: int = START_MS) -> Combined:
     """D (``with_target`` False) or D' of ``scenario`` through engine, charge, partials and combiner
     (``doctoring``: the local-DP producers', see ``neighbours.records``). Close it when done."""
-    config = _config("ip", {s.topic: f"in-{s.topic}" for s in SCENARIOS}, {s.name: f"out-{s.name}" for s in SCENARIOS})
+    config = _config("ip", {s.topic: f"in-{s.topic}" for s in SCENARIOS}, {s.name: f"out-{s.name}" for s in SCENARIOS},
+                     start_ms)
     config["queries"] = [q for q in config["queries"] if q["name"] == f"ip_{scenario.name}"]
     config["namespaces"] = {q["privacy_unit"]["namespace"]: config["namespaces"][q["privacy_unit"]["namespace"]]
                             for q in config["queries"]}
@@ -91,6 +94,9 @@ def combine(scenario: Scenario, windows: int, *, with_target: bool, doctoring: s
     now_ms = start_ms + (windows + 10) * 1000 + 10 * 60_000
     clock = lambda: now_ms  # noqa: E731
     (runtime,) = app.build_runtimes(parsed, secret=SECRET.encode(), clock_ms=clock)
+    window = parsed.queries[0].window
+    if runtime.public_groups is not None:  # as the release stage learns it: the file's publish_from, the backlog's start
+        runtime.combiner.query_start_ms = first_window_start(window.publish_from_ms, window.size_ms, window.offset_ms)
     try:
         partitions = TOPIC_PARTITIONS[scenario.topic]
         sent = records(scenario.topic, start_ms, windows, with_target=with_target, doctoring=doctoring)
@@ -170,7 +176,7 @@ def _combine(runtime: Any, parsed: Any, partials: list[Any], partitions: int, cl
 def _release(runtime: Any, combined: list[Any], noise: Any, clock: Any) -> list[dict]:
     """The records of the ``combined`` windows, drawn in window order by the release stage's build.
 
-    As the stage does (``release.ReleaseStage._publish``): ``release_draw.build_release`` draws every noise
+    As the stage does (``release.stage.ReleaseStage._publish``): ``release.draw.build_release`` draws every noise
     of a window once, a continual window continues the tree state stored with the window before it in its
     period; the records are those the stage would publish. The stage's ledger and producer are left out.
     """

@@ -2,8 +2,8 @@
 
 For publication tests: which (window, kind, group) a query publishes must be the same with and without
 one unit, whatever that unit sends. Events are sent live, window by window, each dated and stamped
-with the wall clock at its window (so the test means the same whether the input topic's records carry
-the producer's time or the broker's), to a one-partition input topic per stream. Each stream has its
+with the wall clock at its window, to a one-partition input topic per stream whose records the broker
+stamps (LogAppendTime), as input topics are to be created: the windows close on the broker's clock. Each stream has its
 own consumer group, internal topics, budget namespace and output topic, so the two never meet.
 """
 
@@ -56,7 +56,7 @@ class Stream:
 
     def start(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        create_topic(self.bootstrap, self.topic, 1)
+        create_topic(self.bootstrap, self.topic, 1, {"message.timestamp.type": "LogAppendTime"})  # as users are told
         config = {
             "namespaces": {self.run: {"budgets": [{"horizon": "1h", "epsilon": 1000.0, "delta": 1e-3}]}},
             "queries": [{**self.query, "name": self.run.replace("-", "_"), "input_topic": self.topic,
@@ -76,7 +76,7 @@ class Stream:
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Until the worker owns its input partition and its release homes."""
         assert self.worker is not None
-        for needle in ("stream_dp.worker.ingest: assigned", "release homes assigned ["):
+        for needle in ("stream_dp.worker.ingest.stage: assigned", "release homes assigned ["):
             if not self.worker.wait_for_log(needle, timeout_s):
                 raise RuntimeError(f"{self.label}: the worker did not log {needle!r}:\n{self.worker.log_text()[-3000:]}")
 

@@ -3,7 +3,8 @@
 Both streams hold ``windows`` one-second windows of compressed past event time
 (starting ``START_AGO_S`` ago), produced at once like a backlog: every
 record keyed by its unit id and stamped with its event time, as a producer
-sending them live would have stamped them. Background units are fresh in every
+sending them live would have stamped them (on CreateTime topics, which the
+queries trust: ``trust_producer_timestamps``). Background units are fresh in every
 window and identical in D and D'. Each stream runs through its own deployment
 of three worker processes (one consumer group, its own internal topics and
 budget namespaces), which reads three input topics with one query per scenario; the
@@ -13,6 +14,7 @@ on D'.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import time
@@ -25,6 +27,7 @@ from pathlib import Path
 import orjson
 import yaml
 
+from stream_dp.windows.record_clock import PRODUCER_QUORUM
 from tests.audit.claims import claim_problems
 from tests.audit.doctor import ENV as DOCTOR_ENV
 from tests.audit.doctor import local_epsilon
@@ -41,6 +44,10 @@ FUTURE_EVERY = 150  # windows between two of the clock attacker's future-dated e
 FUTURE_AHEAD_MS = 4 * 60_000  # inside max_future_skew (5 minutes)
 EXHAUSTED_AFTER = 10  # windows the exhausted target's budget covers
 LOCAL_EPSILON = 1.0  # of one report, in the local_dp scenario
+# Windows at the end of a clock topic segment its own records leave open: the trusted producer clock is the
+# PRODUCER_QUORUM-th newest stamp of distinct units (keys), BACKGROUND_UNITS fresh units a window back, and
+# lateness closes one more.
+SEGMENT_OPEN = -(-PRODUCER_QUORUM // BACKGROUND_UNITS) + 3
 
 
 @dataclass(frozen=True)
@@ -230,24 +237,30 @@ def _event(unit: str, ts: int, group: str, value: float) -> bytes:
     return orjson.dumps({"user_id": unit, "ts": ts, "group": group, "value": value, "region": "r1"})
 
 
-def _closer_key(partition: int, partitions: int) -> bytes:
-    """A unit id that the default partitioner (murmur2, as the producer's) puts on ``partition``."""
+def _closer_keys(partition: int, partitions: int) -> list[bytes]:
+    """PRODUCER_QUORUM unit ids that the default partitioner (murmur2, as the producer's) puts on ``partition``."""
     from kafka.partitioner.default import murmur2
 
+    keys: list[bytes] = []
     i = 0
-    while (murmur2(key := f"closer-{partition}-{i}".encode()) & 0x7FFFFFFF) % partitions != partition:
+    while len(keys) < PRODUCER_QUORUM:
+        key = f"closer-{partition}-{i}".encode()
+        if (murmur2(key) & 0x7FFFFFFF) % partitions == partition:
+            keys.append(key)
         i += 1
-    return key
+    return keys
 
 
 def records(topic: str, start_ms: int, windows: int, *, with_target: bool,
             doctoring: str | None = None) -> list[tuple[bytes, bytes, int, int | None]]:
     """(key, value, record timestamp, explicit partition or None) in sending order.
 
-    The stream ends with one record per partition dated past the last window's
-    end plus lateness: its record timestamp closes every audited window, in D
-    as in D', without waiting for the idle rule. ``doctoring``: see ``tests/audit/doctor.py`` (local-DP
-    reports randomized at twice their epsilon for ``noise_half``).
+    The stream ends with records of PRODUCER_QUORUM units per partition dated past the
+    last window's end plus lateness: their record timestamps close every
+    audited window, in D as in D', without waiting for the idle rule (fewer
+    would move no trusted producer clock, ``stream_dp.windows.record_clock``).
+    ``doctoring``: see ``tests/audit/doctor.py`` (local-DP reports randomized
+    at twice their epsilon for ``noise_half``).
     """
     out: list[tuple[bytes, bytes, int, int | None]] = []
     for w in range(windows):
@@ -285,8 +298,8 @@ def records(topic: str, start_ms: int, windows: int, *, with_target: bool,
             out.append((b"target", _event("target", t + FUTURE_AHEAD_MS, "a", 1.0), t + 900, None))
     closes_all = start_ms + (windows + 1) * 1000 + 600
     for partition in range(TOPIC_PARTITIONS[topic]):
-        key = _closer_key(partition, TOPIC_PARTITIONS[topic])
-        out.append((key, _event(key.decode(), closes_all, "a", 0.0), closes_all, None))
+        out += [(key, _event(key.decode(), closes_all, "a", 0.0), closes_all, None)
+                for key in _closer_keys(partition, TOPIC_PARTITIONS[topic])]
     if topic in ("local", "local_oue"):
         return _randomized(out, "krr" if topic == "local" else "oue", local_epsilon(LOCAL_EPSILON, doctoring))
     return out
@@ -315,7 +328,8 @@ def _randomized(records_: list[tuple[bytes, bytes, int, int | None]], mechanism:
     return out
 
 
-def _config(run: str, topics: dict[str, str], outputs: dict[str, str]) -> dict:
+def _config(run: str, topics: dict[str, str], outputs: dict[str, str], start_ms: int | None = None) -> dict:
+    """The deployment's query file; ``start_ms``: the backlog's first window, public queries publish from it."""
     namespaces, queries = {}, []
     for s in SCENARIOS:
         limit = float(EXHAUSTED_AFTER) if s.name == "exhausted_budget" else 4000.0
@@ -335,8 +349,15 @@ def _config(run: str, topics: dict[str, str], outputs: dict[str, str]) -> dict:
             "group_by": ["group"], "groups": {"public": list(s.groups)},
             "aggregations": {"count": {}},
             "release_timeout": "300s",  # a busy worker's partials are waited for, not released without
+            # 30 minutes of windows compressed into a backlog: records stamped by their producers with their
+            # events' times close the windows as they are read (by the broker's stamps all would arrive now)
+            "trust_producer_timestamps": True,
         }
         query.update(s.settings)
+        if start_ms is not None and "public" in query["groups"]:
+            # the backlog is older than the workers: its windows are published because the file says so
+            since = datetime.datetime.fromtimestamp(start_ms / 1000, datetime.timezone.utc).isoformat()
+            query["window"] = {**query["window"], "publish_from": since}
         queries.append(query)
     return {"namespaces": namespaces, "queries": queries}
 
@@ -402,8 +423,8 @@ class Deployment:
         self.topics = {name: f"{self.run}-{name}" for name in TOPIC_PARTITIONS}
         self.outputs = {s.name: f"{self.run}-out-{s.name}" for s in SCENARIOS}
         for name, partitions in TOPIC_PARTITIONS.items():
-            create_topic(self.bootstrap, self.topics[name], partitions)
-        config = _config(self.run, self.topics, self.outputs)
+            create_topic(self.bootstrap, self.topics[name], partitions, {"message.timestamp.type": "CreateTime"})
+        config = _config(self.run, self.topics, self.outputs, self.start_ms)
         self.queries = {s.name: query for s, query in zip(SCENARIOS, config["queries"], strict=True)}
         config_path = self.work_dir / "queries.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -438,7 +459,7 @@ class Deployment:
             inputs, homes = [], []
             for worker in self.workers:
                 text = worker.log_text().splitlines()
-                lines = [line for line in text if "stream_dp.worker.ingest: assigned" in line]
+                lines = [line for line in text if "stream_dp.worker.ingest.stage: assigned" in line]
                 inputs.append(set(re.findall(r"'([^']+)'", lines[-1])) if lines else set())
                 lines = [line for line in text if "release homes assigned" in line]
                 homes.append(lines[-1].split("assigned", 1)[1].strip() if lines else "[]")
@@ -465,7 +486,7 @@ class Deployment:
             producer.flush(timeout=120)
             # The clock topic goes in segments of FUTURE_EVERY windows, each sent once the worker has
             # released the segment before up to the last window its own events close (all but its last
-            # two): the worker reads every segment in batches of its own, as on a live stream, so an
+            # SEGMENT_OPEN: the clock trails the newest stamp by PRODUCER_QUORUM units): the worker reads every segment in batches of its own, as on a live stream, so an
             # event that moved the window clock would make the next segment's events late (within one
             # batch it could not). Waiting for a window only idle closing releases would let the wall
             # clock close everything, in D as in D'.
@@ -481,7 +502,8 @@ class Deployment:
                             producer.send(self.topics["clock"], key=key, value=value, timestamp_ms=stamp,
                                           partition=partition)
                     producer.flush(timeout=60)
-                    self._wait_released(released, seen, min(hi, self.start_ms + self.windows * 1000) - 3_000)
+                    self._wait_released(released, seen,
+                                        min(hi, self.start_ms + self.windows * 1000) - SEGMENT_OPEN * 1000)
             finally:
                 released.close()
         finally:

@@ -34,9 +34,9 @@ from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import RawBatch
 from stream_dp.windows.partitioning import expected_partitions
 from stream_dp.worker.app import build_runtimes
-from stream_dp.worker.partials_out import partial_message
-from stream_dp.worker.records import Progress, decode_partial_payload, encode_partial_payload
-from stream_dp.worker.release_draw import draw_payload
+from stream_dp.worker.ingest.partials_out import partial_message
+from stream_dp.worker.partials.wire import Progress, decode_partial_payload, encode_partial_payload
+from stream_dp.worker.release.draw import draw_payload
 
 SECRET = b"publication-secret-0123456789abcdef"
 T0 = 1_700_000_000_000  # a whole second: windows of 1 s start at T0 + w * 1000 (+ the window offset)

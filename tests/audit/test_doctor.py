@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stream_dp.dp.histogram import SparseHistogram
 from stream_dp.dp.staircase import CalibratedStaircase
-from stream_dp.windows.histogram import SparseHistogram
 from stream_dp.windows.partial import BlockValues
-from stream_dp.worker import app, release_draw
-from stream_dp.worker.combiner import CombinedWindow
+from stream_dp.worker import app
+from stream_dp.worker.combine.combiner import CombinedWindow
+from stream_dp.worker.release import draw as release_draw
 from tests.audit.doctor import DOCTORINGS, doctored, doubled, local_epsilon
 
 

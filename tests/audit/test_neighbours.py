@@ -36,9 +36,10 @@ def test_local_scenarios_send_reports_their_worker_takes(scenario):
     from stream_dp.windows import RawBatch
     from stream_dp.worker.app import build_runtimes
 
-    config = _config("run", {s.topic: f"in-{s.topic}" for s in SCENARIOS}, {s.name: f"out-{s.name}" for s in SCENARIOS})
-    config["queries"] = [q for q in config["queries"] if q["name"] == f"run_{scenario.name}"]
     start_ms = 1_795_438_896_000
+    config = _config("run", {s.topic: f"in-{s.topic}" for s in SCENARIOS}, {s.name: f"out-{s.name}" for s in SCENARIOS},
+                     start_ms)
+    config["queries"] = [q for q in config["queries"] if q["name"] == f"run_{scenario.name}"]
     partitions = TOPIC_PARTITIONS[scenario.topic]
     for with_target in (False, True):  # D and D', each to a worker of its own
         (runtime,) = build_runtimes(parse_config(config), secret=b"audit-harness-secret-0123",

@@ -138,7 +138,7 @@ def _check_against_the_outcome(label: str, published, kept: dict[int, set[tuple]
         assert len(released) == len(rows), f"{label}: a group published twice in window {start}"
         if cap is None or len(groups) <= cap:
             assert released == groups, f"{label} window {start}: released {released}, kept {groups}"
-        else:  # the cap's choice among them (the largest noisy counts) is checked in tests/worker/test_release_build.py
+        else:  # the cap's choice among them (the largest noisy counts) is checked in tests/worker/release/test_build.py
             assert released <= groups and len(released) == cap, (label, start, released, groups, cap)
         top_k = "top_k" in query["aggregations"]
         assert len(tops) == (1 if top_k and groups else 0), f"{label} window {start}: {tops} with kept {groups}"

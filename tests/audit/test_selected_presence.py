@@ -76,7 +76,7 @@ def test_a_lone_event_over_selected_groups_publishes_nothing_its_absence_would_n
     try:
         worker.start()
         assert worker.wait_for_log("release homes assigned", 90), worker.log_text()[-3000:]
-        assert worker.wait_for_log("stream_dp.worker.ingest: assigned", 90), worker.log_text()[-3000:]
+        assert worker.wait_for_log("stream_dp.worker.ingest.stage: assigned", 90), worker.log_text()[-3000:]
         producer = _kafka().KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=5)
         first = (int(time.time() * 1000) // WINDOW_MS + 2) * WINDOW_MS
         starts = [first + w * WINDOW_MS for w in range(WINDOWS)]

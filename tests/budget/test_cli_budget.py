@@ -164,7 +164,7 @@ def test_the_cli_and_the_worker_use_the_same_delay(
     from stream_dp.cli.budget import open_store
     from stream_dp.config import Settings
     from stream_dp.worker.app import Worker
-    from stream_dp.worker.ledger import MemoryReleaseLedger
+    from stream_dp.worker.store.ledger import MemoryReleaseLedger
 
     parser = argparse.ArgumentParser(prog="stream-dp")
     register(parser.add_subparsers(dest="command", required=True))

@@ -31,7 +31,7 @@ from stream_dp.budget import BudgetUnavailable, ChargeOutcome, RedisBudgetStore
 from stream_dp.budget.keys import key_slot_of
 from stream_dp.budget.redis_nodes import ReplicaWait, ReplicationShortfall, ping
 from stream_dp.budget.redis_url import client_from_url
-from stream_dp.worker.ledger import LedgerUnavailable, RedisReleaseLedger
+from stream_dp.worker.store.ledger import LedgerUnavailable, RedisReleaseLedger
 
 from .cluster_support import PrivateCluster
 from .support import standard_policy

@@ -125,7 +125,7 @@ NUM = r"(-?[\d,.]+(?:e[+-]\d+)?)"
 
 def test_plan_prints_a_sane_line_for_every_option_of_the_example(capsys):
     from stream_dp.config import load_config
-    from stream_dp.worker.query_costs import build_plan
+    from stream_dp.worker.query.costs import build_plan
 
     blocks = _plan_blocks([str(EXAMPLE)], capsys)
     config = load_config(EXAMPLE)
@@ -314,7 +314,7 @@ def test_plan_states_what_top_k_over_selected_groups_spends_and_resolves(tmp_pat
     selecting = tmp_path / "top_selected.yaml"
     selecting.write_text(head + name + rest.replace('public: ["/", "/pricing", "/docs"]', "select: {delta: 1.0e-6}", 1))
     from stream_dp.config import load_config
-    from stream_dp.worker.query_costs import build_plan
+    from stream_dp.worker.query.costs import build_plan
 
     plan = build_plan(load_config(selecting).query("top_pages"))
     m = _one(_plan_blocks([str(selecting)], capsys)["top_pages"],
@@ -334,7 +334,7 @@ def test_plan_states_what_top_k_over_selected_groups_spends_and_resolves(tmp_pat
 def _stated_rank_errors(plan) -> list[float]:
     """The rank errors a worker's quantiles records carry for ``plan`` (three public groups)."""
     from stream_dp.dp import OpenDPNoise
-    from stream_dp.worker.release_build import _quantile_fragments
+    from stream_dp.worker.release.build import _quantile_fragments
 
     noise = OpenDPNoise()
     counts = np.array([5, 50, 500], dtype=np.int64)
@@ -494,3 +494,52 @@ def test_plan_names_geometric_as_written_and_states_laplace_as_records_do(tmp_pa
     assert main(["plan", str(path), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["queries"][0]
     assert (plan["mechanism"], plan["mechanism_written"]) == ("laplace", "geometric")
+
+
+@pytest.mark.parametrize("command", ["plan", "check-config"])
+def test_plan_and_check_config_say_whose_clock_closes_each_querys_windows(command, tmp_path, capsys):
+    """What the worker checks of the input topic at start (neither command reaches the broker)."""
+    document = yaml.safe_load(EXAMPLE.read_text())
+    queries = [q for q in document["queries"] if q["input_topic"] == "events.pageviews"]
+    for query in queries:
+        query["trust_producer_timestamps"] = True  # queries of one topic trust alike
+    trusting = tmp_path / "trusting.yaml"
+    trusting.write_text(yaml.safe_dump(document))
+    for path, trusted in ((EXAMPLE, False), (trusting, True)):
+        assert main([command, str(path)]) == 0
+        lines = [line.strip() for line in capsys.readouterr().out.splitlines() if "window clock:" in line]
+        assert len(lines) == len(document["queries"])
+        broker = ("window clock: the broker's record timestamps (LogAppendTime) of events.pageviews; at start the "
+                  "worker refuses the topic if its producers stamp it (CreateTime), and creates it with "
+                  "message.timestamp.type=LogAppendTime if it does not exist")
+        producers = ("window clock: the producers' record timestamps of events.pageviews (trust_producer_timestamps: "
+                     "true): a time counts once records of 16 distinct keys are stamped at it or later, none stamped 0 "
+                     "or less; the broker's stamps where it sets them (docs/privacy/clock.md)")
+        assert lines.count(producers if trusted else broker) == len(queries), lines
+    assert main(["plan", str(trusting), "--json"]) == 0
+    plans = {p["query"]: p for p in json.loads(capsys.readouterr().out)["queries"]}
+    assert plans[queries[0]["name"]]["window_clock"].startswith("window clock: the producers' record timestamps")
+
+
+def test_produce_creates_a_missing_topic_as_input_topics_are_to_be_created(kafka_bootstrap, unique_name, monkeypatch,
+                                                                            capsys):
+    from kafka.admin import KafkaAdminClient
+
+    from stream_dp.worker.kafka.admin import describe_topics
+
+    topic = f"{unique_name}-events"
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="stream-dp-tests")
+    try:
+        assert main(["produce", "--topic", topic, "--synthetic", "50", "--units", "5", "--quiet"]) == 0
+        err = capsys.readouterr().err
+        assert f"created topic {topic} with message.timestamp.type=LogAppendTime" in err
+        # events dated back from now, which the broker's stamps make late once a worker read past them
+        assert "no --rate" in err and "trust_producer_timestamps: true" in err
+        state = describe_topics({"bootstrap_servers": kafka_bootstrap}, [topic], ("message.timestamp.type",))[topic]
+        assert state.configs == {"message.timestamp.type": "LogAppendTime"}
+        assert main(["produce", "--topic", topic, "--synthetic", "5", "--units", "5", "--rate", "1000", "--quiet"]) == 0
+        assert "created topic" not in capsys.readouterr().err  # it exists now; live events need no warning
+    finally:
+        admin.delete_topics([topic])
+        admin.close()

@@ -173,7 +173,7 @@ def test_the_example_states_every_query_at_its_expected_counts_and_none_exceeds_
 
 
 def test_the_settings_fingerprint_ignores_the_hint():
-    from stream_dp.worker.runtime import charged_settings
+    from stream_dp.worker.query.runtime import charged_settings
 
     document = yaml.safe_load(EXAMPLE.read_text())
     config = parse_config(document)
@@ -191,7 +191,7 @@ def test_a_gaussian_vectors_epsilon_is_raised_until_the_plan_built_with_it_fits(
     the plan built with it, and the one 10% below it does not fit."""
     import re
 
-    from stream_dp.worker.query_costs import build_plan
+    from stream_dp.worker.query.costs import build_plan
 
     query = _count_query(1.0, {"units_per_group": 50, "value": 1.0}, name="means", mechanism="gaussian", delta=1e-6,
                          aggregations={"mean_vector": {"fields": ["x", "y"], "clip_norm": 5}})

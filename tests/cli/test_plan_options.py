@@ -68,7 +68,7 @@ def test_printed_vector_errors_hold_for_a_mean_near_0_and_bound_a_mean_near_norm
     worst case and exceed plan's near-0 figure by half (the covariance entry) or a tenth (a mean coordinate);
     centred, they match plan's near-0 figure."""
     from stream_dp.config import load_config
-    from stream_dp.worker.query_costs import build_plan
+    from stream_dp.worker.query.costs import build_plan
 
     printed = _printed(capsys, query)
     plan = build_plan(load_config(EXAMPLE).query(query)).vector

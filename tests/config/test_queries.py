@@ -345,3 +345,26 @@ def test_each_requirement_of_an_option_is_its_own_line(example):
     assert lines[0].endswith("e.g. max_released_groups: 72 fits the 3600 s window at 50 blocks x timeout 1000 ms")
     assert lines[1].endswith("sample_aggregate needs count: {} or groups.public (privately selected groups come "
                              "from a count release)")
+
+
+def test_publish_from_is_a_time_with_its_zone_and_only_for_public_groups(example):
+    """Where a public query starts publishing (``docs/privacy/publication-rule.md``): an instant no reading of
+    which depends on the machine, written quoted or as the timestamp YAML reads unquoted."""
+    import datetime
+
+    for written in ("2026-01-01T00:00:00Z", "2026-01-01T09:00:00+09:00", " 2026-01-01T00:00:00.000+00:00",
+                    datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)):
+        example["queries"][0]["window"]["publish_from"] = written
+        assert parse_config(example).queries[0].window.publish_from_ms == 1_767_225_600_000, written
+    unquoted = yaml.safe_load("window: {size: 30s, publish_from: 2026-01-01T00:00:00Z}")["window"]
+    example["queries"][0]["window"] = unquoted
+    assert parse_config(example).queries[0].window.publish_from_ms == 1_767_225_600_000
+    for written, why in (("2026-01-01T00:00:00", "has no zone"), ("2026-01-01", "is a date, not a time"),
+                         (1_767_225_600_000, "is not a time"), ("yesterday", "is not a time")):
+        example["queries"][0]["window"]["publish_from"] = written
+        if written == "2026-01-01":
+            example["queries"][0]["window"]["publish_from"] = datetime.date(2026, 1, 1)  # YAML's unquoted date
+        assert why in _error(example), written
+    example["queries"][0]["window"]["publish_from"] = "2026-01-01T00:00:00Z"
+    example["queries"][0]["groups"] = {"select": {"delta": 1e-6}}
+    assert re.search(r"window\.publish_from .* selected groups .* remove publish_from", _error(example))

@@ -1,4 +1,5 @@
-"""Queries reading one input topic must agree on what its events are: partitioner, unit field, local_dp.
+"""Queries reading one input topic must agree on what its events are: partitioner, unit field, local_dp, and
+whether its producers' record timestamps are trusted.
 
 Each refused combination is one a worker would run with at least one query dead-lettering the topic's
 events (or counting randomized reports as true values); the last test shows the per-event checks that
@@ -62,6 +63,21 @@ def test_two_partitioners_on_one_topic_are_refused():
         "murmur2 and crc32: each event must be on the partition its query's partitioner gives its key, so one of "
         "them dead-letters most events as wrong_partition; set the partitioner the topic's producers use (murmur2 "
         "for Kafka's Java client and kafka-python, crc32 for librdkafka's default) on both")
+
+
+@pytest.mark.parametrize("trusting_first", [True, False])
+def test_one_query_trusting_producer_timestamps_and_one_not_on_one_topic_are_refused(trusting_first):
+    trusting = {"trust_producer_timestamps": True}
+    (line,) = _error(_two(trusting, None) if trusting_first else _two(None, trusting))
+    trusted, other = ("a", "b") if trusting_first else ("b", "a")
+    assert line == (
+        f"queries.yaml: queries: queries 'a' and 'b' both read input_topic 'events.browsers', and only {trusted!r} "
+        "has trust_producer_timestamps: true: a topic's records close the windows of every query reading it by one "
+        "clock, and the worker checks the topic's message.timestamp.type once for all of them; set "
+        "trust_producer_timestamps alike on both (true only for a backfill whose producers stamp records with their "
+        f"events' times, see docs/privacy/clock.md), or give {other!r} a topic of its own")
+    parse_config(_two(trusting, trusting), "queries.yaml")
+    parse_config(_two(trusting, None, same_topic=False), "queries.yaml")
 
 
 @pytest.mark.parametrize("namespace", ["devices", "users"])

@@ -57,6 +57,7 @@ FAULT_ONLY_SERIES = {
     "stream_dp_late_partials_total",
     "stream_dp_partials_expired_total",
     "stream_dp_windows_expired_total",
+    "stream_dp_partials_unreleasable_total",
     "stream_dp_release_partitions_missing_total",
     "stream_dp_budget_charge_replays_total",
     "stream_dp_windows_withheld_total",

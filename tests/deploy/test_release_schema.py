@@ -4,7 +4,7 @@ what it spent: each option's block comes with its privacy statement and the stat
 ``tests/data/release_records.jsonl`` holds real records, one or two of each kind: copied from an
 end-to-end run of the worker (every query option, both trust models, top_k over public and selected
 groups, both levels of a hierarchy), and for the shapes that run lacks (a hierarchy with quantiles,
-a staircase count or sum alone) built by ``stream_dp.worker.release_build.build_release``. Each rule is
+a staircase count or sum alone) built by ``stream_dp.worker.release.build.build_release``. Each rule is
 checked on a doctored copy of a real record: a field removed, moved or made up.
 """
 
@@ -170,7 +170,7 @@ def test_the_records_of_a_window_released_as_if_empty_are_valid_and_say_so():
     from stream_dp.config import parse_config
     from stream_dp.dp import OpenDPNoise
     from stream_dp.worker.app import build_runtimes
-    from stream_dp.worker.release_build import build_release
+    from stream_dp.worker.release.build import build_release
 
     query = {
         "name": "fallback", "input_topic": "in", "output_topic": "out",

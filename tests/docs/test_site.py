@@ -1,5 +1,5 @@
-"""The documentation site (mkdocs.yml, docs/) builds with ``mkdocs build --strict``: every page is in the
-navigation, and every link between pages and every anchor resolves."""
+"""The documentation site (mkdocs.yml, docs/, and ARCHITECTURE.md as a page through docs/_hooks/) builds with
+``mkdocs build --strict``: every page is in the navigation, and every link between pages and every anchor resolves."""
 
 from __future__ import annotations
 
@@ -28,18 +28,25 @@ def test_the_site_builds_strictly(tmp_path):
 def test_a_broken_link_an_unknown_anchor_or_a_page_left_out_fails_the_build(tmp_path):
     """The strictness the first test relies on: each kind of rot, on a copy of the site, fails its build."""
     rots = {
-        "link": ("index.md", "\n[gone](concepts/no-such-page.md)\n"),
-        "anchor": ("index.md", "\n[gone](privacy/index.md#no-such-heading)\n"),
-        "page": ("orphan.md", "# A page no navigation lists\n"),
+        "link": ("docs/index.md", "\n[gone](concepts/no-such-page.md)\n"),
+        "anchor": ("docs/index.md", "\n[gone](privacy/index.md#no-such-heading)\n"),
+        "page": ("docs/orphan.md", "# A page no navigation lists\n"),
+        # ARCHITECTURE.md at the top is a page of the site too (docs/_hooks/architecture_page.py)
+        "architecture link": ("ARCHITECTURE.md", "\n[gone](docs/privacy/no-such-page.md)\n"),
     }
-    for rot, (page, text) in rots.items():
-        copy = tmp_path / rot
+    for rot, (page, text) in [("none", (None, None)), *rots.items()]:
+        copy = tmp_path / rot.replace(" ", "-")
         shutil.copytree(ROOT / "docs", copy / "docs")
-        shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")
-        with (copy / "docs" / page).open("a") as handle:
-            handle.write(text)
+        for name in ("mkdocs.yml", "ARCHITECTURE.md"):
+            shutil.copy(ROOT / name, copy / name)
+        if page is not None:
+            with (copy / page).open("a") as handle:
+                handle.write(text)
         done = _build(copy / "mkdocs.yml", copy / "site")
-        assert done.returncode != 0, f"a {rot} that rots did not fail the build"
+        if page is None:  # the copy itself builds, so each failure below is its rot's
+            assert done.returncode == 0, f"an untouched copy of the site failed to build:\n{done.stderr[-5000:]}"
+        else:
+            assert done.returncode != 0, f"a {rot} that rots did not fail the build"
 
 
 def test_the_configuration_page_names_every_environment_setting():

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from stream_dp.dp.bounds import ContributionBounds
+from stream_dp.dp.histogram import HistogramSpec
 from stream_dp.dp.quantile_intervals import CONFIDENCE, ValueIntervalPlan, band_widths, tail_bound
 from stream_dp.dp.quantiles import QuantilesPlan
 from stream_dp.dp.vectorised_noise import VectorisedExactNoise
-from stream_dp.windows.histogram import HistogramSpec
 
 # A test fails when an observed rate is above its bound by more than Z standard errors: a sound
 # implementation fails by chance with probability below 1e-6 per assertion.

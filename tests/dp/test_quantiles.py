@@ -34,9 +34,9 @@ from scipy.stats import binom, binomtest, chi2_contingency, chisquare
 from stream_dp.dp import ContributionBounds, OpenDPNoise
 from stream_dp.dp import quantiles as quantiles_module
 from stream_dp.dp.accuracy import noise_ci_half_width
+from stream_dp.dp.histogram import SparseHistogram
 from stream_dp.dp.measurements import private_quantile_measurement, quantile_score_transformation
 from stream_dp.dp.quantiles import COUNT_BETA, QuantilesPlan, opendp_alpha, statement_beta
-from stream_dp.windows.histogram import SparseHistogram
 
 FAIL_BELOW = 1e-4
 DRAWS = 5_000

@@ -39,9 +39,9 @@ import pytest
 from scipy import optimize, stats
 
 from stream_dp.config import load_config
+from stream_dp.dp.bounds import ClipRange, ContributionBounds
 from stream_dp.dp.exact_sampling import UrandomBits
 from stream_dp.dp.plan import ReleasePlan
-from stream_dp.dp.bounds import ClipRange, ContributionBounds
 from stream_dp.dp.staircase import (
     StaircaseLaw,
     calibrate_staircase_counts,
@@ -49,7 +49,7 @@ from stream_dp.dp.staircase import (
     exact_epsilon,
 )
 from stream_dp.dp.vectorised_noise import VectorisedExactNoise, round_to_grid
-from stream_dp.worker.query_costs import build_plan
+from stream_dp.worker.query.costs import build_plan
 
 P_MIN = 1e-4
 DRAWS = 200_000

@@ -19,10 +19,10 @@ import numpy as np
 
 from stream_dp.config import parse_config
 from stream_dp.dp import OpenDPNoise
-from stream_dp.windows.histogram import SparseHistogram
+from stream_dp.dp.histogram import SparseHistogram
 from stream_dp.worker.app import build_runtimes
-from stream_dp.worker.combiner import CombinedWindow
-from stream_dp.worker.release_build import build_release
+from stream_dp.worker.combine.combiner import CombinedWindow
+from stream_dp.worker.release.build import build_release
 
 SECRET = b"bench-secret-0123456789abcdef"
 UNITS = 200

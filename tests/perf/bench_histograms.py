@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from stream_dp.windows.histogram import HistogramSpec
-from stream_dp.worker.combiner import WindowCombiner
-from stream_dp.worker.records import PartialAggregate, encode_partial_payload
+from stream_dp.dp.histogram import HistogramSpec
+from stream_dp.worker.combine.combiner import WindowCombiner
+from stream_dp.worker.partials.wire import PartialAggregate, encode_partial_payload
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_windows import START_MS, WINDOW_MS, make_engine, synthetic_batches  # noqa: E402
 

@@ -13,7 +13,7 @@ the process's peak (VmHWM) growth over the run per report (the transient
 copies of compaction, closing and adding up included), and events per CPU
 second; then the same for as many k-ary randomized response reports, the
 other mechanism, whose reports are one group value. The allocator is set
-as the worker sets it (``process_tuning.tune_allocator``).
+as the worker sets it (``process.tuning.tune_allocator``).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _batches(mechanism: str, domain: tuple[str, ...], epsilon: float, reports: i
 
 
 def child(mechanism: str, reports: int, domain_size: int, epsilon: float) -> dict[str, Any]:
-    from stream_dp.worker.process_tuning import tune_allocator
+    from stream_dp.worker.process.tuning import tune_allocator
 
     tune_allocator()  # as the worker process runs
     domain = tuple(f"v{i}" for i in range(domain_size))

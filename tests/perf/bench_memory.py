@@ -8,7 +8,7 @@
   no event is dropped. RSS is read from /proc before the first and after the
   last batch (pending rows compacted); ``peak`` is VmHWM, which includes the
   transient copies of compaction. The child fixes glibc's mmap threshold as
-  the worker process does (``process_tuning.tune_allocator``; without it much
+  the worker process does (``process.tuning.tune_allocator``; without it much
   of the RSS is heap glibc keeps after the batches are freed:
   ``--default-allocator`` measures that). The RSS after ``malloc_trim(0)`` is
   printed too, and the engine's own count of its numpy state
@@ -82,7 +82,7 @@ def _rss_after_malloc_trim() -> int | None:
 
 def engine_child(pairs: int, batch: int, default_allocator: bool = False) -> dict[str, Any]:
     if not default_allocator:
-        from stream_dp.worker.process_tuning import tune_allocator
+        from stream_dp.worker.process.tuning import tune_allocator
 
         tune_allocator()  # as the worker process runs
     rng = np.random.default_rng(3)  # synthetic data only
@@ -117,7 +117,7 @@ def engine_child(pairs: int, batch: int, default_allocator: bool = False) -> dic
 
 
 def engine_memory(pairs: int, batch: int = 200_000, timeout_s: float = 1_800, default_allocator: bool = False) -> dict[str, Any]:
-    """``default_allocator``: without the worker's C-heap setting (``process_tuning.tune_allocator``)."""
+    """``default_allocator``: without the worker's C-heap setting (``process.tuning.tune_allocator``)."""
     completed = subprocess.run(
         [sys.executable, __file__, "--engine-child", "--pairs", str(pairs), "--batch", str(batch)]
         + (["--default-allocator"] if default_allocator else []),

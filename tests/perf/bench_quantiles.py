@@ -19,7 +19,7 @@ import numpy as np
 
 from stream_dp.dp import ContributionBounds, OpenDPNoise
 from stream_dp.dp.quantiles import QuantilesPlan
-from stream_dp.windows.histogram import HistogramSpec, SparseHistogram
+from stream_dp.dp.histogram import HistogramSpec, SparseHistogram
 
 
 def histograms(groups: int, values: int, spec: HistogramSpec, seed: int) -> SparseHistogram:

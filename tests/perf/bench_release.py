@@ -34,23 +34,28 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import perfkit  # noqa: E402
 import watch  # noqa: E402
+from stream_dp.windows.record_clock import PRODUCER_QUORUM  # noqa: E402
 
 LATENESS_MS = 1_000
 PARTITIONS = 4
 
 
 def _send_closers(services: perfkit.Services, topic: str, ts_ms: int) -> float:
-    """One event at ``ts_ms`` on every partition; returns the monotonic time just before sending."""
+    """``PRODUCER_QUORUM`` events at ``ts_ms`` on every partition, each of a unit of its own (as many units as
+    move a trusted producer clock);
+    returns the monotonic time just before sending."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": services.bootstrap, "acks": "all", "linger.ms": 0, "log_level": 3})
     producer.list_topics(topic, timeout=10)  # connect first: the clock should not count the handshake
     started = time.monotonic()
     for partition in range(PARTITIONS):
-        value = b'{"user_id":"closer-%d","ts":%d,"page":"/g0","value":1.0}' % (partition, ts_ms)
         # Stamped with its event time as a live producer's record would be: a wall-clock stamp would move the
         # worker's record clock past every later (back-dated) window of the run and close them as they fill.
-        producer.produce(topic, value=value, key=b"closer-%d" % partition, partition=partition, timestamp=ts_ms)
+        for i in range(PRODUCER_QUORUM):
+            unit = b"closer-%d-%d" % (partition, i)
+            value = b'{"user_id":"%s","ts":%d,"page":"/g0","value":1.0}' % (unit, ts_ms)
+            producer.produce(topic, value=value, key=unit, partition=partition, timestamp=ts_ms)
     if producer.flush(30):
         raise RuntimeError(f"closing events to {topic} were not acknowledged")
     return started
@@ -68,14 +73,15 @@ def run_groups(services: perfkit.Services, groups: int, *, windows: int, events_
     which is left out of the latencies."""
     name = perfkit.unique_name(f"rl{groups}")
     topic = f"{name}-in"
-    config = perfkit.write_config(
-        workdir / f"{name}.yaml",
-        perfkit.worker_config(name, topic, groups=groups, allowed_lateness=f"{LATENESS_MS}ms", idle_timeout="1h"),
-    )
     n_events = max(2 * groups, events_per_window)
     measured = windows
     total = windows + (1 if profile_to is not None else 0)
     first_window_ms = (int(time.time() * 1000) // perfkit.WINDOW_MS - total - 3) * perfkit.WINDOW_MS
+    config = perfkit.write_config(
+        workdir / f"{name}.yaml",
+        perfkit.worker_config(name, topic, groups=groups, allowed_lateness=f"{LATENESS_MS}ms", idle_timeout="1h",
+                              publish_from_ms=first_window_ms),
+    )
     worker = poller = reader = None
     latencies: list[float] = []
     inside: list[float] = []

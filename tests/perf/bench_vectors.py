@@ -34,7 +34,7 @@ from stream_dp.dp.vectors import FeatureSpec, group_row_sums
 from stream_dp.windows import BoundingSpec, EventSchema, RawBatch, WindowEngine, WindowSpec
 from stream_dp.windows.exact_sums import truncate_features
 from stream_dp.windows.partial import WindowPartial
-from stream_dp.worker.sandbox import FunctionSandbox
+from stream_dp.worker.sandbox.runner import FunctionSandbox
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_windows import START_MS, WINDOW_MS, Timer, synthetic_batches  # noqa: E402
 

@@ -122,7 +122,8 @@ def run_once(
         perfkit.create_topic(services.bootstrap, topic, partitions)
     config = perfkit.write_config(
         workdir / f"{name}.yaml",
-        perfkit.worker_config(name, topic, groups=groups, idle_timeout=f"{IDLE_TIMEOUT_S}s"),
+        perfkit.worker_config(name, topic, groups=groups, idle_timeout=f"{IDLE_TIMEOUT_S}s",
+                              publish_from_ms=events.first_window_ms),
     )
     data_windows = [events.first_window_ms + k * perfkit.WINDOW_MS for k in range(events.windows)]
     group_id = f"{name}-g"

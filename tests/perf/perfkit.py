@@ -9,6 +9,7 @@ Everything here touches only loopback services named by the environment
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import statistics
@@ -105,9 +106,10 @@ def synthetic_events(
     ``produce`` stamps each record with its event time, as a live producer would, so
     the worker's record clock (which closes windows) follows the data.
 
-    ``closers_after_ms``: also one event per partition (a unit of its own, group 0) that
-    much after the end of the last window, appended at the end: the stream going on, whose
-    record timestamps close the last window without waiting for the idle timeout.
+    ``closers_after_ms``: also ``PRODUCER_QUORUM`` events per partition (each of a unit of its own, group 0)
+    that much after the end of the last window, appended at the end: the stream going on, whose
+    record timestamps close the last window without waiting for the idle timeout (a trusted
+    producer clock moves once that many units' records are stamped past a window).
     """
     from stream_dp.windows.partitioning import expected_partitions
 
@@ -119,12 +121,14 @@ def synthetic_events(
     ts_ms = first_window_ms + np.sort(rng.integers(0, windows * WINDOW_MS, events))
     value = np.round(rng.gamma(2.0, 20.0, events), 2)
     if closers_after_ms is not None:
-        closer_units = _units_on_each_partition(partitions, first=max(units, 10**9))
+        from stream_dp.windows.record_clock import PRODUCER_QUORUM
+
+        closer_units = _units_on_each_partition(partitions, first=max(units, 10**9), per_partition=PRODUCER_QUORUM)
         unit = np.concatenate([unit, closer_units])
-        group = np.concatenate([group, np.zeros(partitions, dtype=group.dtype)])
+        group = np.concatenate([group, np.zeros(len(closer_units), dtype=group.dtype)])
         end_ms = first_window_ms + windows * WINDOW_MS + closers_after_ms
-        ts_ms = np.concatenate([ts_ms, np.full(partitions, end_ms, dtype=ts_ms.dtype)])
-        value = np.concatenate([value, np.zeros(partitions)])
+        ts_ms = np.concatenate([ts_ms, np.full(len(closer_units), end_ms, dtype=ts_ms.dtype)])
+        value = np.concatenate([value, np.zeros(len(closer_units))])
     return SyntheticEvents(
         unit=unit,
         group=group,
@@ -140,13 +144,14 @@ def _unit_keys(unit: np.ndarray) -> np.ndarray:
     return np.char.add(b"u", unit.astype("S20"))
 
 
-def _units_on_each_partition(partitions: int, first: int) -> np.ndarray:
-    """One unit number per partition, from ``first`` on, whose key murmur2 puts on that partition."""
+def _units_on_each_partition(partitions: int, first: int, per_partition: int = 1) -> np.ndarray:
+    """``per_partition`` unit numbers per partition (partition by partition), from ``first`` on, whose keys
+    murmur2 puts on that partition."""
     from stream_dp.windows.partitioning import expected_partitions
 
-    candidates = np.arange(first, first + 64 * partitions)
+    candidates = np.arange(first, first + 64 * partitions * per_partition)
     placed = expected_partitions(_unit_keys(candidates), partitions, "murmur2")
-    return np.array([candidates[np.flatnonzero(placed == p)[0]] for p in range(partitions)])
+    return np.concatenate([candidates[np.flatnonzero(placed == p)[:per_partition]] for p in range(partitions)])
 
 
 def group_names(groups: int) -> list[str]:
@@ -163,10 +168,13 @@ def admin(bootstrap: str) -> Any:
 
 
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    """An input topic whose producers stamp its records (CreateTime): the benchmarks backfill past windows with
+    records stamped with their event times, read by queries that trust them (``worker_config``)."""
     from confluent_kafka.admin import NewTopic
 
     client = admin(bootstrap)  # kept referenced until the futures resolve
-    futures = client.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+    futures = client.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1,
+                                             config={"message.timestamp.type": "CreateTime"})])
     futures[name].result(timeout=30)
 
 
@@ -228,10 +236,15 @@ def produce(bootstrap: str, topic: str, events: SyntheticEvents, *, chunk: int =
 
 def worker_config(
     name: str, input_topic: str, *, groups: int, window: str = "1m", allowed_lateness: str = "5s",
-    idle_timeout: str = "10s", epsilon_limit: float = 1000.0,
+    idle_timeout: str = "10s", epsilon_limit: float = 1000.0, publish_from_ms: int | None = None,
 ) -> dict[str, Any]:
     """A query like the example one, with public groups ``/g0`` .. and limits high enough
-    that no unit runs out of budget (so none is excluded)."""
+    that no unit runs out of budget (so none is excluded). ``publish_from_ms``: the first window of
+    events produced before the worker's first start (a backlog), which it publishes from then."""
+    window_settings = {"size": window, "allowed_lateness": allowed_lateness, "idle_timeout": idle_timeout}
+    if publish_from_ms is not None:
+        window_settings["publish_from"] = datetime.datetime.fromtimestamp(
+            publish_from_ms / 1000, datetime.timezone.utc).isoformat()
     return {
         "namespaces": {name: {"budgets": [{"horizon": "1h", "epsilon": epsilon_limit},
                                           {"horizon": "24h", "epsilon": 4 * epsilon_limit}],
@@ -243,7 +256,7 @@ def worker_config(
             "privacy_unit": {"namespace": name, "field": "user_id"},
             "timestamp_field": "ts",
             "timestamp_format": "epoch_ms",
-            "window": {"size": window, "allowed_lateness": allowed_lateness, "idle_timeout": idle_timeout},
+            "window": window_settings,
             "group_by": ["page"],
             "groups": {"public": group_names(groups)},
             "bounds": {"max_groups_per_unit": 3, "max_events_per_group": 2},
@@ -251,6 +264,7 @@ def worker_config(
             "mechanism": "laplace",
             "epsilon": 0.1,
             "release_timeout": "2m",
+            "trust_producer_timestamps": True,  # see ``create_topic``
         }],
     }
 

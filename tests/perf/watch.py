@@ -182,7 +182,7 @@ def rss_bytes(pids: Iterable[int]) -> int:
     return total
 
 
-_ASSIGNED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO stream_dp\.worker\.ingest: assigned \['")
+_ASSIGNED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO stream_dp\.worker\.ingest\.stage: assigned \['")
 
 
 def first_assignment_wall(log_text: str) -> float | None:
@@ -341,6 +341,7 @@ INGEST_CATEGORIES: tuple[tuple[str, str], ...] = (
     ("aiokafka getmany (record objects)", "getmany"),
     ("aiokafka, rest (fetch, protocol)", "aiokafka/"),
     ("ingest stage, rest (metrics, progress, commit)", "IngestStage."),
+    ("ingest stage, rest (metrics, progress, commit)", "ProgressOut."),
     ("/metrics endpoint (scrapes)", "prometheus_client"),
     ("event loop, select", "select"),
 )
@@ -358,6 +359,7 @@ RELEASE_CATEGORIES: tuple[tuple[str, str], ...] = (
     ("window close (bounding, partials)", "WindowEngine._advance"),
     ("release stage, rest", "ReleaseStage."),
     ("ingest stage, rest", "IngestStage."),
+    ("ingest stage, rest", "ProgressOut."),
     ("aiokafka (fetch, produce)", "aiokafka/"),
     ("/metrics endpoint (scrapes)", "prometheus_client"),
     ("event loop, select", "select"),

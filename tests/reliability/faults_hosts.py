@@ -34,8 +34,8 @@ class ClockSkew:
     name: str = "worker clock 10 minutes ahead"
 
     def inject(self, ctx: RunContext) -> None:
-        from stream_dp.worker.partials_in import PartialsReader
-        from stream_dp.worker.records import PartialAggregate, WireFormatError
+        from stream_dp.worker.partials.wire import PartialAggregate, WireFormatError
+        from stream_dp.worker.release.intake import PartialsReader
 
         def skewed_partial() -> bool:
             now_ms = time.time() * 1000

@@ -111,7 +111,7 @@ class PoisonPartials:
 
     def inject(self, ctx: RunContext) -> None:
         from stream_dp.wire.frame import BINARY_VERSION
-        from stream_dp.worker.records import PartialAggregate, encode_partial, partial_key
+        from stream_dp.worker.partials.wire import PartialAggregate, encode_partial, partial_key
         import numpy as np
 
         time.sleep(ctx.uniform(2.0, ctx.stream.duration_s - 4.0))

@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 
 from stream_dp.config import load_config
+from stream_dp.windows.record_clock import PRODUCER_QUORUM
 from tests.reliability.checks import CheckReport, Observed, check_partials, dead_letter_sources, is_copy_of
 from tests.reliability.fuzz_messages import collect, garbage, oversized
 from tests.reliability.model import compute_truth
@@ -80,7 +81,8 @@ def run_worker_fuzz(bootstrap: str, work_dir: Path, *, messages: int, seed: int)
                 merged.append((value, CLEAN))
             merged += mine[j:]
             # its own window stays open: not part of the check
-            merged.append((s.closer(WINDOWS, unit=_unit_on(p)), CLOSER))
+            # as many as a trusted producer clock needs (``record_clock``) to close the last window checked
+            merged += [(s.closer(WINDOWS, unit=unit), CLOSER) for unit in _units_on(p, PRODUCER_QUORUM)]
             streams[p] = merged
         s.start_worker()
         for p, merged in streams.items():
@@ -113,9 +115,10 @@ def _send_times(s: Scenario, merged: list[tuple[bytes, frozenset | None]]) -> li
     return stamps
 
 
-def _unit_on(partition: int) -> str:
-    """A unit id the default partitioner places on ``partition``."""
-    return next(f"closer-{i}" for i in range(1000) if kafka_partition(f"closer-{i}", PARTITIONS) == partition)
+def _units_on(partition: int, count: int) -> list[str]:
+    """``count`` unit ids the default partitioner places on ``partition``."""
+    units = (f"closer-{i}" for i in range(100 * count * PARTITIONS))
+    return [unit for unit in units if kafka_partition(unit, PARTITIONS) == partition][:count]
 
 
 def _check(s: Scenario, streams: dict[int, list[tuple[bytes, frozenset | None]]], report: CheckReport) -> None:

@@ -8,6 +8,7 @@ the tests decide what closes when by what they send.
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 import uuid
@@ -17,8 +18,9 @@ from pathlib import Path
 import orjson
 import yaml
 
-from stream_dp.worker.partials_in import PartialsReader
-from stream_dp.worker.records import PartialAggregate
+from stream_dp.windows.record_clock import PRODUCER_QUORUM
+from stream_dp.worker.partials.wire import PartialAggregate
+from stream_dp.worker.release.intake import PartialsReader
 from tests.reliability.redis_proxy import FaultProxy
 from tests.reliability.services import PrivateRedis
 from tests.reliability.topics import TopicRecord, create_topic, delete_topics, read_topic, wait_until
@@ -29,6 +31,7 @@ LATENESS_MS = 500
 EPSILON = 1.0
 SECRET = "scenario-secret-0123456789abcdef"
 PAGES = ("home", "search")
+TICK = b"clock tick"  # how a record that carries only its record timestamp starts (``Scenario.closers``)
 
 
 class Scenario:
@@ -52,7 +55,7 @@ class Scenario:
         if not self.redis.running:
             self.redis.start()
         self.proxy = FaultProxy(self.redis.port)
-        create_topic(bootstrap, self.input_topic, partitions)
+        create_topic(bootstrap, self.input_topic, partitions, {"message.timestamp.type": "CreateTime"})
         limit = EPSILON * budget_windows if budget_windows is not None else 1000.0
         config = {
             "namespaces": {f"{self.name}-units": {"budgets": [{"horizon": "1h", "epsilon": limit}], "alert_at": [1.0]}},
@@ -60,11 +63,16 @@ class Scenario:
                 "name": self.query, "input_topic": self.input_topic, "output_topic": self.output_topic,
                 "privacy_unit": {"namespace": f"{self.name}-units", "field": "user_id"},
                 "timestamp_field": "ts",
-                "window": {"size": f"{WINDOW_MS}ms", "allowed_lateness": f"{LATENESS_MS}ms", "idle_timeout": "10m"},
+                # windows from base_ms on, older than the worker: published because the file says so
+                "window": {"size": f"{WINDOW_MS}ms", "allowed_lateness": f"{LATENESS_MS}ms", "idle_timeout": "10m",
+                           "publish_from": datetime.datetime.fromtimestamp(
+                               self.base_ms / 1000, datetime.timezone.utc).isoformat()},
                 "group_by": ["page"], "groups": {"public": list(PAGES)},
                 "bounds": {"max_groups_per_unit": 2, "max_events_per_group": 5},
                 "aggregations": {"count": {}, "sum": {"field": "value", "clip": [0, 10]}},
                 "epsilon": EPSILON, "release_timeout": "10m",
+                # a backfill of windows minutes old: ``produce`` stamps records with their events' times
+                "trust_producer_timestamps": True,
             }],
         }
         self.config_path = work_dir / "queries.yaml"
@@ -88,8 +96,15 @@ class Scenario:
         return orjson.dumps({"user_id": unit, "ts": self.window_start(k) + at_ms, "page": page, "value": value})
 
     def closer(self, k: int, unit: str = "closer") -> bytes:
-        """An event that closes every window up to ``k`` (it lies in window ``k + 1``)."""
+        """An event whose record stamp is past every window up to ``k`` (it lies in window ``k + 1``)."""
         return self.event(unit, k + 1, at_ms=LATENESS_MS)
+
+    def closers(self, k: int, unit: str = "closer") -> list[bytes]:
+        """What closes every window up to ``k``: the closer and ``PRODUCER_QUORUM - 1`` ticks after it, records
+        without an event (dead-lettered as invalid JSON), each keyed by itself, that ``produce`` stamps as the
+        closer. A trusted producer clock moves only once that many units' records (distinct keys) are stamped
+        past a window (``record_clock``)."""
+        return [self.closer(k, unit)] + [TICK + b" %d" % i for i in range(1, PRODUCER_QUORUM)]
 
     # -- I/O ------------------------------------------------------------------------
 
@@ -163,12 +178,13 @@ class Scenario:
 
 
 def _key_and_time(value: bytes | None) -> tuple[bytes | None, int | None]:
-    """The unit id (as the message key) and the event time in ms of an event, where it has them."""
+    """The unit id (as the message key) and the event time in ms of an event, where it has them; a tick is
+    keyed by itself."""
     try:
         event = orjson.loads(value)  # type: ignore[arg-type]
         unit, ts = event.get("user_id"), event.get("ts")
     except (orjson.JSONDecodeError, AttributeError, TypeError):
-        return None, None
+        return (value if isinstance(value, bytes) and value.startswith(TICK) else None), None
     key = str(unit).encode() if isinstance(unit, (str, int)) and not isinstance(unit, bool) else None
     stamp = int(ts) if isinstance(ts, int) and not isinstance(ts, bool) and 0 <= ts < 2**53 else None
     return key, stamp

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import orjson
 import redis
 
-from stream_dp.worker.release_entry import decode_entry
+from stream_dp.worker.release.entry import decode_entry
 from tests.reliability.checks import CheckReport
 from tests.reliability.model import FIXED_POINT, Truth
 from tests.reliability.topics import TopicRecord

@@ -17,7 +17,7 @@ import pytest
 
 from stream_dp.config import load_config
 from stream_dp.wire.letters import dead_letter_record
-from stream_dp.worker.records import PartialAggregate, encode_partial
+from stream_dp.worker.partials.wire import PartialAggregate, encode_partial
 from tests.reliability.checks import (
     CheckReport,
     accepted_by_coarser_clock,
@@ -121,7 +121,7 @@ def test_the_clean_world_passes_every_check(world):
 
 
 def _doctor_partial(observed: Observed, index: int, **changes) -> Observed:
-    from stream_dp.worker.records import decode_internal
+    from stream_dp.worker.partials.wire import decode_internal
 
     doctored = copy.copy(observed)
     partials = list(observed.partials)
@@ -140,7 +140,7 @@ def _doctor_partial(observed: Observed, index: int, **changes) -> Observed:
 ])
 def test_partials_check_rejects_a_wrong_partial(world, changes, kind):
     observed, truth, evidence = world
-    from stream_dp.worker.records import decode_internal
+    from stream_dp.worker.partials.wire import decode_internal
 
     original = decode_internal(observed.partials[0].value)
     real = {"plus one": lambda v: v + 1, "doubled": lambda v: v * 2}
@@ -159,7 +159,7 @@ def test_partials_check_rejects_a_lost_and_a_differing_copy(world):
     assert report.kinds["partial lost"] == 1, report.violations
     twice = _doctor_partial(observed, 0, closed_at_ms=1)
     twice.partials = twice.partials + [observed.partials[0]]
-    from stream_dp.worker.records import decode_internal
+    from stream_dp.worker.partials.wire import decode_internal
 
     first = decode_internal(observed.partials[0].value)
     twice = _doctor_partial(twice, 0, count=first.count + 1)
@@ -210,6 +210,31 @@ def test_outputs_check_rejects_noise_drawn_twice_a_lost_window_and_a_value_off_t
         report = CheckReport()
         check_outputs(doctored, truth, report)
         assert report.kinds[kind] >= 1, (kind, report.violations)
+
+
+def test_outputs_check_rejects_a_first_window_its_data_chose_and_one_before_the_start(world):
+    """The first window is the one holding the query's first start less allowed_lateness (bounded by the run):
+    releases that begin at the first data window instead, or before the start, fail."""
+    observed, truth, _ = world
+    query = next(iter(truth.namespace))
+    first = min(truth.windows(query))
+    lateness = 1_000
+
+    def report_for(started_between, outputs=None) -> CheckReport:
+        doctored = copy.copy(observed)
+        doctored.started_between, doctored.lateness_ms = started_between, lateness
+        if outputs is not None:
+            doctored.outputs = {**observed.outputs, query: outputs}
+        report = CheckReport()
+        check_outputs(doctored, truth, report)
+        return report
+
+    assert not report_for((first + lateness, first + lateness + 500)).violations  # started in the first window
+    # started three windows before the data, yet nothing was released until the data came
+    assert report_for((first - 6_000 + lateness, first - 6_000 + lateness)).kinds["first window"] >= 1
+    early = _release(query, first - 4_000, "home", 0.0, 0.0)
+    report = report_for((first + lateness, first + lateness), [early, *observed.outputs[query]])
+    assert report.kinds["first window"] >= 1 and report.kinds["empty window not released"] >= 1, report.violations
 
 
 def test_arrival_check_rejects_a_partial_that_reached_the_topic_after_its_window_was_published(world):

@@ -42,7 +42,7 @@ def _units(prefix: str, n: int) -> list[str]:
 
 def test_a_late_event_first_seen_after_a_restart_is_dead_lettered(scenario):
     s = scenario()
-    s.produce([s.event(u, 0) for u in _units("a", 20)] + [s.closer(1)])
+    s.produce([s.event(u, 0) for u in _units("a", 20)] + s.closers(1))
     s.start_worker()
     assert s.wait_released(0, 60), "window 0 was not released"
     assert s.worker.stop() == 0  # a clean stop commits offsets with closed_through past window 1
@@ -65,7 +65,7 @@ def test_a_window_held_during_a_redis_outage_survives_a_restart(scenario, stop):
     units = _units("h", 30)
     s.redis.stop()
     s.start_worker()
-    s.produce([s.event(u, 0) for u in units] + [s.closer(0)])
+    s.produce([s.event(u, 0) for u in units] + s.closers(0))
     assert wait_until(lambda: s.metric("stream_dp_pending_charges") >= 1, 30, 0.3), "window 0 was never held"
     time.sleep(2.5)  # at least one offset commit (every second) while the window is held
     if stop == "sigterm":
@@ -84,7 +84,7 @@ def test_a_crash_after_the_charge_with_a_different_replay_batch_keeps_the_window
     units = _units("c", 25)
     trigger = s.proxy.arm(Trigger(is_budget_charge, occurrence=1, forward=True))
     s.start_worker()
-    s.produce([s.event(u, 0) for u in units] + [s.closer(0)])
+    s.produce([s.event(u, 0) for u in units] + s.closers(0))
     assert trigger.fired.wait(30), "the worker never charged window 0"
     s.worker.kill()  # the charge is in Redis, the partial was never published
     s.proxy.drop_frozen()
@@ -103,7 +103,7 @@ def test_a_crash_after_the_charge_with_a_different_replay_batch_keeps_the_window
 def reordered(request, tmp_path_factory, kafka_bootstrap):
     """Redis is down: window 0 closes and is held, window 1 closes and is held too; Redis returns.
 
-    Down from the start, the worker cannot even verify its store (``store_guard``); down after it
+    Down from the start, the worker cannot even verify its store (``guard.store``); down after it
     did, window 0's charge fails and the worker waits to verify the store again. Either way both
     windows wait uncharged, whatever backoff a charge would be at, and once Redis answers they are
     charged in window order. The budget covers one window, every unit is in both. Returns the
@@ -119,13 +119,13 @@ def reordered(request, tmp_path_factory, kafka_bootstrap):
             s.start_worker()
             assert wait_until(lambda: s.metric("stream_dp_store_checks_total", outcome="verified") >= 1, 40, 0.2)
             s.redis.stop()
-        s.produce([s.event(u, 0) for u in units] + [s.closer(0)])
+        s.produce([s.event(u, 0) for u in units] + s.closers(0))
 
         def held() -> float:
             return s.metric("stream_dp_pending_charges")
 
         assert wait_until(lambda: held() >= 1, 40, 0.2), "window 0 was not held while Redis was down"
-        s.produce([s.event(u, 1) for u in units] + [s.closer(1)])
+        s.produce([s.event(u, 1) for u in units] + s.closers(1))
         assert wait_until(lambda: held() >= 2, 40, 0.2), "window 1 was not held while Redis was down"
         # Held for the outage: a charge that failed, or one not sent because the store was not verified.
         assert wait_until(lambda: sum(s.metric("stream_dp_budget_failures_total", kind=kind)
@@ -153,7 +153,7 @@ def test_a_window_released_out_of_order_is_not_lost(reordered):
 
 
 def test_empty_windows_are_released_on_every_home(scenario):
-    from stream_dp.worker.combiner import window_home
+    from stream_dp.worker.partials.homes import window_home
 
     s = scenario(partials_partitions=2)
     # Homes are hashed from the (random) query name: take data windows on window 0's home up to the
@@ -164,7 +164,7 @@ def test_empty_windows_are_released_on_every_home(scenario):
     last = next(k for k in range(other, 64) if homes[k] == data_home)
     with_data = [k for k in range(last + 1) if homes[k] == data_home]
     empty = [k for k in range(last) if homes[k] != data_home]
-    s.produce([s.event(f"e-{k}-{i}", k) for k in with_data for i in range(5)] + [s.closer(max(with_data) + 1)])
+    s.produce([s.event(f"e-{k}-{i}", k) for k in with_data for i in range(5)] + s.closers(max(with_data) + 1))
     s.start_worker()
     assert s.wait_released(max(with_data), 60), "the last window with data was never released"
     released = wait_until(lambda: all(s.window_start(k) in s.releases() for k in empty), 20, 1.0)

@@ -30,13 +30,13 @@ def scenario(tmp_path, kafka_bootstrap):
 def test_a_full_redis_holds_the_window_until_it_has_room_then_releases_it_once(scenario):
     s = scenario
     s.start_worker()
-    s.produce([s.event(u, 0) for u in UNITS] + [s.closer(0)])
+    s.produce([s.event(u, 0) for u in UNITS] + s.closers(0))
     assert s.wait_released(0, 60), f"window 0 was never released; see {s.worker.log_path}"
 
     client = s.redis.client()
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", "1")
-    s.produce([s.event(u, 1) for u in UNITS] + [s.closer(1)])
+    s.produce([s.event(u, 1) for u in UNITS] + s.closers(1))
     assert wait_until(lambda: s.metric("stream_dp_pending_charges") >= 1, 40, 0.3), "window 1 was not held"
     assert wait_until(lambda: s.metric("stream_dp_budget_store_errors_total", kind="out_of_memory") >= 1, 20, 0.3), (
         "the out-of-memory refusals were not counted as such"

@@ -67,7 +67,7 @@ def test_worker_uses_a_redis_acl_user_and_leaks_no_secret(tmp_path, kafka_bootst
     s = Scenario(tmp_path, kafka_bootstrap, redis_server=acl_redis, redis_credentials=f"dpworker:{REDIS_PASSWORD}@")
     try:
         units = _units(30)
-        s.produce([s.event(u, 0, value=3.0) for u in units] + [s.closer(0)])
+        s.produce([s.event(u, 0, value=3.0) for u in units] + s.closers(0))
         s.start_worker()
         assert s.wait_released(0, 60), f"window 0 was not released; see {s.worker.log_path}"
         store = RedisBudgetStore(acl_redis.client(), policy_from_config(load_config(s.config_path)))
@@ -85,7 +85,7 @@ def test_wrong_redis_password_releases_nothing(tmp_path, kafka_bootstrap, acl_re
     wrong = "not-the-password-0b7a"
     s = Scenario(tmp_path, kafka_bootstrap, redis_server=acl_redis, redis_credentials=f"dpworker:{wrong}@")
     try:
-        s.produce([s.event(u, 0) for u in _units(10)] + [s.closer(0)])
+        s.produce([s.event(u, 0) for u in _units(10)] + s.closers(0))
         s.start_worker()
         # Refused at its first call, the store check: nothing is charged (or even sent) until it passes.
         def held() -> bool:
@@ -125,7 +125,7 @@ def test_worker_runs_over_sasl_plaintext(tmp_path, sasl_kafka):
     s = Scenario(tmp_path, sasl_kafka.bootstrap, worker_env=_sasl_env(sasl_kafka, KAFKA_PASSWORD))
     try:
         units = _units(20)
-        s.produce([s.event(u, 0) for u in units] + [s.closer(0)])
+        s.produce([s.event(u, 0) for u in units] + s.closers(0))
         s.start_worker()
         assert s.wait_released(0, 60), f"window 0 was not released over SASL; see {s.worker.log_path}"
         _assert_nothing_leaks(s, units, [SECRET, KAFKA_PASSWORD])
@@ -137,7 +137,7 @@ def test_wrong_sasl_password_fails_without_leaking_it(tmp_path, sasl_kafka):
     wrong = "wrong-kafka-pw-77c1d2"
     s = Scenario(tmp_path, sasl_kafka.bootstrap, worker_env=_sasl_env(sasl_kafka, wrong))
     try:
-        s.produce([s.event(u, 0) for u in _units(5)] + [s.closer(0)])
+        s.produce([s.event(u, 0) for u in _units(5)] + s.closers(0))
         s.worker.start()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and s.worker.alive:

@@ -116,13 +116,14 @@ def test_record_timestamps_ahead_of_the_wall_clock_close_nothing_early():
     assert engine.watermark_ms == clock.now_ms - 5_000
 
 
-def test_records_without_a_timestamp_count_as_read_now():
+def test_records_stamped_zero_or_not_at_all_carry_no_clock():
+    """Read as "now", one such record in a backlog would close every window up to the wall clock."""
     engine, clock = engine_1min(idle_ms=10**9)
     value = event("a", clock.now_ms - 2 * MIN)
-    result = engine.process(RawBatch([value], np.array([0]), np.array([0]), np.array([NO_TIMESTAMP])))
-    assert result.accepted == 1
-    assert engine.watermark_ms == clock.now_ms - 5_000
-    assert [p.window_start_ms for p in result.partials] == [(clock.now_ms - 2 * MIN) // MIN * MIN]
+    for offset, stamp in enumerate((NO_TIMESTAMP, 0)):
+        result = engine.process(RawBatch([value], np.array([0]), np.array([offset]), np.array([stamp])))
+        assert result.accepted == 1 and result.partials == []
+        assert engine.watermark_ms is None and engine.record_clock_ms == {}
 
 
 def _backlog_on_two_partitions(hold_open: bool) -> tuple[int, int]:
@@ -225,7 +226,7 @@ def test_a_replay_meets_every_offset_with_the_closure_the_first_run_met_it_with(
     (held,) = [p for r in results for p in r.partials if p.window_start_ms == w]
     assert _late_offsets(results) == {6, 7} and int(held.aggregate().count.sum()) == 5
     # What the worker commits while W is held: W is not durably closed, so the commit offset stays
-    # at W's first offset and the committed closure below W (see worker/commit_plan.committable_offsets).
+    # at W's first offset and the committed closure below W (see worker/ingest/commit_plan.committable_offsets).
     steps = {0: [s for s in first.closure_steps[0] if s[1] > w]}
     assert steps[0], "the first run's raise of the closure past W must be kept for a next owner"
 

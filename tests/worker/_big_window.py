@@ -24,6 +24,8 @@ import orjson
 import redis
 import yaml
 
+from tests.worker._support import BACKFILL
+
 GROUPS = 1_000_000
 POPULAR_EVERY = 25
 POPULAR_UNITS = 6
@@ -90,6 +92,7 @@ def write_config(path: Path, name: str, input_topic: str, output_topic: str) -> 
             "group_by": ["g"], "groups": {"select": {"delta": 1e-6}},
             "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
             "aggregations": {"count": {}}, "epsilon": 10.0, "release_timeout": "150s",
+            **BACKFILL,  # ``produce`` stamps the window's records with its events' times (on a CreateTime topic)
         }],
     }))
     return path

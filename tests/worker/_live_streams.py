@@ -117,7 +117,7 @@ class Deployment:
         """Each worker's input partitions, from the last assignment it logged."""
         out = []
         for worker in self.workers:
-            lines = [line for line in worker.log_text().splitlines() if "stream_dp.worker.ingest: assigned" in line]
+            lines = [line for line in worker.log_text().splitlines() if "stream_dp.worker.ingest.stage: assigned" in line]
             out.append(set(re.findall(r"'([^']+)'", lines[-1])) if lines else set())
         return out
 
@@ -131,7 +131,7 @@ class Deployment:
             self.check_workers()
             owned = self.assignments()
             settled = (set().union(*owned) == wanted and sum(map(len, owned)) == len(wanted)
-                       and all("ingest: assigned" in w.log_text() and "release homes assigned" in w.log_text()
+                       and all("ingest.stage: assigned" in w.log_text() and "release homes assigned" in w.log_text()
                                for w in self.workers))
             current = tuple(map(frozenset, owned))
             if current != state:

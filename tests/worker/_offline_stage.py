@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry
 
 from stream_dp.dp import OpenDPNoise
 from stream_dp.metrics.worker import WorkerMetrics
-from stream_dp.worker import release as release_module
-from stream_dp.worker.ledger import MemoryReleaseLedger
-from stream_dp.worker.release import ReleaseStage
+from stream_dp.worker.release import stage as release_module
+from stream_dp.worker.release.stage import ReleaseStage
+from stream_dp.worker.store.ledger import MemoryReleaseLedger
 
 
 def offline_stage(runtime: Any, monkeypatch: pytest.MonkeyPatch, *, ledger: MemoryReleaseLedger, consumer: Any,

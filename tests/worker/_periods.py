@@ -19,8 +19,8 @@ from stream_dp.budget import (
 )
 from stream_dp.budget.redis_nodes import ReplicaWait
 from stream_dp.budget.redis_url import client_from_url
-from stream_dp.worker.ledger import MemoryReleaseLedger, RedisReleaseLedger
-from stream_dp.worker.periods import MemoryPeriodRegister, RedisPeriodRegister
+from stream_dp.worker.store.ledger import MemoryReleaseLedger, RedisReleaseLedger
+from stream_dp.worker.store.period_register import MemoryPeriodRegister, RedisPeriodRegister
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS

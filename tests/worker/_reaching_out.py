@@ -13,7 +13,7 @@ import subprocess
 
 import numpy as np
 
-from stream_dp.worker.sandbox_child import encode
+from stream_dp.worker.sandbox.child import encode
 
 
 def starts_a_process(values: np.ndarray) -> float:

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from stream_dp.config import Settings, load_config
 from stream_dp.worker.app import Worker
-from stream_dp.worker.ledger import RedisReleaseLedger
+from stream_dp.worker.store.ledger import RedisReleaseLedger
 from tests.reliability.topics import read_topic
 
 SECRET = "test-secret-0123456789abcdef"

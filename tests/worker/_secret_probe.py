@@ -58,6 +58,6 @@ def statistic(values: np.ndarray) -> float:
     return float(len(values))
 
 
-if Path(sys.argv[0]).name == "sandbox_child.py":  # imported by the sandbox, not by the test reading SECRET_MARK
+if Path(sys.argv[0]).parts[-2:] == ("sandbox", "child.py"):  # imported by the sandbox, not by the test reading SECRET_MARK
     with open(Path(tempfile.gettempdir()) / "secret_probe.txt", "w") as _out:
         _out.write(look_for_the_secret())

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import datetime
 import socket
 import time
 import urllib.request
 
 from kafka import KafkaConsumer
+
+from tests.conftest import PRODUCER_STAMPED as PRODUCER_STAMPED  # for the backfilling tests, beside BACKFILL
+
+
+#: What a test that backfills past windows adds to its query. Its records are stamped with their events'
+#: times (as a backfill's producer stamps them, on a topic created with ``tests.conftest.PRODUCER_STAMPED``) and
+#: the query trusts those stamps, so that its windows close as the backfill is read, in seconds, rather than
+#: after the minutes its events are old (by the broker's stamps, every record of it would arrive now).
+BACKFILL = {"trust_producer_timestamps": True}
+
+
+def iso_ms(ms: int) -> str:
+    """``ms`` as a query file writes an instant: ``window.publish_from`` of a test that backfills public groups."""
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat()
 
 
 def free_port() -> int:
@@ -46,15 +61,19 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
 
 
 def page_query(name: str, topic: str, output: str, namespace: str, *, pages, window: str, release_timeout: str,
-               **options) -> dict:
-    """A query of ``user_id`` units grouped by ``page`` over the public ``pages``: the option tests' base."""
+               publish_from_ms: int | None = None, **options) -> dict:
+    """A query of ``user_id`` units grouped by ``page`` over the public ``pages``: the option tests' base (they
+    backfill past windows: ``BACKFILL``, on a topic created with ``PRODUCER_STAMPED``).
+    ``publish_from_ms``: where a test that backfills windows before the worker's first start publishes from."""
+    since = {} if publish_from_ms is None else {"publish_from": iso_ms(publish_from_ms)}
     return {
         "name": name, "input_topic": topic, "output_topic": output,
         "privacy_unit": {"namespace": namespace, "field": "user_id"},
         "timestamp_field": "ts",
-        "window": {"size": window, "allowed_lateness": "1s", "idle_timeout": "2s"},
+        "window": {"size": window, "allowed_lateness": "1s", "idle_timeout": "2s", **since},
         "group_by": ["page"], "groups": {"public": list(pages)},
         "bounds": {"max_groups_per_unit": 3, "max_events_per_group": 3},
         "release_timeout": release_timeout,
+        **BACKFILL,
         **options,
     }

@@ -22,8 +22,8 @@ import redis
 from kafka.admin import KafkaAdminClient
 
 from stream_dp.wire import is_binary, read_prefix
-from stream_dp.worker.ledger import RedisReleaseLedger
-from stream_dp.worker.release_entry import decode_entry
+from stream_dp.worker.release.entry import decode_entry
+from stream_dp.worker.store.ledger import RedisReleaseLedger
 from tests.worker._big_window import (
     GROUPS,
     LEDGER_PREFIX,
@@ -41,7 +41,7 @@ from tests.worker._big_window import (
     wait_published,
     write_config,
 )
-from tests.worker._support import free_port, metric_sum, scrape
+from tests.worker._support import PRODUCER_STAMPED, free_port, metric_sum, scrape
 
 BROKER_DEFAULT_MAX = 1_048_588  # Kafka's message.max.bytes default
 
@@ -49,7 +49,7 @@ BROKER_DEFAULT_MAX = 1_048_588  # Kafka's message.max.bytes default
 def _run(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name, *, partitions: int, workers: int) -> None:
     started = time.monotonic()
     name = unique_name.replace("-", "_")[-40:]
-    input_topic = new_topic("in", partitions=partitions)
+    input_topic = new_topic("in", partitions=partitions, configs=PRODUCER_STAMPED)
     output_topic = f"{unique_name}-out"
     prefix = f"{unique_name}."
     config = write_config(tmp_path / "queries.yaml", name, input_topic, output_topic)
@@ -109,7 +109,7 @@ def _run(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name, *, partit
         assert sum(metric_sum(t, "stream_dp_internal_errors_total") for t in texts) == 0
         assert pool.alive(), pool.log_text()
         if workers == 1:  # assigned once: no rebalance (a loop blocked past the session timeout would cause one)
-            assert pool.log_text(tail=None).count("stream_dp.worker.ingest: assigned") == 1, pool.log_text()
+            assert pool.log_text(tail=None).count("stream_dp.worker.ingest.stage: assigned") == 1, pool.log_text()
         stages = {op: sum(metric_sum(t, "stream_dp_release_stage_seconds_sum", query=name, operation=op) for t in texts)
                   for op in ("charge", "partial_send", "decode", "combine", "noise", "encode", "ledger", "render",
                              "publish")}

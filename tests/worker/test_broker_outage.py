@@ -35,7 +35,7 @@ def test_events_buffered_through_a_broker_outage_are_not_late(tmp_path, redis_ur
     name = unique_name.replace("-", "_")[-40:]
     topic = f"{unique_name}-in"
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
-    admin.create_topics([NewTopic(topic, 1, 1)])
+    admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"message.timestamp.type": "LogAppendTime"})])
     admin.close()
     config = {
         "namespaces": {f"{name}-users": {"budgets": [{"horizon": "1h", "epsilon": 100.0}]}},

@@ -32,8 +32,8 @@ from kafka import KafkaProducer
 from stream_dp.budget import RedisBudgetStore, StoreOptions, policy_from_config
 from stream_dp.budget.store import DEFAULT_INPUT_RETENTION_MS
 from stream_dp.config import parse_config
-from stream_dp.worker.query_costs import build_plan
-from tests.worker._support import consume_all, free_port, metric_sum, scrape
+from stream_dp.worker.query.costs import build_plan
+from tests.worker._support import BACKFILL, PRODUCER_STAMPED, consume_all, free_port, iso_ms, metric_sum, scrape
 
 pytestmark = pytest.mark.slow
 
@@ -80,6 +80,7 @@ def _query(name: str, namespace: str, input_topic: str, output_topic: str, **set
         "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
         "aggregations": {"count": {}},
         "release_timeout": "30s",
+        **BACKFILL,  # past windows, their records stamped with their events' times
     }
     query.update(settings)
     return query
@@ -89,7 +90,7 @@ def test_gaussian_and_selection_queries_stop_charging_a_unit_at_its_delta_limit(
     tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name
 ):
     name = unique_name.replace("-", "_")[-30:]
-    input_topic = new_topic("in", partitions=1)
+    input_topic = new_topic("in", partitions=1, configs=PRODUCER_STAMPED)
     windows, background = 10, 5
     gaussian_delta = 1e-6
     namespaces = {
@@ -97,9 +98,12 @@ def test_gaussian_and_selection_queries_stop_charging_a_unit_at_its_delta_limit(
         f"{name}-g": {"budgets": [{"horizon": "1h", "epsilon": 1000.0, "delta": 1e-3}]},
         f"{name}-s": {"budgets": [{"horizon": "1h", "epsilon": 1000.0, "delta": 1e-3}]},
     }
+    start = (int(time.time() * 1000) - 10 * 60_000) // WINDOW_MS * WINDOW_MS
     queries = [
+        # a backfill: public groups publish from its first window (the worker's first start is later)
         _query(f"{name}_g", f"{name}-g", input_topic, f"{unique_name}-out-g", groups={"public": ["a"]},
-               mechanism="gaussian", epsilon=10.0, delta=gaussian_delta),
+               mechanism="gaussian", epsilon=10.0, delta=gaussian_delta,
+               window={"size": "1s", "allowed_lateness": "200ms", "idle_timeout": "2s", "publish_from": iso_ms(start)}),
         _query(f"{name}_s", f"{name}-s", input_topic, f"{unique_name}-out-s", groups={"select": {"delta": 1e-6}},
                epsilon=10.0),
     ]
@@ -108,7 +112,6 @@ def test_gaussian_and_selection_queries_stop_charging_a_unit_at_its_delta_limit(
         per_window = build_plan(query).loss.delta
         namespaces[query.privacy_unit.namespace]["budgets"][0]["delta"] = 3.5 * per_window
     config = {"namespaces": namespaces, "queries": queries}
-    start = (int(time.time() * 1000) - 10 * 60_000) // WINDOW_MS * WINDOW_MS
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
     for w in range(windows):
         t = start + w * WINDOW_MS
@@ -170,7 +173,7 @@ def test_exhausted_units_private_groups_never_reach_a_release(
 ):
     name = unique_name.replace("-", "_")[-30:]
     namespace = f"{name}-users"
-    input_topic = new_topic("in", partitions=1)
+    input_topic = new_topic("in", partitions=1, configs=PRODUCER_STAMPED)
     output_topic = f"{unique_name}-out"
     windows, exhausted_per_window, common = 20, 5_000, 40
     config = {

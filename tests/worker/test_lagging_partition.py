@@ -186,7 +186,8 @@ def test_a_paused_worker_s_partition_is_left_out_only_while_it_holds_nothing(tmp
                   f"{left_out}, logged (waits, nothing more) {logged}; second window after: {record and record['count']}")
         print(report)
         assert second not in released_while_paused and waiting >= 1 and logged[0], f"{report}\n{stream.log_tails()}"
-        assert abs(released_while_paused.get(first, -100) - len(read)) <= TOLERANCE and left_out == 1 and logged[1], \
+        # the first window, and any empty window before it the paused worker had not reported closed
+        assert abs(released_while_paused.get(first, -100) - len(read)) <= TOLERANCE and left_out >= 1 and logged[1], \
             f"{report}\n{stream.log_tails()}"
         assert record is not None and abs(record["count"] - len(both)) <= TOLERANCE, report
     finally:

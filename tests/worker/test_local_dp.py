@@ -38,7 +38,7 @@ from scipy import stats
 
 from stream_dp.budget import RedisBudgetStore, policy_from_config
 from stream_dp.config import load_config
-from tests.worker._support import consume_all, free_port, metric_sum, scrape
+from tests.worker._support import BACKFILL, PRODUCER_STAMPED, consume_all, free_port, iso_ms, metric_sum, scrape
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -63,18 +63,22 @@ def _truth(unit: int) -> str:
     return DOMAIN[-1]
 
 
-def _config(tmp_path: Path, namespace: str, name: str, topic: str, output: str, mechanism: str) -> Path:
+def _config(tmp_path: Path, namespace: str, name: str, topic: str, output: str, mechanism: str,
+            publish_from_ms: int) -> Path:
     config_path = tmp_path / "queries.yaml"
     config_path.write_text(yaml.safe_dump({
         "namespaces": {namespace: {"budgets": [{"horizon": "1h", "epsilon": 100.0}]}},
         "queries": [{
             "name": name, "input_topic": topic, "output_topic": output,
             "privacy_unit": {"namespace": namespace, "field": "device_id"}, "timestamp_field": "ts",
-            "window": {"size": "5s", "allowed_lateness": "1s", "idle_timeout": "2s"},
+            # a backfill: published from its first window (the worker's first start is later)
+            "window": {"size": "5s", "allowed_lateness": "1s", "idle_timeout": "2s",
+                       "publish_from": iso_ms(publish_from_ms)},
             "group_by": ["browser"], "groups": {"public": DOMAIN},
             "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
             "aggregations": {"count": {}}, "release_timeout": "30s",
             "local_dp": {"field": "browser", "mechanism": mechanism, "epsilon": EPSILON}, "epsilon": EPSILON,
+            **BACKFILL,  # `produce` stamps each report with its event's time: past windows close as they are read
         }],
     }))
     return config_path
@@ -121,10 +125,10 @@ def _releases(bootstrap: str, output: str, starts: set[int]) -> list[dict]:
 def test_producer_randomizes_and_the_worker_releases_debiased_frequencies(
     tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name, mechanism
 ):
-    topic, output = new_topic("in", partitions=2), f"{unique_name}-out"
+    topic, output = new_topic("in", partitions=2, configs=PRODUCER_STAMPED), f"{unique_name}-out"
     namespace, name = f"{unique_name}-devices", unique_name.replace("-", "_")[-30:] + "_local"
-    config_path = _config(tmp_path, namespace, name, topic, output, mechanism)
     first_start = (int(time.time() * 1000) - 120_000) // WINDOW_MS * WINDOW_MS
+    config_path = _config(tmp_path, namespace, name, topic, output, mechanism, first_start)
     events = tmp_path / "events.jsonl"
     truth: dict[tuple[str, int], str] = {}
     with events.open("wb") as handle:
@@ -189,10 +193,10 @@ def test_true_values_and_other_randomizers_reports_are_rejected_not_released(
     """A producer that forgot --local-dp (true values), randomized with other settings or reports a value outside
     the domain shares the topic with `produce --local-dp`: the worker releases the estimate of the tagged reports
     of the domain alone, dead-letters the rest and charges no unit for them."""
-    topic, output = new_topic("in", partitions=2), f"{unique_name}-out"
+    topic, output = new_topic("in", partitions=2, configs=PRODUCER_STAMPED), f"{unique_name}-out"
     namespace, name = f"{unique_name}-devices", unique_name.replace("-", "_")[-30:] + "_local"
-    config_path = _config(tmp_path, namespace, name, topic, output, "krr")
     first_start = (int(time.time() * 1000) - 120_000) // WINDOW_MS * WINDOW_MS
+    config_path = _config(tmp_path, namespace, name, topic, output, "krr", first_start)
     starts = {first_start + w * WINDOW_MS for w in range(WINDOWS)}
     events = tmp_path / "events.jsonl"
     events.write_bytes(b"".join(

@@ -25,7 +25,7 @@ from kafka import KafkaProducer
 from stream_dp.budget import RedisBudgetStore
 from stream_dp.budget import policy_from_config
 from stream_dp.config import load_config
-from tests.worker._support import consume_all, free_port, metric_sum, scrape
+from tests.worker._support import BACKFILL, PRODUCER_STAMPED, consume_all, free_port, iso_ms, metric_sum, scrape
 
 WINDOW_MS = 5_000
 WINDOWS = 6
@@ -35,7 +35,7 @@ EVENTS_PER_PAGE = 2  # = max_events_per_group: every event is kept
 VALUE = 5.0
 
 
-def _config(tmp_path: Path, name: str, input_topic: str, output_topic: str) -> Path:
+def _config(tmp_path: Path, name: str, input_topic: str, output_topic: str, publish_from_ms: int) -> Path:
     config = {
         "namespaces": {f"{name}-users": {"budgets": [{"horizon": "1h", "epsilon": 9.0}], "alert_at": [0.8, 1.0]}},
         "queries": [{
@@ -44,13 +44,16 @@ def _config(tmp_path: Path, name: str, input_topic: str, output_topic: str) -> P
             "output_topic": output_topic,
             "privacy_unit": {"namespace": f"{name}-users", "field": "user_id"},
             "timestamp_field": "ts",
-            "window": {"size": "5s", "allowed_lateness": "1s", "idle_timeout": "2s"},
+            # a backfill: published from its first window on, not from the workers' first start
+            "window": {"size": "5s", "allowed_lateness": "1s", "idle_timeout": "2s",
+                       "publish_from": iso_ms(publish_from_ms)},
             "group_by": ["page"],
             "groups": {"public": list(PAGES)},
             "bounds": {"max_groups_per_unit": 3, "max_events_per_group": EVENTS_PER_PAGE},
             "aggregations": {"count": {}, "sum": {"field": "value", "clip": [0, 10]}, "mean": {"field": "value"}},
             "epsilon": 3.0,
             "release_timeout": "30s",
+            **BACKFILL,
         }],
     }
     path = tmp_path / "queries.yaml"
@@ -63,13 +66,12 @@ def test_two_workers_release_every_window_once_with_budget_exclusion(
     tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name
 ):
     name = unique_name.replace("-", "_")[-40:]
-    input_topic = new_topic("in", partitions=3)
+    input_topic = new_topic("in", partitions=3, configs=PRODUCER_STAMPED)
     output_topic = f"{unique_name}-out"
-    config_path = _config(tmp_path, name, input_topic, output_topic)
-    prefix = f"{unique_name}."
-
     now_ms = int(time.time() * 1000)
     first_start = (now_ms - 120_000) // WINDOW_MS * WINDOW_MS
+    config_path = _config(tmp_path, name, input_topic, output_topic, first_start)
+    prefix = f"{unique_name}."
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
     for w in range(WINDOWS):
         for u in range(UNITS):

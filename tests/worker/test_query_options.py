@@ -34,7 +34,7 @@ from scipy import stats
 from stream_dp.budget import RedisBudgetStore, policy_from_config
 from stream_dp.config import load_config
 from stream_dp.windows.hashing import derive_key, siphash_reference
-from tests.worker._support import consume_all, free_port, page_query
+from tests.worker._support import PRODUCER_STAMPED, consume_all, free_port, page_query
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -62,56 +62,59 @@ SECRET = "test-secret-0123456789abcdef"
 RARE_TAG = "rare"
 
 
-def _query(name: str, topic: str, output: str, namespace: str, **options) -> dict:
+def _query(name: str, topic: str, output: str, namespace: str, publish_from_ms: int, **options) -> dict:
+    # a backfill: public groups publish from its first window (the worker's first start is later)
+    selected = "select" in options.get("groups", {})
     return page_query(name, topic, output, namespace, pages=PAGE_EVENTS, window="5s", release_timeout="30s",
-                      **options)
+                      publish_from_ms=None if selected else publish_from_ms, **options)
 
 
-def _config(tmp_path: Path, topic: str, outputs: dict[str, str], namespace: str, tag: str) -> Path:
+def _config(tmp_path: Path, topic: str, outputs: dict[str, str], namespace: str, tag: str,
+            publish_from_ms: int) -> Path:
     config = {
         "namespaces": {namespace: {"budgets": [{"horizon": "1h", "epsilon": 1000.0, "delta": 1e-3}]}},
         "queries": [
             # geometric: the name of the discrete Laplace noise counts already get (records say laplace)
-            _query(f"{tag}_top", topic, outputs["top"], namespace, aggregations={"count": {}, "top_k": {"k": 2}},
+            _query(f"{tag}_top", topic, outputs["top"], namespace, publish_from_ms, aggregations={"count": {}, "top_k": {"k": 2}},
                    epsilon=10.0, mechanism="geometric"),
             # no public list: top_k ranks the groups partition selection released. Grouped by `tag`, the page
             # but for unit u0, whose events all carry RARE_TAG: each page has 39 units, far above the threshold
             # of 15 the selection's epsilon 10 / 3 sets at L0 = 3, while RARE_TAG's one unit is released with
             # probability 1.3e-7 a window -- ranking the window's groups, not its released ones, counts it a candidate.
-            _query(f"{tag}_topsel", topic, outputs["topsel"], namespace, group_by=["tag"],
+            _query(f"{tag}_topsel", topic, outputs["topsel"], namespace, publish_from_ms, group_by=["tag"],
                    groups={"select": {"delta": 1e-6}}, aggregations={"count": {}, "top_k": {"k": 2}}, epsilon=10.0),
-            _query(f"{tag}_quantiles", topic, outputs["quantiles"], namespace, epsilon=10.0, aggregations={
+            _query(f"{tag}_quantiles", topic, outputs["quantiles"], namespace, publish_from_ms, epsilon=10.0, aggregations={
                 "count": {}, "quantiles": {"field": "value", "q": [0.5, 0.9], "bounds": [0, 100], "bins": 100}}),
             # value intervals: a noisy histogram of 10 bins takes half of the quantiles' share (10 / 2 / 2)
-            _query(f"{tag}_qint", topic, outputs["qint"], namespace, epsilon=10.0, aggregations={
+            _query(f"{tag}_qint", topic, outputs["qint"], namespace, publish_from_ms, epsilon=10.0, aggregations={
                 "count": {}, "quantiles": {"field": "value", "q": [0.5], "bounds": [0, 100], "bins": 10,
                                            "value_interval": True}}),
             # quantiles over selected groups, at most the 2 with the largest noisy counts: pages a and b
-            _query(f"{tag}_qcap", topic, outputs["qcap"], namespace, epsilon=10.0, groups={"select": {"delta": 1e-6}},
+            _query(f"{tag}_qcap", topic, outputs["qcap"], namespace, publish_from_ms, epsilon=10.0, groups={"select": {"delta": 1e-6}},
                    aggregations={"count": {}, "quantiles": {"field": "value", "q": [0.5], "bounds": [0, 100],
                                                             "bins": 100, "max_released_groups": 2}}),
-            _query(f"{tag}_places", topic, outputs["places"], namespace, epsilon=10.0,
+            _query(f"{tag}_places", topic, outputs["places"], namespace, publish_from_ms, epsilon=10.0,
                    group_by=["country", "region", "city"], groups={"public": [list(p) for p in PLACES.values()]},
                    hierarchy={"split": [1, 1, 2]}, aggregations={"count": {}, "sum": {"field": "value", "clip": [0, 100]}}),
-            _query(f"{tag}_today", topic, outputs["today"], namespace, epsilon=10.0,
+            _query(f"{tag}_today", topic, outputs["today"], namespace, publish_from_ms, epsilon=10.0,
                    continual={"period": f"{PERIOD_WINDOWS * WINDOW_MS // 1000}s",
                               "max_windows_per_unit": MAX_WINDOWS_PER_UNIT},
                    aggregations={"count": {}, "sum": {"field": "value", "clip": [0, 100]}}),
-            _query(f"{tag}_stairs", topic, outputs["stairs"], namespace, epsilon=10.0, mechanism="staircase",
+            _query(f"{tag}_stairs", topic, outputs["stairs"], namespace, publish_from_ms, epsilon=10.0, mechanism="staircase",
                    aggregations={"count": {}, "sum": {"field": "value", "clip": [0, 100]}, "mean": {"field": "value"}}),
-            _query(f"{tag}_vec", topic, outputs["vec"], namespace, epsilon=10.0, mechanism="gaussian", delta=1e-5,
+            _query(f"{tag}_vec", topic, outputs["vec"], namespace, publish_from_ms, epsilon=10.0, mechanism="gaussian", delta=1e-5,
                    aggregations={"mean_vector": {"fields": ["vx", "vy"], "clip_norm": CLIP_NORM}}),
-            _query(f"{tag}_cov", topic, outputs["cov"], namespace, epsilon=10.0, mechanism="gaussian", delta=1e-5,
+            _query(f"{tag}_cov", topic, outputs["cov"], namespace, publish_from_ms, epsilon=10.0, mechanism="gaussian", delta=1e-5,
                    aggregations={"count": {}, "covariance": {"fields": ["vx", "vy"], "clip_norm": CLIP_NORM}}),
-            _query(f"{tag}_median", topic, outputs["median"], namespace, epsilon=10.0, aggregations={
+            _query(f"{tag}_median", topic, outputs["median"], namespace, publish_from_ms, epsilon=10.0, aggregations={
                 "sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": SA_BLOCKS,
                                      "output_range": [0, 100], "timeout": SA_TIMEOUT}}),
-            _query(f"{tag}_blockmedian", topic, outputs["blockmedian"], namespace, epsilon=10.0, aggregations={
+            _query(f"{tag}_blockmedian", topic, outputs["blockmedian"], namespace, publish_from_ms, epsilon=10.0, aggregations={
                 "sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": SA_MEDIAN_BLOCKS,
                                      "output_range": [0, 100], "aggregate": "median", "bins": 20,
                                      "timeout": SA_MEDIAN_TIMEOUT}}),
             # a function that ends its process on any block holding a 7 (unit u2's first event, in every page)
-            _query(f"{tag}_crashy", topic, outputs["crashy"], namespace, epsilon=10.0, aggregations={
+            _query(f"{tag}_crashy", topic, outputs["crashy"], namespace, publish_from_ms, epsilon=10.0, aggregations={
                 "sample_aggregate": {"function": "tests.worker._functions:exits_on_seven", "field": "value",
                                      "blocks": SA_BLOCKS, "output_range": [0, 100], "timeout": SA_TIMEOUT}}),
         ],
@@ -151,13 +154,13 @@ def _quiet_scrape(port: int, tries: int = 300) -> str:
 
 
 def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name):
-    topic = new_topic("in", partitions=2)
+    topic = new_topic("in", partitions=2, configs=PRODUCER_STAMPED)
     outputs = {k: f"{unique_name}-{k}" for k in ("top", "topsel", "quantiles", "qint", "qcap", "places", "today", "stairs",
                                                   "vec", "cov", "median", "blockmedian", "crashy")}
     namespace = f"{unique_name}-users"
-    config_path = _config(tmp_path, topic, outputs, namespace, unique_name.replace("-", "_")[-30:])
     period_ms = PERIOD_WINDOWS * WINDOW_MS
     first_start = (int(time.time() * 1000) - 180_000) // period_ms * period_ms
+    config_path = _config(tmp_path, topic, outputs, namespace, unique_name.replace("-", "_")[-30:], first_start)
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
     values: dict[str, list[float]] = collections.defaultdict(list)  # per page, every event of one window
     for w in range(WINDOWS):

@@ -2,7 +2,8 @@
 start of the partials topic never releases a window a second time.
 
 One in-process worker releases two data windows (a backfill stamped ten
-minutes ago, 60 units on two input partitions). Then the release consumer
+minutes ago, 60 units on two input partitions; public groups publish from
+``window.publish_from``, 15 minutes ago). Then the release consumer
 group loses its offsets (deleted, as the broker's offsets retention does to
 an idle group) and a second worker replays the whole partials topic:
 
@@ -28,6 +29,7 @@ from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
 from tests.worker._release_once import Deployment, by_window, metric, wall_ms
+from tests.worker._support import BACKFILL, PRODUCER_STAMPED, iso_ms
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -45,11 +47,14 @@ def _config(path: Path, name: str, input_topic: str, output_topic: str, groups: 
             "name": name, "input_topic": input_topic, "output_topic": output_topic,
             "privacy_unit": {"namespace": f"{name}-users", "field": "user_id"},
             "timestamp_field": "ts",
-            "window": {"size": "1m", "allowed_lateness": "1s", "idle_timeout": "2s"},
+            "window": {"size": "1m", "allowed_lateness": "1s", "idle_timeout": "2s",
+                       # a backfill: public groups publish from before it (``_first_release``)
+                       **({"publish_from": iso_ms(wall_ms() - 15 * MIN)} if groups == "public" else {})},
             "group_by": ["page"], "groups": GROUPS[groups],
             "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
             "aggregations": {"count": {}},
             "epsilon": 1.0, "release_timeout": "20s",
+            **BACKFILL,  # windows minutes old, their records stamped with their events' times
         }],
     }))
     return path
@@ -71,7 +76,7 @@ class _Deployment(Deployment):
 
 @pytest.fixture
 def deployment(request, tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name):
-    input_topic = new_topic("in", partitions=2)
+    input_topic = new_topic("in", partitions=2, configs=PRODUCER_STAMPED)
     made = _Deployment(tmp_path, kafka_bootstrap, redis_url, unique_name, input_topic, request.param)
     made.input_topic = input_topic
     yield made

@@ -30,7 +30,7 @@ from kafka import KafkaProducer
 
 from stream_dp.cli.local_reports import local_reports
 from tests.worker._release_once import Deployment, by_window, metric, wall_ms
-from tests.worker._support import page_query
+from tests.worker._support import PRODUCER_STAMPED, page_query
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -47,13 +47,13 @@ RECORDS = {"top": len(PAGE_EVENTS) + 1, "places": 8, "local": len(BROWSERS)}
 OPTIONS = ("top", "quantiles", "places", "today", "stairs", "vec", "cov", "median", "local")
 
 
-def _query(name: str, topic: str, output: str, namespace: str, **options) -> dict:
+def _query(name: str, topic: str, output: str, namespace: str, publish_from_ms: int, **options) -> dict:
     return page_query(name, topic, output, namespace, pages=PAGE_EVENTS, window="1m", release_timeout="20s",
-                      **{"epsilon": 2.0, **options})
+                      publish_from_ms=publish_from_ms, **{"epsilon": 2.0, **options})
 
 
 def _config(path: Path, names: dict[str, str], outputs: dict[str, str], topic: str, local_topic: str,
-            namespace: str) -> Path:
+            namespace: str, publish_from_ms: int) -> Path:
     sum_ = {"field": "value", "clip": [0, 100]}
     queries = {
         "top": dict(aggregations={"count": {}, "top_k": {"k": 2}}),
@@ -79,7 +79,8 @@ def _config(path: Path, names: dict[str, str], outputs: dict[str, str], topic: s
     assert set(queries) == set(OPTIONS)
     path.write_text(yaml.safe_dump({
         "namespaces": {namespace: {"budgets": [{"horizon": "1h", "epsilon": 1000.0, "delta": 1e-3}]}},
-        "queries": [_query(names[k], topic, outputs[k], namespace, **options) for k, options in queries.items()],
+        "queries": [_query(names[k], topic, outputs[k], namespace, publish_from_ms, **options)
+                    for k, options in queries.items()],
     }))
     return path
 
@@ -133,19 +134,21 @@ def _differing_fields(first: list[bytes], again: list[bytes]) -> str:
 
 def test_a_replay_republishes_every_options_stored_records(tmp_path, kafka_bootstrap, redis_url, new_topic,
                                                             unique_name):
-    topic, local_topic = new_topic("in", partitions=2), new_topic("local", partitions=2)
+    topic = new_topic("in", partitions=2, configs=PRODUCER_STAMPED)
+    local_topic = new_topic("local", partitions=2, configs=PRODUCER_STAMPED)
     tag = f"once_{unique_name[-8:]}"  # the fixture's random suffix
     names = {k: f"{tag}_{k}" for k in OPTIONS}
     outputs = {k: f"{unique_name}-out-{k}" for k in OPTIONS}
     namespace = f"{unique_name}-users"
-    config = _config(tmp_path / "queries.yaml", names, outputs, topic, local_topic, namespace)
+    period_ms = PERIOD_WINDOWS * MIN
+    period = (wall_ms() - 10 * MIN) // period_ms * period_ms
+    starts = [period + k * MIN for k in range(DATA_WINDOWS)]
+    # a backfill, published from its first window (the workers' first start is later)
+    config = _config(tmp_path / "queries.yaml", names, outputs, topic, local_topic, namespace, period)
     (secret := tmp_path / "local-dp.key").write_bytes(b"producer-key-0123456789abcdef-01")
     d = Deployment(kafka_bootstrap, redis_url, unique_name, config, ledger_ttl_s=LEDGER_TTL_S,
                    output_topics=outputs.values())
     try:
-        period_ms = PERIOD_WINDOWS * MIN
-        period = (wall_ms() - 10 * MIN) // period_ms * period_ms
-        starts = [period + k * MIN for k in range(DATA_WINDOWS)]
         _backfill(d, config, topic, local_topic, names["local"], starts, secret)
 
         # First run: until every query's data windows are published (the ledger says so, after the publish).
