@@ -369,10 +369,11 @@ class FaultRun:
         # After a broker outage the broker stamps every record a producer buffered through it on arrival: the
         # model's per-record clock calls most of that buffer late, while the worker reads it in one batch,
         # judged by the clock from before the outage (docs/privacy/clock.md). Then the buffer counts as on
-        # time, with the same two conditions (nothing late on purpose accepted, nothing made late).
+        # time, with the same two conditions (nothing late on purpose accepted, nothing made late); the limit
+        # counts each query's events (a run failed with 2,250 of 3,504 records accepted by each of two queries).
         outage = any(i.startswith("broker ") and ("stopped" in i or "killed" in i) for i in ctx.injections)
-        accepted_late = accepted_by_coarser_clock(truth.late, late_by_query(observed), sent_late,
-                                                  len(observed.input_records) if outage else MAX_ACCEPTED_BY_COARSER_CLOCK)
+        limit = len(observed.input_records) * len(truth.late) if outage else MAX_ACCEPTED_BY_COARSER_CLOCK
+        accepted_late = accepted_by_coarser_clock(truth.late, late_by_query(observed), sent_late, limit)
         if accepted_late:
             truth = compute_truth(config, SECRET.encode(), observed.input_records, on_time=accepted_late)
             report.stats["accepted though late by the model's per-record clock"] = sum(map(len, accepted_late.values()))
