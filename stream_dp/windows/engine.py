@@ -241,7 +241,8 @@ class WindowEngine(EngineState):
             closed &= listed
             replayed &= listed
         late = closed & ~replayed
-        note_records(progress, slots, batch.timestamps, batch.producer_stamped, batch.keys, now, self.clock_rule)
+        note_records(progress, slots, batch.timestamps, batch.producer_stamped, self._clock_units(batch, decoded), now,
+                     self.clock_rule)
         if late.any():
             late_rows = np.flatnonzero(late)
             rejected[RejectReason.LATE] = len(late_rows)
@@ -259,6 +260,17 @@ class WindowEngine(EngineState):
             partials=self._advance(now),
             unlisted=0 if listed is None else int(len(listed) - np.count_nonzero(listed)),
         )
+
+    def _clock_units(self, batch: RawBatch, decoded: DecodedEvents) -> list | None:
+        """Per record, the unit its stamp counts for on a trusted producer clock (``record_clock``): the privacy
+        unit of a record that decoded and was placed as its unit's, None for a record the worker rejects. So one
+        unit's records under many keys count as one unit, and records of no unit (not JSON, wrong key) as none."""
+        if not self.clock_rule.trust_producer_timestamps or batch.producer_stamped is None:
+            return batch.keys  # broker stamps: no unit takes part
+        units: list = [None] * len(batch)
+        for i, unit in zip(decoded.index.tolist(), decoded.units.tolist()):
+            units[i] = unit
+        return units
 
     def _listed(self, decoded: DecodedEvents) -> np.ndarray | None:
         """Which decoded events are of a public group; None when all are (or the query has no public list).

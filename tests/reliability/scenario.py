@@ -100,11 +100,10 @@ class Scenario:
         return self.event(unit, k + 1, at_ms=LATENESS_MS)
 
     def closers(self, k: int, unit: str = "closer") -> list[bytes]:
-        """What closes every window up to ``k``: the closer and ``PRODUCER_QUORUM - 1`` ticks after it, records
-        without an event (dead-lettered as invalid JSON), each keyed by itself, that ``produce`` stamps as the
-        closer. A trusted producer clock moves only once that many units' records (distinct keys) are stamped
-        past a window (``record_clock``)."""
-        return [self.closer(k, unit)] + [TICK + b" %d" % i for i in range(1, PRODUCER_QUORUM)]
+        """What closes every window up to ``k``: closers of ``PRODUCER_QUORUM`` units (``unit`` and numbered
+        others), events in window ``k + 1``. A trusted producer clock moves only once that many units' events
+        are stamped past a window (``record_clock``); records of no unit count for none."""
+        return [self.closer(k, unit)] + [self.closer(k, f"{unit}-{i}") for i in range(1, PRODUCER_QUORUM)]
 
     # -- I/O ------------------------------------------------------------------------
 
