@@ -267,10 +267,9 @@ class WindowEngine(EngineState):
         unit's records under many keys count as one unit, and records of no unit (not JSON, wrong key) as none."""
         if not self.clock_rule.trust_producer_timestamps or batch.producer_stamped is None:
             return batch.keys  # broker stamps: no unit takes part
-        units: list = [None] * len(batch)
-        for i, unit in zip(decoded.index.tolist(), decoded.units.tolist()):
-            units[i] = unit
-        return units
+        units = np.full(len(batch), None, dtype=object)
+        units[decoded.index] = decoded.units
+        return units.tolist()
 
     def _listed(self, decoded: DecodedEvents) -> np.ndarray | None:
         """Which decoded events are of a public group; None when all are (or the query has no public list).
