@@ -121,19 +121,34 @@ class Deployment:
             out.append(set(re.findall(r"'([^']+)'", lines[-1])) if lines else set())
         return out
 
+    def release_homes(self) -> list[str]:
+        """Each worker's release homes, from the last assignment of the release group it logged."""
+        out = []
+        for worker in self.workers:
+            lines = [line for line in worker.log_text().splitlines() if "release homes assigned" in line]
+            out.append(lines[-1].split("assigned", 1)[1].strip() if lines else "")
+        return out
+
+    def release_home(self) -> WorkerProcess:
+        """The worker that releases partials partition 0, as the release group last assigned it."""
+        return next(w for w, homes in zip(self.workers, self.release_homes()) if homes == "[0]")
+
     def wait_assigned(self, partitions: int | None = None, timeout_s: float = 180.0, settled_s: float = 3.0) -> None:
         """Until the workers own all ``partitions`` (default: the topic's) together, each once, every worker
-        joined both groups, and the assignment did not change for ``settled_s``."""
+        joined both groups, exactly one of them owns the release home, and neither assignment changed for
+        ``settled_s``. (A test that picks a worker by its role must not pick it mid-rebalance: the release
+        group can move the home after the input group settled.)"""
         wanted = {f"{self.topic}[{p}]" for p in range(partitions or self.partitions)}
         deadline = time.monotonic() + timeout_s
         state, since = None, time.monotonic()
         while time.monotonic() < deadline:
             self.check_workers()
             owned = self.assignments()
+            homes = self.release_homes()
             settled = (set().union(*owned) == wanted and sum(map(len, owned)) == len(wanted)
-                       and all("ingest.stage: assigned" in w.log_text() and "release homes assigned" in w.log_text()
-                               for w in self.workers))
-            current = tuple(map(frozenset, owned))
+                       and all("ingest.stage: assigned" in w.log_text() for w in self.workers)
+                       and all(homes) and homes.count("[0]") == 1)
+            current = (tuple(map(frozenset, owned)), tuple(homes))
             if current != state:
                 state, since = current, time.monotonic()
             elif settled and time.monotonic() - since >= settled_s:

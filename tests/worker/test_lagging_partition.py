@@ -154,7 +154,7 @@ def test_a_paused_worker_s_partition_is_left_out_only_while_it_holds_nothing(tmp
     try:
         stream.start()
         stream.wait_assigned()
-        home = next(w for w in stream.workers if "release homes assigned [0]" in w.log_text())
+        home = stream.release_home()
         paused = next(w for w in stream.workers if w is not home)
         silent = 0 if f"{stream.topic}[0]" in stream.assignments()[stream.workers.index(paused)] else 1
         read = [*units_on(1 - silent, 2, 20, "u")]
