@@ -20,6 +20,7 @@ from tests.reliability.faults import (
     KillWhileHeld,
     RedisOutage,
     RemoveWorker,
+    Sequence,
     Together,
 )
 from tests.reliability.faults_cluster import LeaderKilled
@@ -57,8 +58,15 @@ class PlannedRun:
         return any(isinstance(p, LeaderKilled) for p in self._parts)
 
     @property
-    def _parts(self) -> tuple:
-        return self.fault.parts if isinstance(self.fault, Together) else (self.fault,)
+    def _parts(self) -> list:
+        from tests.reliability.harness import leaf_faults
+
+        return leaf_faults(self.fault)
+
+    @property
+    def kinds(self) -> set[str]:
+        """The kinds of fault this run injects (``Fault.kind`` of every part)."""
+        return {part.kind for part in self._parts}
 
 
 def _stages() -> list[tuple[str, object]]:
@@ -101,29 +109,35 @@ def _kinds() -> list[PlannedRun]:
 
 
 def full_catalogue() -> list[PlannedRun]:
-    """Every kind under two seeds, the worker kills under three: 59 runs."""
+    """Every run of ``_kinds`` under four seeds (1xx to 4xx)."""
     base = _kinds()
-    runs = list(base) + [replace(r, seed=r.seed + 100) for r in base]
-    runs += [replace(r, seed=r.seed + 200) for r in base if r.kind.startswith("kill")]
-    return runs
+    return [replace(r, seed=r.seed + offset) for offset in (0, 100, 200, 300) for r in base]
 
 
 def ci_catalogue() -> list[PlannedRun]:
-    """Runs that together inject every kind of ``_kinds``: the worker stages in one run, one after
-    the other; other kinds two at a time (``test_ci_subset_covers_every_kind`` keeps it so)."""
+    """Runs that together inject every kind of fault of ``_kinds`` (``Fault.kind``, not its class: a Redis
+    shutdown is not a Redis ``kill -9``): the worker stages in one run, one after the other; other kinds two
+    or three at a time, at once (``Together``) or in turn in a longer stream (``Sequence``).
+    ``test_ci_subset_covers_every_kind`` keeps it so."""
     return [
         PlannedRun("worker kill at every stage", EveryStage(), 11, duration_s=40.0),
-        PlannedRun("redis down", RedisOutage(crash=True), 15),
+        PlannedRun("redis down (kill -9, then shutdown)",
+                   Sequence((RedisOutage(crash=True), RedisOutage(crash=False))), 15, duration_s=30.0),
         PlannedRun("broker down between claim and publish", BrokerStopAtClaim(), 12),
-        PlannedRun("rebalance, 12 partitions + poison partials", Together((KillDuringIngest(), AddWorker(),
-                                                                          PoisonPartials())), 13, workers=3, partitions=12),
+        PlannedRun("rebalance, 12 partitions (added, removed) + poison partials",
+                   Together((KillDuringIngest(), AddWorker(), RemoveWorker(), PoisonPartials())), 13, workers=3,
+                   partitions=12),
         PlannedRun("clock skew", ClockSkew(), 14, skewed_worker=True),
-        PlannedRun("broker down", BrokerOutage(crash=True), 16),
+        PlannedRun("broker down (kill -9, then stop)",
+                   Sequence((BrokerOutage(crash=True), BrokerOutage(crash=False))), 16, duration_s=30.0),
         PlannedRun("kill all + output topic deleted", Together((KillAll(), OutputTopicDeleted())), 17),
-        PlannedRun("rebalance (removed, rejoined) + combined (kill while held)",
-                   Together((RemoveWorker(rejoin=True), KillWhileHeld())), 18, workers=3),
+        PlannedRun("rebalance (removed, rejoined) + combined (kill while held, then removed while held)",
+                   Sequence((Together((RemoveWorker(rejoin=True), KillWhileHeld())), KillWhileHeld(leave=True))), 18,
+                   workers=3, duration_s=36.0),
         PlannedRun("redis everysec + worker killed", RedisAndWorkerKilled(), 19, redis_fsync="everysec"),
-        PlannedRun("3 brokers, leader of a partials partition killed mid-release", LeaderKilled("partials"), 20),
+        PlannedRun("3 brokers, leader of a partials, an output and an input partition killed",
+                   Sequence((LeaderKilled("partials"), LeaderKilled("output"), LeaderKilled("input"))), 20,
+                   duration_s=45.0),
     ]
 
 

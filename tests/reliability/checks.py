@@ -39,8 +39,7 @@ from pathlib import Path
 import jsonschema
 import orjson
 
-from stream_dp.worker.partials.wire import PartialAggregate, WireFormatError
-from stream_dp.worker.release.intake import PartialsReader
+from tests.reliability.evidence import Partial, read_partials
 from tests.reliability.model import Truth
 from tests.reliability.topics import TopicRecord
 
@@ -142,7 +141,13 @@ def check_outputs(observed: Observed, truth: Truth, report: CheckReport) -> None
         for record in records:
             by_id[orjson.loads(record.value)["release_id"]].append(orjson.loads(record.value))
         ids_per_group: dict[tuple[int, tuple], set[str]] = defaultdict(set)
+        public = {tuple(g) for g in observed.public_groups[query]}
         for release_id, copies in by_id.items():
+            window, group = copies[0]["window"], tuple(copies[0]["group"].values())
+            if window["start_ms"] % observed.window_ms or window["end_ms"] - window["start_ms"] != observed.window_ms \
+                    or group not in public:
+                report.fail("unexpected window", f"{query}: release {release_id} is of window {window['start_ms']}.."
+                            f"{window['end_ms']} group {group}: not a window of the query's grid and public groups")
             if any(c != copies[0] for c in copies[1:]):
                 report.fail("noise drawn twice",
                             f"{query}: release {release_id} was published with {len(copies)} differing values")
@@ -193,36 +198,24 @@ def check_outputs(observed: Observed, truth: Truth, report: CheckReport) -> None
                                 f"{abs(value - exact):.1f} from the truth {exact} (95% half-width {half_width:.1f})")
 
 
-def _same_partial(a: PartialAggregate, b: PartialAggregate) -> bool:
-    return (a.groups == b.groups and a.count.tolist() == b.count.tolist()
-            and (a.sum is None) == (b.sum is None) and (a.sum is None or a.sum.tolist() == b.sum.tolist())
-            and a.distinct_units.tolist() == b.distinct_units.tolist()
-            and (a.units_charged, a.units_excluded, a.window_end_ms, a.input_partitions)
-            == (b.units_charged, b.units_excluded, b.window_end_ms, b.input_partitions))
-
-
-def _cells(partial: PartialAggregate) -> dict[tuple, tuple[int, float, int]]:
-    sums = partial.sum.tolist() if partial.sum is not None else [0.0] * len(partial.groups)
-    return {tuple(g): (c, s, d) for g, c, s, d in zip(partial.groups, partial.count.tolist(), sums,
-                                                      partial.distinct_units.tolist()) if c}
+def _cells(partial: Partial) -> dict[tuple, tuple[int, float, int]]:
+    sums = partial.sum if partial.sum is not None else [0.0] * len(partial.groups)
+    return {tuple(g): (c, s, d) for g, c, s, d in zip(partial.groups, partial.count, sums, partial.distinct_units) if c}
 
 
 def check_partials(observed: Observed, truth: Truth, partitions: int, report: CheckReport) -> None:
-    """Every partial of the model is on the partials topic, every copy identical, and exactly the model's."""
-    copies: dict[tuple[str, int, int], list[PartialAggregate]] = defaultdict(list)
-    reader = PartialsReader()
-    for record in observed.partials:
-        try:
-            message = reader.read(record.partition, record.offset, record.value)
-        except WireFormatError as exc:
-            if (record.partition, record.offset) not in observed.planted_partials:
-                report.fail("corrupt partial", f"partials record {record.partition}@{record.offset} does not decode: {exc}")
-            continue
-        if isinstance(message, PartialAggregate) and (record.partition, record.offset) not in observed.planted_partials:
-            copies[(message.query, message.window_start_ms, message.partition)].append(message)
+    """Every partial of the model is on the partials topic, every copy identical, and exactly the model's
+    (read with ``evidence``'s decoders, written from the documented wire format)."""
+    copies: dict[tuple[str, int, int], list[Partial]] = defaultdict(list)
+    whole, errors = read_partials(observed.partials, observed.planted_partials)
+    for error in errors:
+        report.fail("corrupt partial", f"{error} does not decode")
+    for copy in whole:
+        message = copy.partial
+        copies[(message.query, message.window_start_ms, message.partition)].append(message)
     for key, found in copies.items():
         report.count("partial copies", len(found))
-        if any(not _same_partial(found[0], other) for other in found[1:]):
+        if any(not found[0].same_as(other) for other in found[1:]):
             report.fail("partial copies differ", f"partial {key} was published {len(found)} times with different contents")
         if key not in truth.partials:
             report.fail("partial not in truth", f"partial {key} is on the partials topic but the model has no data there")
@@ -250,17 +243,10 @@ def check_partials_before_release(observed: Observed, truth: Truth, report: Chec
     """No partial of the model first reached the partials topic after its window's release was published
     (both topics stamped by the broker): such a window was released without that partition's data."""
     first_copy: dict[tuple[str, int, int], int] = {}
-    reader = PartialsReader()
-    for record in observed.partials:
-        if (record.partition, record.offset) in observed.planted_partials:
-            continue
-        try:
-            message = reader.read(record.partition, record.offset, record.value)  # on a partial's last chunk
-        except WireFormatError:
-            continue
-        if isinstance(message, PartialAggregate):
-            key = (message.query, message.window_start_ms, message.partition)
-            first_copy[key] = min(record.timestamp, first_copy.get(key, record.timestamp))
+    whole, _ = read_partials(observed.partials, observed.planted_partials)
+    for copy in whole:  # stamped with its last chunk's arrival
+        key = (copy.partial.query, copy.partial.window_start_ms, copy.partial.partition)
+        first_copy[key] = min(copy.timestamp, first_copy.get(key, copy.timestamp))
     published: dict[tuple[str, int], int] = {}
     for query, records in observed.outputs.items():
         for record in records:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from tests.reliability.faults_topics import _hold_claims, _release_claims
 from tests.reliability.harness import RunContext
+from tests.reliability.topics import wait_until
 
 ROLES = ("partials", "output", "input")
 
@@ -33,27 +34,42 @@ class LeaderKilled:
             when = "mid-window" if self.role == "input" else "mid-release"
             self.name = f"leader of an {self.role} partition killed {when} (3 brokers)"
 
+    @property
+    def kind(self) -> str:
+        return f"leader of an {self.role} partition kill -9"
+
     def inject(self, ctx: RunContext) -> None:
         cluster = ctx.kafka
         if cluster is None or not hasattr(cluster, "kill_node"):
             raise RuntimeError("a leader kill needs the run on a broker cluster (FaultRun(kafka=PrivateKafkaCluster))")
         time.sleep(ctx.uniform(2.0, ctx.stream.duration_s / 2))
         if self.role == "input":
-            killed = _kill_leader(ctx, cluster, ctx.input_topic, int(ctx.rng.integers(0, ctx.stream.partitions)))
+            topic, partition = ctx.input_topic, int(ctx.rng.integers(0, ctx.stream.partitions))
+            killed = _kill_leader(ctx, cluster, topic, partition)
         else:
-            topic = ctx.partials_topic if self.role == "partials" else sorted(ctx.output_topics.values())[0]
+            topic, partition = ctx.partials_topic if self.role == "partials" else sorted(ctx.output_topics.values())[0], 0
             held = _hold_claims(ctx, 60)
             try:
-                killed = _kill_leader(ctx, cluster, topic, 0) if held else None
+                killed = _kill_leader(ctx, cluster, topic, partition) if held else None
             finally:
                 _release_claims(ctx)
             if killed is None:
                 ctx.note("no worker reached a ledger claim within 60s; no broker was killed")
                 return
+        # Expected: the partition elected another leader from its in-sync replicas while the broker was down.
+        moved = wait_until(lambda: _leader_or_none(cluster, topic, partition) not in (None, killed), 30, 0.5)
+        ctx.expect(self.kind, f"{topic}[{partition}] elected a new leader while broker {killed} was down", moved)
         seconds = ctx.uniform(4.0, 8.0)
         time.sleep(seconds)
         cluster.start_node(killed)
         ctx.note(f"broker {killed} back after {seconds:.1f}s")
+
+
+def _leader_or_none(cluster, topic: str, partition: int) -> int | None:
+    try:
+        return cluster.leader_of(topic, partition)
+    except Exception:  # metadata not answered while the cluster elects: ask again
+        return None
 
 
 def _kill_leader(ctx: RunContext, cluster, topic: str, partition: int) -> int:

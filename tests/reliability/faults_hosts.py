@@ -32,6 +32,7 @@ class ClockSkew:
     right. Injected once a partial closed on the skewed clock is seen on the partials topic."""
 
     name: str = "worker clock 10 minutes ahead"
+    kind: str = "worker clock 10 minutes ahead"
 
     def inject(self, ctx: RunContext) -> None:
         from stream_dp.worker.partials.wire import PartialAggregate, WireFormatError
@@ -49,10 +50,10 @@ class ClockSkew:
                     return True
             return False
 
-        if wait_until(skewed_partial, ctx.stream.duration_s + 30, 2.0):
+        seen = wait_until(skewed_partial, ctx.stream.duration_s + 30, 2.0)
+        if seen:
             ctx.injected(f"a worker closed windows on a clock {SKEW_S}s ahead")
-        else:
-            ctx.note("no partial closed on the skewed clock was seen")
+        ctx.expect(self.kind, "a partial closed on the skewed clock reached the partials topic", seen)
 
 
 @dataclass
@@ -62,6 +63,7 @@ class RedisAndWorkerKilled:
     charges, and (the common checks) nothing may be released twice nor anybody be over a limit."""
 
     name: str = "redis (appendfsync everysec) and a worker killed together"
+    kind: str = "redis (appendfsync everysec) and a worker kill -9 together"
 
     def inject(self, ctx: RunContext) -> None:
         time.sleep(ctx.uniform(3.0, ctx.stream.duration_s - 5.0))
@@ -74,8 +76,9 @@ class RedisAndWorkerKilled:
         ctx.redis.start()
         ctx.note("redis back")
         time.sleep(ctx.uniform(0.5, 2.0))
-        ctx.restart(worker)
+        before = ctx.restart(worker)
+        ctx.expect(self.kind, f"{worker.name} restarted and rejoined the group", ctx.rejoined(worker, before))
 
     def verify(self, ctx: RunContext, pages: list[str], report: CheckReport) -> None:
-        if not any("appendfsync is everysec" in w.log_text() for w in ctx.workers):
-            report.fail("durability not warned", "no worker warned that Redis runs appendfsync everysec")
+        ctx.expect(self.kind, "the workers warned that Redis may forget acknowledged charges (everysec)",
+                   any("appendfsync is everysec" in w.log_text() for w in ctx.workers))

@@ -3,8 +3,15 @@
 A run owns a private Redis (behind one fault proxy per worker slot), fresh
 topics and its worker processes; the Kafka broker is given (a private one
 when the fault stops it). A supervisor thread plays the part of a process
-manager: a worker that exits on its own is restarted (and the exit noted),
-as Kubernetes or systemd would.
+manager: a worker that exits on its own is restarted, as Kubernetes or
+systemd would, but the exit fails the run unless the fault said it would
+stop the workers (``Fault.stops_workers``): a crash hidden by a restart is
+still a crash.
+
+Every fault kind states the effect it must have had (``RunContext.expect``):
+windows held while Redis was away, charges failed closed, a rebalance, a
+leader moved. A run whose fault left no such evidence, or declared none,
+fails like a run that broke an invariant.
 """
 
 from __future__ import annotations
@@ -23,7 +30,6 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
-from stream_dp.budget import policy_from_config
 from stream_dp.config import load_config
 from tests.reliability.checks import (
     CheckReport,
@@ -61,15 +67,36 @@ _ASSIGNED = re.compile(r"stream_dp\.worker\.ingest\.stage: assigned \[(.*)\]")
 
 class Fault(Protocol):
     """``inject`` calls ``ctx.injected`` once per fault it really caused; ``injections`` says how many a
-    run needs (a fault whose step was never reached, or whose victim was already gone, fails the run)."""
+    run needs (a fault whose step was never reached, or whose victim was already gone, fails the run).
+
+    ``kind`` names what the fault does (``test_catalogue`` checks the CI runs cover every kind); ``inject``
+    or an optional ``verify(ctx, pages, report)`` records, with ``ctx.expect``, whether the effect that kind
+    must have had really happened. Composite faults (``Together``, ``Sequence``) have ``parts`` instead."""
 
     name: str
+    kind: str
 
     def inject(self, ctx: RunContext) -> None: ...
 
 
 def injections_needed(fault: Fault) -> int:
     return getattr(fault, "injections", 1)
+
+
+def leaf_faults(fault) -> list:
+    """The faults a composite one is made of, depth first (a plain fault: itself)."""
+    parts = getattr(fault, "parts", None)
+    return [leaf for part in parts for leaf in leaf_faults(part)] if parts is not None else [fault]
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What a fault of ``kind`` must have caused, and whether the run's evidence shows it did."""
+
+    kind: str
+    what: str
+    happened: bool
+    detail: str = ""
 
 
 @dataclass
@@ -88,6 +115,7 @@ class RunContext:
     notes: list[str] = field(default_factory=list)
     facts: dict[str, float] = field(default_factory=dict)  # what a fault observed, for tests to assert on
     injections: list[str] = field(default_factory=list)  # the faults that really happened
+    effects: list[Effect] = field(default_factory=list)  # each fault's expected effect, seen or not
     planted_partials: set[tuple[int, int]] = field(default_factory=set)  # partials-topic records a fault wrote
     bootstrap: str = ""
     input_topic: str = ""
@@ -96,6 +124,7 @@ class RunContext:
     removed_outputs: dict[str, list] = field(default_factory=dict)  # query -> records of a deleted output topic
     metric_pages: dict[tuple[str, int], str] = field(default_factory=dict)  # (worker, incarnation) -> last /metrics
     lock: threading.RLock = field(default_factory=threading.RLock)
+    restart_exited: bool = True  # the supervisor restarts a worker that exits on its own (a fault may stop that)
     started_s: float = field(default_factory=time.monotonic)
     # (earliest, latest) wall-clock ms the queries can have first started at; latest None: no window was
     # released before the stream began (``checks``: a public query publishes from its start, data or not)
@@ -107,6 +136,16 @@ class RunContext:
     def injected(self, what: str) -> None:
         self.injections.append(what)
         self.note(f"injected: {what}")
+
+    def expect(self, kind: str, what: str, happened: bool, detail: str = "") -> None:
+        """Record whether the effect a fault of ``kind`` must have had (``what``) is in the evidence."""
+        with self.lock:
+            self.effects.append(Effect(kind, what, bool(happened), detail))
+        self.note(f"expected effect of {kind!r}: {what}: {'seen' if happened else 'NOT SEEN'} {detail}".rstrip())
+
+    def rejoined(self, worker: WorkerProcess, after: int, timeout_s: float = 90.0) -> bool:
+        """Whether ``worker`` logged a group assignment past byte ``after`` of its log (it joined again)."""
+        return wait_until(lambda: _ASSIGNED.search(_log_from(worker, after)) is not None, timeout_s, 0.3)
 
     def proxy_of(self, worker: WorkerProcess) -> FaultProxy:
         return self.proxies[self.workers.index(worker)]
@@ -128,11 +167,14 @@ class RunContext:
         self.note(f"kill -9 {worker.name} {why}" if was_alive else f"{worker.name} was not running: nothing killed")
         return was_alive
 
-    def restart(self, worker: WorkerProcess) -> None:
+    def restart(self, worker: WorkerProcess) -> int:
+        """Start ``worker`` again; returns its log's size before, for ``rejoined``."""
         with self.lock:
+            before = worker.log_size()
             worker.start()
             self.supervised.add(worker.name)
         self.note(f"restarted {worker.name}")
+        return before
 
     def leave(self, worker: WorkerProcess) -> bool:
         """A graceful leave (SIGTERM): the worker commits and hands its partitions over; False if it
@@ -168,7 +210,7 @@ class RunResult:
 
     @property
     def passed(self) -> bool:
-        return self.error is None and not self.report.violations and self.injected
+        return self.error is None and not self.report.violations and self.injected and not self.unexpected_exits
 
 
 class FaultRun:
@@ -323,9 +365,10 @@ class FaultRun:
             if code not in (None, 0):
                 unexpected.append(f"{worker.name} exited with {code} on SIGTERM")
         report = self._check(ctx, config_path, input_topic, outputs, prefix, late_values, metrics_pages)
-        for part in getattr(self.fault, "parts", (self.fault,)):
-            if hasattr(part, "verify"):
-                part.verify(ctx, metrics_pages, report)
+        judge_effects(ctx, self.fault, metrics_pages, report)
+        if not any(getattr(leaf, "stops_workers", False) for leaf in leaf_faults(self.fault)):
+            for exit_ in unexpected:
+                report.fail("unexpected exit", f"{exit_} (see its log in {self.work_dir})")
         if not complete:
             report.fail("release stalled", f"windows of the stream were still unreleased {self.completion_timeout_s:.0f}s "
                                            "after it ended (metrics saved beside the logs)")
@@ -390,12 +433,40 @@ class FaultRun:
                 report.fail("secret in log", f"the contribution secret appears in {worker.log_path}")
         client = ctx.redis.client()
         try:
-            evidence = read_redis_evidence(client, policy_from_config(config), truth)
+            evidence = read_redis_evidence(client, budget_limits(config), truth)
         finally:
             client.close()
         check_budgets(evidence, truth, report)
         check_ledger(evidence, observed.outputs, truth, report)
         return report
+
+
+def budget_limits(config) -> dict[str, int]:
+    """namespace -> the limits its budget states hold: per budget, epsilon (or rho), and delta if limited."""
+    return {name: sum(1 + (b.delta is not None) for b in ns.budgets) for name, ns in config.namespaces.items()}
+
+
+def judge_effects(ctx: RunContext, fault: Fault, pages: list[str], report: CheckReport) -> None:
+    """Each leaf fault's ``verify``, then: every kind injected declared its effect, and every effect happened."""
+    leaves = leaf_faults(fault)
+    for leaf in leaves:
+        if hasattr(leaf, "verify"):
+            leaf.verify(ctx, pages, report)
+    declared = {effect.kind for effect in ctx.effects}
+    for leaf in leaves:
+        if leaf.kind not in declared:
+            report.fail("no expected effect", f"{leaf.kind}: the fault recorded no expected effect")
+    for effect in ctx.effects:
+        if not effect.happened:
+            report.fail("expected effect missing", f"{effect.kind}: {effect.what} did not happen {effect.detail}".rstrip())
+
+
+def _log_from(worker: WorkerProcess, offset: int) -> str:
+    if not worker.log_path.exists():
+        return ""
+    with open(worker.log_path, "rb") as log:
+        log.seek(offset)
+        return log.read().decode(errors="replace")
 
 
 def _worker_env(bootstrap: str, group: str, prefix: str, partials_partitions: int) -> dict[str, str]:
@@ -455,7 +526,11 @@ def _supervise(ctx: RunContext, stop: threading.Event, unexpected: list[str]) ->
                 if code is None:
                     continue
                 unexpected.append(f"{worker.name} exited on its own with code {code}")
-                ctx.note(f"{worker.name} exited on its own with code {code}; restarting it")
+                if not ctx.restart_exited:
+                    ctx.supervised.discard(worker.name)
+                    ctx.note(f"{worker.name} exited on its own with code {code}; left stopped")
+                    continue
+                ctx.note(f"{worker.name} exited on its own with code {code}; restarting it (the run fails)")
                 time.sleep(1.0)
                 worker.start()
 

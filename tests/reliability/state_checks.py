@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import orjson
 import redis
 
-from stream_dp.worker.release.entry import decode_entry
+from tests.reliability import evidence as wire
 from tests.reliability.checks import CheckReport
 from tests.reliability.model import FIXED_POINT, Truth
 from tests.reliability.topics import TopicRecord
@@ -42,21 +42,23 @@ class RedisEvidence:
     charge_records: dict[str, set[str]] = field(default_factory=dict)  # namespace -> charge ids recorded
     charge_units: dict[str, set[str]] = field(default_factory=dict)  # charge id -> units its journal names
     ledger: dict[tuple[str, int], tuple[bytes | None, set[bytes]]] = field(default_factory=dict)
-    # (query, window start) -> (state, the record values stored)
+    # (query, window start) -> (state, the records stored: ``evidence.canonical`` texts)
+    errors: list[str] = field(default_factory=list)  # what did not decode
 
 
-def read_redis_evidence(client: redis.Redis, policy, truth: Truth) -> RedisEvidence:
-    """Everything the budget and ledger checks need, read from Redis once."""
-    from stream_dp.budget import RedisBudgetStore  # reads the packed unit states; the expectation is the model's
-
+def read_redis_evidence(client: redis.Redis, limits: dict[str, int], truth: Truth) -> RedisEvidence:
+    """Everything the budget and ledger checks need, read from Redis once with ``evidence``'s decoders
+    (``limits``: namespace -> how many limits its budget states hold, see the wire formats page)."""
     evidence = RedisEvidence()
-    store = RedisBudgetStore(client, policy)
-    latest_end = max((start for _, start, _ in truth.partials), default=0) + 10**6
     for query, namespace in truth.namespace.items():
         units = {u for (q, _, _), p in truth.partials.items() if q == query for u in p.units}
+        try:
+            stored = wire.spends(client, f"{BUDGET_PREFIX}:", namespace, limits[namespace])
+        except wire.EvidenceError as exc:
+            evidence.errors.append(f"budget states of {namespace}: {exc}")
+            stored = {}
         for unit in units:
-            (spend, *_) = store.spend(namespace, unit, latest_end)
-            evidence.spend[(namespace, unit)] = spend.spent
+            evidence.spend[(namespace, unit)] = stored.get(unit, [0])[0] / FIXED_POINT
         prefix = f"{BUDGET_PREFIX}:c:{namespace}:"
         evidence.charge_records[namespace] = {k.decode()[len(prefix):] for k in client.scan_iter(match=f"{prefix}*", count=10_000)}
     journal = f"{LEDGER_PREFIX}:units:"
@@ -74,7 +76,11 @@ def read_redis_evidence(client: redis.Redis, policy, truth: Truth) -> RedisEvide
                 continue  # released-through marks, the query start, staged chunks
             state = client.hget(key, "state")
             payload = _stored_payload(client, key)
-            values = {value for _, value in decode_entry(payload).render()} if payload else set()
+            try:
+                values = {wire.canonical(r) for r in wire.ledger_records(payload)} if payload else set()
+            except wire.EvidenceError as exc:
+                evidence.errors.append(f"ledger entry {key.decode()}: {exc}")
+                values = set()
             evidence.ledger[(query, int(suffix))] = (state, values)
     return evidence
 
@@ -121,6 +127,8 @@ def check_budgets(evidence: RedisEvidence, truth: Truth, report: CheckReport) ->
 
 def check_ledger(evidence: RedisEvidence, outputs: dict[str, list[TopicRecord]], truth: Truth,
                  report: CheckReport) -> None:
+    for error in evidence.errors:
+        report.fail("corrupt store record", error)
     for query in truth.namespace:
         for start in sorted(truth.windows(query)):
             state = evidence.ledger.get((query, start), (None, set()))[0]
@@ -133,7 +141,7 @@ def check_ledger(evidence: RedisEvidence, outputs: dict[str, list[TopicRecord]],
         for record in records:
             start = orjson.loads(record.value)["window"]["start_ms"]
             stored = evidence.ledger.get((query, start))
-            if stored is None or record.value not in stored[1]:
+            if stored is None or wire.canonical(orjson.loads(record.value)) not in stored[1]:
                 report.fail("output not in ledger", f"{query}: a record of window {start} on the output topic is not "
                                                     "one the release ledger stored for it")
 

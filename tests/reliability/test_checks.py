@@ -29,6 +29,7 @@ from tests.reliability.checks import (
     check_partials_before_release,
     check_release_records,
 )
+from tests.reliability.evidence import canonical
 from tests.reliability.model import FIXED_POINT, compute_truth
 from tests.reliability.state_checks import RedisEvidence, check_budgets, check_completeness, check_ledger
 from tests.reliability.topics import TopicRecord
@@ -80,7 +81,7 @@ def world(tmp_path_factory):
     for query, namespace in truth.namespace.items():
         evidence.charge_records.setdefault(namespace, set()).update(truth.charge_ids(query))
         for start in truth.windows(query):
-            evidence.ledger[(query, start)] = (b"published", {r.value for r in outputs[query]
+            evidence.ledger[(query, start)] = (b"published", {canonical(orjson.loads(r.value)) for r in outputs[query]
                                                               if orjson.loads(r.value)["window"]["start_ms"] == start})
     for (query, start, partition), p in truth.partials.items():
         evidence.charge_units[f"{query}/{start}/{partition}"] = set(p.units)
@@ -337,3 +338,87 @@ def test_a_few_events_accepted_by_the_coarser_clock_count_as_on_time_and_nothing
     assert accepted_by_coarser_clock(model, {"q": {(0, 1), (0, 2), (3, 3)}, "r": {(2, 7)}}, set(), 10) == {}
     # more than the limit accepted
     assert accepted_by_coarser_clock(model, {"q": set(), "r": set()}, set(), 3) == {}
+
+
+def test_outputs_check_rejects_a_window_released_twice_an_empty_window_not_released_and_an_unexpected_one(world):
+    observed, truth, _ = world
+    query = "w_free"
+    records = observed.outputs[query]
+    first = orjson.loads(records[0].value)
+    # the same window and group under a second release id: two noise draws of one window
+    again = TopicRecord(0, 0, None, orjson.dumps(dict(first, release_id=first["release_id"] + "-2")), {})
+    # a window between two released ones withheld whole (every page): a gap that tells without noise
+    middle = sorted(truth.windows(query))[1]
+    gap = [r for r in records if orjson.loads(r.value)["window"]["start_ms"] != middle]
+    # a window the query's grid does not have, and a group that is not public
+    shifted = dict(first, release_id="x:1", window=dict(first["window"], start_ms=first["window"]["start_ms"] + 1))
+    stranger = dict(first, release_id="x:2", group={"page": "checkout"})
+    cases = [([*records, again], "released twice"), (gap, "empty window not released"),
+             ([*records, TopicRecord(0, 0, None, orjson.dumps(shifted), {})], "unexpected window"),
+             ([*records, TopicRecord(0, 0, None, orjson.dumps(stranger), {})], "unexpected window")]
+    if middle in truth.windows(query):  # a data window withheld is also lost
+        cases[1] = (gap, "window lost")
+    for doctored_records, kind in cases:
+        doctored = copy.copy(observed)
+        doctored.outputs = {**observed.outputs, query: doctored_records}
+        report = CheckReport()
+        check_outputs(doctored, truth, report)
+        assert report.kinds[kind] >= 1, (kind, report.violations)
+
+
+def test_outputs_check_rejects_an_empty_window_not_released_between_data_windows(world):
+    """A window with no data between two released ones must still be released (public groups, every window)."""
+    observed, truth, _ = world
+    query = "w_free"
+    doctored_truth = copy.deepcopy(truth)
+    middle = sorted(truth.windows(query))[1]
+    for key in [k for k in doctored_truth.partials if k[0] == query and k[1] == middle]:
+        del doctored_truth.partials[key]  # the middle window holds no data now
+    doctored = copy.copy(observed)
+    doctored.outputs = {**observed.outputs, query: [r for r in observed.outputs[query]
+                                                    if orjson.loads(r.value)["window"]["start_ms"] != middle]}
+    report = CheckReport()
+    check_outputs(doctored, doctored_truth, report)
+    assert report.kinds["empty window not released"] == 1 and not report.kinds["window lost"], report.violations
+
+
+def test_accounting_rejects_a_message_dead_lettered_with_several_reasons(world):
+    observed, truth, _ = world
+    late = observed.dead_letters[0]
+    doctored = copy.copy(observed)
+    doctored.dead_letters = observed.dead_letters + [TopicRecord(0, 999, None, late.value,
+                                                                 dict(late.headers, reason=b"bad_timestamp"))]
+    report = CheckReport()
+    check_accounting(doctored, truth, report)
+    assert report.kinds["several reasons"] == 1, report.violations
+
+
+def test_partials_check_rejects_a_corrupt_record_and_a_partial_the_model_has_not(world):
+    observed, truth, _ = world
+    from stream_dp.worker.partials.wire import decode_internal
+
+    original = decode_internal(observed.partials[0].value)
+    stranger = encode_partial(PartialAggregate(**{**original.__dict__, "window_start_ms": 2_000,
+                                                  "window_end_ms": 4_000}))
+    corrupt = observed.partials[1].value[:-7] + b"garbage"
+    for extra, kind in ((stranger, "partial not in truth"), (corrupt, "corrupt partial")):
+        doctored = copy.copy(observed)
+        doctored.partials = observed.partials + [TopicRecord(1, 5, None, extra, {})]
+        report = CheckReport()
+        check_partials(doctored, truth, PARTITIONS, report)
+        assert report.kinds[kind] == 1, (kind, report.violations)
+    planted = copy.copy(observed)
+    planted.partials = observed.partials + [TopicRecord(1, 5, None, corrupt, {})]
+    planted.planted_partials = {(1, 5)}
+    report = CheckReport()
+    check_partials(planted, truth, PARTITIONS, report)
+    assert not report.violations, "a record a fault planted is not the workers'"
+
+
+def test_ledger_check_rejects_an_entry_that_does_not_decode(world):
+    observed, truth, evidence = world
+    doctored = _doctored_evidence(evidence)
+    doctored.errors.append("ledger entry stream-dp:ledger:{w_free}:0: corrupt frame")
+    report = CheckReport()
+    check_ledger(doctored, observed.outputs, truth, report)
+    assert report.kinds == {"corrupt store record": 1}, report.violations
