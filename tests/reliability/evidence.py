@@ -202,7 +202,7 @@ def read_partials(records: Iterable, skip: set[tuple[int, int]] = frozenset()) -
 
 
 def release_id(query: str, window_start_ms: int, group: tuple) -> str:
-    key = json.dumps([query, window_start_ms, *group], separators=(",", ":"), ensure_ascii=False)
+    key = json.dumps([query, window_start_ms, list(group)], separators=(",", ":"), ensure_ascii=False)
     digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
     return f"{query}:{window_start_ms}:{digest}"
 
@@ -212,6 +212,9 @@ def ledger_records(payload: bytes) -> list[dict]:
     header, sections = read_frame(payload)
     if header.get("type") != "release":
         raise EvidenceError(f"a frame of type {header.get('type')!r}, not a release")
+    if "row_extra" in sections or "extras" in sections:
+        raise EvidenceError("a release with per-row extras or extra records (quantiles, hierarchies, top-k): "
+                            "not read here")
     try:
         rows = int(header["rows"])
         query, start = header["query"], int(header["window_start_ms"])
@@ -285,6 +288,8 @@ def spends(client, prefix: str, namespace: str, limits: int) -> dict[str, list[i
         except (IndexError, ValueError):
             continue
         for field, raw in client.hgetall(key).items():
+            if not field:
+                continue  # the field of empty name keeps the hash a hash table: no unit's
             unit = field.decode("utf-8", "surrogatepass")
             if unit not in newest or newest[unit][0] < generation:
                 newest[unit] = (generation, raw)
