@@ -24,6 +24,7 @@ from tests.reliability.faults import (
     Together,
 )
 from tests.reliability.faults_cluster import LeaderKilled
+from tests.reliability.faults_network import BrokerDiskFull, BrokerPartition, RedisPartition, RedisWiped
 from tests.reliability.faults_hosts import ClockSkew, RedisAndWorkerKilled, faked_clock_env
 from tests.reliability.faults_topics import BrokerStopAtClaim, OutputTopicDeleted, PoisonPartials
 from tests.reliability.workload import StreamSpec
@@ -43,14 +44,21 @@ class PlannedRun:
     def options(self) -> dict:
         # After a broker comes back (or a leader moves) producers take a few seconds to deliver what they
         # buffered; the worker's idle rule must wait longer than that (README), on a loaded machine too.
-        idle_ms = 8_000 if self.needs_private_broker or self.needs_cluster else StreamSpec.idle_ms
+        idle_ms = 8_000 if self.needs_private_broker or self.needs_cluster or self.needs_small_disk \
+            else StreamSpec.idle_ms
         stream = StreamSpec(seed=self.seed, partitions=self.partitions, duration_s=self.duration_s, idle_ms=idle_ms)
         return dict(workers=self.workers, stream=stream,
                     redis_fsync=self.redis_fsync, worker_env={1: faked_clock_env()} if self.skewed_worker else {})
 
     @property
     def needs_private_broker(self) -> bool:
-        return any(isinstance(p, (BrokerOutage, BrokerStopAtClaim)) for p in self._parts)
+        return not self.needs_small_disk and any(
+            isinstance(p, (BrokerOutage, BrokerStopAtClaim, BrokerPartition)) for p in self._parts)
+
+    @property
+    def needs_small_disk(self) -> bool:
+        """Runs on a broker of its own whose log directory is a small filesystem (``SmallDiskKafka``)."""
+        return any(isinstance(p, BrokerDiskFull) for p in self._parts)
 
     @property
     def needs_cluster(self) -> bool:
@@ -104,6 +112,10 @@ def _kinds() -> list[PlannedRun]:
         PlannedRun("3 brokers, leader killed", LeaderKilled("partials"), 195),
         PlannedRun("3 brokers, leader killed", LeaderKilled("output"), 196),
         PlannedRun("3 brokers, leader killed", LeaderKilled("input"), 197),
+        PlannedRun("redis restarted without its data", RedisWiped(), 200),
+        PlannedRun("network partition worker-redis", RedisPartition(), 210),
+        PlannedRun("network partition worker-broker", BrokerPartition(), 220, duration_s=20.0),
+        PlannedRun("broker disk full", BrokerDiskFull(), 230),
     ]
     return runs
 
@@ -121,8 +133,12 @@ def ci_catalogue() -> list[PlannedRun]:
     ``test_ci_subset_covers_every_kind`` keeps it so."""
     return [
         PlannedRun("worker kill at every stage", EveryStage(), 11, duration_s=40.0),
-        PlannedRun("redis down (kill -9, then shutdown)",
-                   Sequence((RedisOutage(crash=True), RedisOutage(crash=False))), 15, duration_s=30.0),
+        PlannedRun("redis down (kill -9, then shutdown), then cut off",
+                   Sequence((RedisOutage(crash=True), RedisOutage(crash=False), RedisPartition())), 15,
+                   duration_s=42.0),
+        PlannedRun("redis restarted without its data", RedisWiped(), 21),
+        PlannedRun("broker disk full, then the workers cut off the broker",
+                   Sequence((BrokerDiskFull(), BrokerPartition())), 22, duration_s=40.0),
         PlannedRun("broker down between claim and publish", BrokerStopAtClaim(), 12),
         PlannedRun("rebalance, 12 partitions (added, removed) + poison partials",
                    Together((KillDuringIngest(), AddWorker(), RemoveWorker(), PoisonPartials())), 13, workers=3,

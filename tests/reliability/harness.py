@@ -208,9 +208,12 @@ class RunResult:
     def injected(self) -> bool:
         return len(self.injections) >= self.injections_needed
 
+    expected_exits: bool = False  # the fault stops the workers on purpose (``Fault.stops_workers``)
+
     @property
     def passed(self) -> bool:
-        return self.error is None and not self.report.violations and self.injected and not self.unexpected_exits
+        exits_ok = self.expected_exits or not self.unexpected_exits
+        return self.error is None and not self.report.violations and self.injected and exits_ok
 
 
 class FaultRun:
@@ -285,7 +288,9 @@ class FaultRun:
         if rf > 1:
             for topic in (f"{prefix}alerts", f"{prefix}dead-letter"):
                 create_topic(self.bootstrap, topic, 1, configs=replicated, replication=rf)
-        env = _worker_env(self.bootstrap, f"{self.name}-g", prefix, self.partials_partitions)
+        # Workers reach a private broker through its partition proxy when it has one (``PrivateKafka``).
+        worker_bootstrap = getattr(self.kafka, "worker_bootstrap", None) or self.bootstrap
+        env = _worker_env(worker_bootstrap, f"{self.name}-g", prefix, self.partials_partitions)
         events = schedule(spec)
         producer = LiveProducer(self.bootstrap, input_topic, events)
         workers: list[WorkerProcess] = []
@@ -346,8 +351,11 @@ class FaultRun:
         if not ctx.injections:
             ctx.note("the fault was never injected: the run fails whatever the checks say")
         expected = _expected_windows(events, producer.start_ms, spec)
-        complete = wait_until(lambda: not _unreleased(self.bootstrap, outputs, expected, ctx.removed_outputs),
-                              self.completion_timeout_s, 2.0)
+        stopping = any(getattr(leaf, "stops_workers", False) for leaf in leaf_faults(self.fault))
+        # A fault that stops the workers on purpose leaves windows unreleased: not waited for, not judged.
+        complete = stopping or wait_until(
+            lambda: not _unreleased(self.bootstrap, outputs, expected, ctx.removed_outputs),
+            self.completion_timeout_s, 2.0)
         if not complete:
             missing = _unreleased(self.bootstrap, outputs, expected, ctx.removed_outputs)
             ctx.note(f"not every window was released within {self.completion_timeout_s:.0f}s: missing {missing} "
@@ -365,8 +373,10 @@ class FaultRun:
             if code not in (None, 0):
                 unexpected.append(f"{worker.name} exited with {code} on SIGTERM")
         report = self._check(ctx, config_path, input_topic, outputs, prefix, late_values, metrics_pages)
+        if stopping:
+            report = safety_only(report)
         judge_effects(ctx, self.fault, metrics_pages, report)
-        if not any(getattr(leaf, "stops_workers", False) for leaf in leaf_faults(self.fault)):
+        if not stopping:
             for exit_ in unexpected:
                 report.fail("unexpected exit", f"{exit_} (see its log in {self.work_dir})")
         if not complete:
@@ -378,7 +388,7 @@ class FaultRun:
         (self.work_dir / "report.txt").write_text("\n".join([*ctx.notes, *report.violations, repr(report.stats)]) + "\n")
         return RunResult(self.fault.name, self.seed, ctx.notes, ctx.facts, report, time.monotonic() - started,
                          unexpected, self.work_dir, injections=ctx.injections,
-                         injections_needed=injections_needed(self.fault))
+                         injections_needed=injections_needed(self.fault), expected_exits=stopping)
 
     def _check(self, ctx: RunContext, config_path: Path, input_topic: str, outputs: dict[str, str], prefix: str,
                late_values: set[bytes], metrics_pages: list[str]) -> CheckReport:
@@ -439,6 +449,25 @@ class FaultRun:
         check_budgets(evidence, truth, report)
         check_ledger(evidence, observed.outputs, truth, report)
         return report
+
+
+# What must hold even when the workers stopped part way (``Fault.stops_workers``): nothing released twice or
+# with fresh noise, nothing off the grid or the noise band, nothing leaked.
+SAFETY_KINDS = frozenset({"noise drawn twice", "released twice", "unexpected window", "noisy value off", "bad record",
+                          "first window", "partial copies differ", "corrupt partial", "schema", "unit id in output",
+                          "unit id label", "secret in metrics", "secret in log", "traceback"})
+
+
+def safety_only(report: CheckReport) -> CheckReport:
+    """The violations of ``SAFETY_KINDS`` only; the others are counted in the stats as not judged."""
+    kept = CheckReport(stats=dict(report.stats))
+    for violation in report.violations:
+        kind = violation[1:violation.index("]")]
+        if kind in SAFETY_KINDS:
+            kept.fail(kind, violation[len(kind) + 3:])
+        else:
+            kept.count(f"not judged after the workers stopped: {kind}")
+    return kept
 
 
 def budget_limits(config) -> dict[str, int]:

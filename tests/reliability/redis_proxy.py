@@ -149,6 +149,7 @@ class _Connection:
                 data = self.client.recv(65536)
                 if not data:
                     break
+                self.proxy.wait_healed()
                 for command, raw in self.parser.feed(data):
                     self.proxy.wait_if_held(command)
                     trigger = self.proxy.check(command)
@@ -162,6 +163,7 @@ class _Connection:
         except (OSError, ValueError):
             pass
         if not self.frozen:
+            self.proxy.wait_healed()  # a close does not cross a partition either
             self.close()
 
     def _server_to_client(self) -> None:
@@ -170,6 +172,7 @@ class _Connection:
                 data = self.upstream.recv(65536)
                 if not data or self.frozen:
                     break
+                self.proxy.wait_healed()
                 verdict, self._verdict = self._verdict, None
                 if verdict is not None and not data.startswith(b"-NOSCRIPT"):
                     trigger, command = verdict
@@ -181,6 +184,7 @@ class _Connection:
         except OSError:
             pass
         if not self.frozen:
+            self.proxy.wait_healed()
             self.close()
 
     def close(self) -> None:
@@ -209,7 +213,23 @@ class FaultProxy:
         self._hold: Callable[[Command], bool] | None = None
         self._released = threading.Event()
         self.holding = 0  # connections waiting at a held command
+        self._healed = threading.Event()
+        self._healed.set()
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def partition(self) -> None:
+        """Black-hole the link both ways until ``heal``: nothing is relayed and nothing refused, as a network
+        that drops every packet (bytes already sent wait, as TCP retransmits them, and go through on healing
+        unless an end closed the connection first)."""
+        self._healed.clear()
+
+    def heal(self) -> None:
+        self._healed.set()
+
+    def wait_healed(self) -> None:
+        while not self._healed.wait(0.5):
+            if self._closed:
+                return
 
     def url(self, credentials: str = "") -> str:
         return f"redis://{credentials}127.0.0.1:{self.port}/0"
@@ -277,6 +297,7 @@ class FaultProxy:
 
     def close(self) -> None:
         self._closed = True
+        self._healed.set()
         self.release_holds()
         self._listener.close()
         with self._lock:

@@ -31,15 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     from tests.reliability.catalogue import full_catalogue
     from tests.reliability.harness import FaultRun, RunResult
     from tests.reliability.report import describe, format_kinds, format_table
-    from tests.reliability.services import PrivateKafka, PrivateKafkaCluster
+    from tests.reliability.services import PrivateKafka, PrivateKafkaCluster, SmallDiskKafka
 
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="stream-dp-faults-"))
     runs = list(enumerate(full_catalogue(), 1))
     if args.only:
         runs = [(i, run) for i, run in runs if i in set(args.only)]
     print(f"{len(runs)} fault runs; work dir {work_dir}", flush=True)
-    kafka = PrivateKafka(work_dir / "kafka")
+    kafka = PrivateKafka(work_dir / "kafka", worker_proxy=True)
     cluster: PrivateKafkaCluster | None = None  # started for the first run that needs three brokers
+    small_disk: SmallDiskKafka | None = None  # and a broker on a small filesystem for the first that fills it
     started = time.monotonic()
     kafka.start()
     print(f"private broker on {kafka.bootstrap} ready after {time.monotonic() - started:.1f}s", flush=True)
@@ -51,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
                 if cluster is None:
                     cluster = PrivateKafkaCluster(work_dir / "kafka-cluster")
                 target = cluster
+            elif planned.needs_small_disk:
+                if small_disk is None:
+                    small_disk = SmallDiskKafka(work_dir / "kafka-small-disk", worker_proxy=True)
+                target = small_disk
             else:
                 target = kafka
             target.start()  # a broker fault leaves it running, but a failed restart must not sink later runs
@@ -71,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         kafka.stop()
         if cluster is not None:
             cluster.stop()
+        if small_disk is not None:
+            small_disk.remove()
     print()
     print(format_table(results))
     print()

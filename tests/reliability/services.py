@@ -118,10 +118,22 @@ class PrivateKafka:
     """
 
     def __init__(self, run_dir: Path, *, sasl_users: dict[str, str] | None = None, heap: str = "384m",
-                 node_id: int = 1, replication: int = 1) -> None:
+                 node_id: int = 1, replication: int = 1, worker_proxy: bool = False,
+                 data_dir: Path | None = None) -> None:
         """``node_id`` and ``replication`` (of internal topics, with ``min.insync.replicas`` one less,
-        at least 1) are for a node of ``PrivateKafkaCluster``, which sets ``quorum`` and ``cluster_id``."""
+        at least 1) are for a node of ``PrivateKafkaCluster``, which sets ``quorum`` and ``cluster_id``.
+
+        ``worker_proxy``: a second listener for the workers, advertised at a ``PartitionProxy`` in front of
+        it (``worker_bootstrap``), so a fault can cut the workers off the broker while the producer and the
+        harness still reach it. ``data_dir``: where the log lives (a small filesystem, for a full disk)."""
         self.run_dir = run_dir
+        self.data_dir = data_dir or run_dir / "data"
+        self.worker_port = free_port() if worker_proxy else None
+        self.worker_proxy = None
+        if worker_proxy:
+            from tests.reliability.tcp_proxy import PartitionProxy
+
+            self.worker_proxy = PartitionProxy(self.worker_port)
         self.node_id = node_id
         self.replication = replication
         self.quorum: list[tuple[int, int]] = []  # (node id, controller port) of every voter; empty: this node alone
@@ -138,6 +150,11 @@ class PrivateKafka:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def worker_bootstrap(self) -> str:
+        """Where the workers connect: through the partition proxy if there is one."""
+        return f"127.0.0.1:{self.worker_proxy.port}" if self.worker_proxy is not None else self.bootstrap
 
     @property
     def sasl_bootstrap(self) -> str:
@@ -169,6 +186,10 @@ class PrivateKafka:
         advertised = [f"PLAINTEXT://127.0.0.1:{self.port}"]
         protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
         extra: list[str] = []
+        if self.worker_proxy is not None:
+            listeners.append(f"WORKERS://127.0.0.1:{self.worker_port}")
+            advertised.append(f"WORKERS://127.0.0.1:{self.worker_proxy.port}")
+            protocols.append("WORKERS:PLAINTEXT")
         if self.sasl_port is not None:
             listeners.append(f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}")
             advertised.append(f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}")
@@ -191,7 +212,7 @@ class PrivateKafka:
             "controller.listener.names=CONTROLLER",
             f"listener.security.protocol.map={','.join(protocols)}",
             "inter.broker.listener.name=PLAINTEXT",
-            f"log.dirs={self.run_dir / 'data'}",
+            f"log.dirs={self.data_dir}",
             "num.partitions=1",
             f"default.replication.factor={rf}",
             f"min.insync.replicas={isr}",
@@ -261,6 +282,54 @@ class PrivateKafka:
                 self._process.kill()
                 self._process.wait()
         self._process = None
+
+
+class SmallDiskKafka(PrivateKafka):
+    """A private broker whose log directory is a filesystem of its own, ``size_mb`` large (a tmpfs: mounting
+    it needs root, see ``can_mount``), which a fault can fill up and free again."""
+
+    def __init__(self, run_dir: Path, *, size_mb: int = 128, **options) -> None:
+        self.mount = run_dir / "disk"
+        self.mount.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(self.mount)],
+                       check=True, capture_output=True)
+        super().__init__(run_dir, data_dir=self.mount / "data", **options)
+        self._filler = self.mount / "filler"
+
+    @staticmethod
+    def can_mount(directory: Path) -> bool:
+        """Whether this process may mount a tmpfs (root, or CAP_SYS_ADMIN)."""
+        probe = directory / "probe"
+        probe.mkdir(parents=True, exist_ok=True)
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)],
+                                 capture_output=True).returncode == 0
+        if mounted:
+            subprocess.run(["umount", str(probe)], capture_output=True)
+        return mounted
+
+    def fill_disk(self) -> None:
+        """Write a file until the filesystem refuses more (ENOSPC)."""
+        block = b"\0" * (1 << 20)
+        with open(self._filler, "ab", buffering=0) as filler:
+            try:
+                while True:
+                    filler.write(block)
+            except OSError:
+                pass
+        with open(self._filler, "ab", buffering=0) as filler:  # the last partial block too
+            try:
+                while True:
+                    filler.write(b"\0" * 4096)
+            except OSError:
+                pass
+
+    def free_disk(self) -> None:
+        self._filler.unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        """Stop the broker and unmount its filesystem (its data goes with it)."""
+        self.stop(crash=True)
+        subprocess.run(["umount", "-l", str(self.mount)], capture_output=True)
 
 
 class PrivateKafkaCluster:
