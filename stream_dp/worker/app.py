@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from stream_dp.budget import BudgetPolicy, BudgetStore, NamespacePolicy, RedisBudgetStore, StoreOptions, policy_from_config
 from stream_dp.budget.redis_nodes import ping as redis_ping
+from stream_dp.budget.redis_restarts import ServerWatch
 from stream_dp.budget.redis_url import client_from_url
 from stream_dp.config import ConfigError, PipelineConfig, QueryConfig, Settings
 from stream_dp.config.release_time import together_release_ms
@@ -248,15 +249,23 @@ class Worker:
         )
         self.runtimes = parts.runtimes
         self._redis: Any = None
+        self._markers_redis: Any = None
         wait = settings.replica_wait()
         self._wait_replicas = wait.replicas if wait is not None else 0
+        url = settings.redis_url.get_secret_value()
+        # Every connection of the ledger and the budget store checks it reached the server the store was
+        # verified on; the store markers are read on a client of their own, which does not (guard.store).
+        self.restarts = ServerWatch()
+        watched = self.restarts.connection_class(url)
         if ledger is None:
-            self._redis = client_from_url(settings.redis_url.get_secret_value(), timeout_s=settings.redis_timeout_s)
+            self._redis = client_from_url(url, timeout_s=settings.redis_timeout_s, connection_class=watched)
+            self._markers_redis = client_from_url(url, timeout_s=settings.redis_timeout_s)
         if budget is None:
             # The store retries itself (safe: charges are idempotent); redis-py's own retries are off.
-            budget = RedisBudgetStore.from_url(
-                settings.redis_url.get_secret_value(), parts.policy, settings.budget_store_options(),
-                socket_timeout_s=settings.redis_timeout_s, retries=settings.redis_retries,
+            budget = RedisBudgetStore(
+                client_from_url(url, timeout_s=settings.redis_timeout_s, own_retries=False, decode_responses=False,
+                                connection_class=watched),
+                parts.policy, settings.budget_store_options(), retries=settings.redis_retries,
                 metrics=BudgetMetrics(registry=registry), wait=wait,
             )
             try:
@@ -292,8 +301,9 @@ class Worker:
         return redis_ping(self._redis, self._wait_replicas)
 
     def _close_stores(self) -> None:
-        if self._redis is not None:
-            self._redis.close()
+        for client in (self._redis, self._markers_redis):
+            if client is not None:
+                client.close()
         self.budget.close()
 
     async def run(self) -> None:
@@ -319,8 +329,10 @@ class Worker:
         noise_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="noise")
         # Checked at every input assignment, before anything is charged or released.
         input_topics = {q.config.input_topic for q in self.runtimes}
-        store = StoreGuard(self.ledger.store_markers(),
-                           lambda: read_group_metadata(options, settings.group_id, input_topics))
+        store = StoreGuard(self.ledger.store_markers(self._markers_redis),
+                           lambda: read_group_metadata(options, settings.group_id, input_topics),
+                           on_verified=self.restarts.accept)
+        self.restarts.listen(store.suspect)
         ingest = IngestStage(
             self.runtimes, clients.ingest_consumer, clients.producer, self.budget, self.ledger, self.metrics,
             partials_topic=settings.partials_topic, partials_partitions=partials_partitions,

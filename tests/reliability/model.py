@@ -16,8 +16,12 @@ contribution secret, it computes per query:
   ``max_events_per_group`` events that the README's "Bounding, precisely"
   keyed hashes choose, values clipped into ``clip``;
 * the **budget**: per namespace and unit, windows charged in window order,
-  a window admitted when the unit's fixed-point spend plus its cost stays
-  within the limit, otherwise excluded from it entirely;
+  a window admitted when, for every limit of the namespace (each budget's
+  epsilon, and its delta if it has one), the unit's fixed-point spend plus
+  the window's cost stays within the limit, otherwise excluded from it
+  entirely. A Laplace window costs the query's epsilon; a Gaussian one its
+  epsilon and its delta (``docs/privacy/index.md``). Every horizon must be
+  longer than the stream (nothing charged expires during a run);
 * the **partials** (per query, window and input partition: per-group count,
   clipped sum and distinct units after exclusion; units charged and
   excluded) and the per-window totals the noisy releases must centre on.
@@ -41,6 +45,8 @@ from stream_dp.config import PipelineConfig
 _MASK = (1 << 64) - 1
 _SIP_INIT = (0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261, 0x7465646279746573)
 FIXED_POINT = 10**6  # budget amounts are counted in 1e-6 of epsilon
+DELTA_FIXED_POINT = 10**12  # and in 1e-12 of delta
+MECHANISMS = ("laplace", "geometric", "gaussian")
 
 
 # -- the keyed hashes of the README's "Bounding, precisely" ----------------------------------------------------
@@ -130,8 +136,11 @@ class Truth:
     accepted: dict[str, int] = field(default_factory=dict)
     partials: dict[tuple[str, int, int], ModelPartial] = field(default_factory=dict)  # (query, start, partition)
     namespace: dict[str, str] = field(default_factory=dict)  # query -> namespace
-    cost_units: dict[str, int] = field(default_factory=dict)  # query -> fixed-point charge per window
-    limit_units: dict[str, int] = field(default_factory=dict)  # namespace -> fixed-point limit
+    cost_units: dict[str, int] = field(default_factory=dict)  # query -> fixed-point epsilon per window
+    limit_units: dict[str, int] = field(default_factory=dict)  # namespace -> its first fixed-point epsilon limit
+    #: namespace -> every limit in the order the budget state holds them: (is a delta limit, fixed-point limit)
+    limits: dict[str, list[tuple[bool, int]]] = field(default_factory=dict)
+    costs: dict[str, list[int]] = field(default_factory=dict)  # query -> fixed-point charge per limit per window
     admitted: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (namespace, unit) -> charge ids
 
     def windows(self, query: str) -> set[int]:
@@ -149,12 +158,17 @@ class Truth:
     def spent_units(self, namespace: str, unit: str, query: str) -> int:
         return len(self.admitted.get((namespace, unit), [])) * self.cost_units[query]
 
+    def spent_per_limit(self, namespace: str, unit: str, query: str) -> list[int]:
+        """Fixed-point units charged against each limit of the namespace (one query per namespace)."""
+        windows = len(self.admitted.get((namespace, unit), []))
+        return [windows * cost for cost in self.costs[query]]
+
     def charge_ids(self, query: str) -> set[str]:
         return {f"{q}/{start}/{p}" for q, start, p in self.partials if q == query}
 
 
-def _fixed(amount: float, rounding) -> int:
-    return int(rounding(Fraction(str(amount)) * FIXED_POINT))
+def _fixed(amount: float, rounding, scale: int = FIXED_POINT) -> int:
+    return int(rounding(Fraction(str(amount)) * scale))
 
 
 def _decode(value: bytes | None, query) -> tuple[str, int, tuple, float] | None:
@@ -187,18 +201,29 @@ def compute_truth(config: PipelineConfig, secret: bytes, records: list,
     (the worker's coarser clock accepted them: see ``harness.FaultRun._check``)."""
     hashes = Hashes(secret)
     truth = Truth()
+    span_ms = max((r.timestamp for r in records), default=0) - min((r.timestamp for r in records), default=0)
     for name, ns in config.namespaces.items():
+        if ns.accounting != "epsilon" or any(b.horizon_ms <= span_ms + 60_000 for b in ns.budgets):
+            raise ValueError(f"namespace {name}: the model covers epsilon namespaces whose horizons outlast the stream")
         truth.limit_units[name] = _fixed(ns.budgets[0].epsilon, math.floor)
+        truth.limits[name] = [(is_delta, _fixed(limit, math.floor, DELTA_FIXED_POINT if is_delta else FIXED_POINT))
+                              for b in ns.budgets
+                              for is_delta, limit in ((False, b.epsilon), (True, b.delta)) if limit is not None]
     by_partition: dict[int, list] = {}
     for record in records:
         by_partition.setdefault(record.partition, []).append(record)
     contributions: dict[tuple[str, int, int, str], dict[tuple, dict[int, float]]] = {}
     for query in config.queries:
-        if query.mechanism != "laplace" or len(config.namespaces[query.privacy_unit.namespace].budgets) != 1:
-            raise ValueError("the model covers Laplace queries on single-horizon epsilon namespaces")
+        if query.mechanism not in MECHANISMS or query.public_group_keys() is None or query.continual is not None \
+                or query.aggregations.top_k is not None:
+            raise ValueError(f"query {query.name}: the model covers {MECHANISMS} queries over public groups, "
+                             "released per window")
         name, size = query.name, query.window.size_ms
         truth.namespace[name] = query.privacy_unit.namespace
         truth.cost_units[name] = _fixed(query.epsilon, math.ceil)
+        delta = query.delta if query.mechanism == "gaussian" else 0.0
+        truth.costs[name] = [_fixed(delta, math.ceil, DELTA_FIXED_POINT) if is_delta else truth.cost_units[name]
+                             for is_delta, _ in truth.limits[truth.namespace[name]]]
         late, rejected = truth.late.setdefault(name, set()), truth.rejected.setdefault(name, set())
         clip = query.aggregations.sum.clip if query.aggregations.sum else (0.0, 0.0)
         accepted = 0
@@ -229,7 +254,7 @@ def compute_truth(config: PipelineConfig, secret: bytes, records: list,
 
 def _bound_and_charge(config: PipelineConfig, hashes: Hashes, contributions: dict, truth: Truth) -> None:
     queries = {q.name: q for q in config.queries}
-    spent: dict[tuple[str, str], int] = {}
+    spent: dict[tuple[str, str], list[int]] = {}
     # A unit's windows close in window order in its partition, so it is charged in that order.
     for (name, start, partition, unit) in sorted(contributions, key=lambda k: (k[1], k[0], k[2], k[3])):
         query = queries[name]
@@ -242,11 +267,12 @@ def _bound_and_charge(config: PipelineConfig, hashes: Hashes, contributions: dic
         partial.units.add(unit)
         namespace = truth.namespace[name]
         key = (namespace, unit)
-        cost = truth.cost_units[name]
-        if spent.get(key, 0) + cost > truth.limit_units[namespace]:
+        costs, limits = truth.costs[name], truth.limits[namespace]
+        before = spent.get(key, [0] * len(limits))
+        if any(s + c > limit for s, c, (_, limit) in zip(before, costs, limits)):
             partial.excluded.add(unit)
             continue
-        spent[key] = spent.get(key, 0) + cost
+        spent[key] = [s + c for s, c in zip(before, costs)]
         truth.admitted.setdefault(key, []).append(f"{name}/{start}/{partition}")
         for group, events in kept.items():
             cell = partial.groups.setdefault(group, [0, 0.0, 0])

@@ -195,8 +195,12 @@ class StoreGuard:
     """
 
     def __init__(self, markers: StoreMarkers, read_committed: Callable[[], Iterable[str]] | None = None, *,
-                 redis_hint: str = "REDIS_URL", retry_s: float = 2.0, recheck_s: float = 5.0) -> None:
+                 redis_hint: str = "REDIS_URL", retry_s: float = 2.0, recheck_s: float = 5.0,
+                 on_verified: Callable[[], None] | None = None) -> None:
+        """``on_verified``: called after every check that found the store (``budget.redis_restarts`` then
+        lets connections to a restarted server go on)."""
         self._markers = markers
+        self._on_verified = on_verified
         self._read_committed = read_committed
         self._redis_hint = redis_hint
         self._retry_s = retry_s
@@ -275,4 +279,6 @@ class StoreGuard:
             self._committed_read = True
             self.token = token
             self._next_recheck_s = time.monotonic() + self._recheck_s
+        if self._on_verified is not None:
+            self._on_verified()
         return True

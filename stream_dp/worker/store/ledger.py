@@ -34,7 +34,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 
@@ -137,7 +137,7 @@ class ReleaseLedger(Protocol):
     def raise_released_through(self, query: str, home: int, window_end_ms: int) -> None: ...
     def remember_units(self, charge_id: str, units: list[str]) -> list[str]: ...
     def publication_start(self, query: str, lateness_ms: int) -> int: ...
-    def store_markers(self) -> StoreMarkers: ...
+    def store_markers(self, client: Any = None) -> StoreMarkers: ...
 
 
 def split_chunks(payload: bytes, chunk_bytes: int) -> list[bytes]:
@@ -185,9 +185,10 @@ class RedisReleaseLedger:
     def _key(self, query: str, window_start_ms: int) -> str:
         return f"{self._prefix}:{{{query}}}:{window_start_ms}"
 
-    def store_markers(self) -> StoreMarkers:
-        """The markers that tell this Redis from one that lost its data (``stream_dp.worker.guard.store``)."""
-        return RedisStoreMarkers(self._redis, prefix=self._prefix, wait=self._wait)
+    def store_markers(self, client: Any = None) -> StoreMarkers:
+        """The markers that tell this Redis from one that lost its data (``stream_dp.worker.guard.store``),
+        read with ``client`` if given (one whose connections ``budget.redis_restarts`` does not refuse)."""
+        return RedisStoreMarkers(client if client is not None else self._redis, prefix=self._prefix, wait=self._wait)
 
     def _store_once(
         self, key: str, payload: bytes, ttl_s: int, state: bytes, sync_key: str
@@ -330,7 +331,7 @@ class MemoryReleaseLedger:
         self._lock = threading.Lock()
         self._markers = MemoryStoreMarkers()
 
-    def store_markers(self) -> StoreMarkers:
+    def store_markers(self, client: Any = None) -> StoreMarkers:
         return self._markers
 
     def claim(self, query: str, window_start_ms: int, payload: bytes) -> StoredRelease:
