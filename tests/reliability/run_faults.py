@@ -1,6 +1,7 @@
 """The full reliability suite: seeded fault runs on a private Kafka broker, then a table of what survived.
 
-    .venv/bin/python tests/reliability/run_faults.py                 # all 59 runs (about an hour)
+    .venv/bin/python tests/reliability/run_faults.py                 # all 120 runs (two to three hours)
+    .venv/bin/python tests/reliability/run_faults.py --start 61      # resume a campaign at run 61
     .venv/bin/python tests/reliability/run_faults.py --only 3 --only 11   # runs by number
     .venv/bin/python tests/reliability/run_faults.py --fuzz 100000   # also the worker fuzz run, 1e5 messages
 
@@ -22,6 +23,7 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", type=int, action="append", help="run only these run numbers (1-based, repeatable)")
+    parser.add_argument("--start", type=int, default=1, help="skip the runs numbered below this (resume a campaign)")
     parser.add_argument("--seed-offset", type=int, default=0, help="added to every run's seed (new schedules)")
     parser.add_argument("--work-dir", type=Path, default=None, help="where logs and data go (default: a temp dir)")
     parser.add_argument("--fuzz", type=int, default=0, metavar="N", help="also run the worker fuzz with N messages")
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = list(enumerate(full_catalogue(), 1))
     if args.only:
         runs = [(i, run) for i, run in runs if i in set(args.only)]
+    runs = [(i, run) for i, run in runs if i >= args.start]
     print(f"{len(runs)} fault runs; work dir {work_dir}", flush=True)
     kafka = PrivateKafka(work_dir / "kafka", worker_proxy=True)
     cluster: PrivateKafkaCluster | None = None  # started for the first run that needs three brokers
