@@ -24,7 +24,13 @@ from tests.reliability.faults import (
     Together,
 )
 from tests.reliability.faults_cluster import LeaderKilled
-from tests.reliability.faults_network import BrokerDiskFull, BrokerPartition, RedisPartition, RedisWiped
+from tests.reliability.faults_network import (
+    BrokerDiskFull,
+    BrokerPartition,
+    RedisClusterFailover,
+    RedisPartition,
+    RedisWiped,
+)
 from tests.reliability.faults_hosts import ClockSkew, RedisAndWorkerKilled, faked_clock_env
 from tests.reliability.faults_topics import BrokerStopAtClaim, OutputTopicDeleted, PoisonPartials
 from tests.reliability.workload import StreamSpec
@@ -40,6 +46,7 @@ class PlannedRun:
     redis_fsync: str = "always"
     skewed_worker: bool = False
     duration_s: float = 14.0
+    redis_cluster: bool = False  # on a Redis Cluster of its own (3 masters, 3 replicas; no fault proxies)
 
     def options(self) -> dict:
         # After a broker comes back (or a leader moves) producers take a few seconds to deliver what they
@@ -47,8 +54,8 @@ class PlannedRun:
         idle_ms = 8_000 if self.needs_private_broker or self.needs_cluster or self.needs_small_disk \
             else StreamSpec.idle_ms
         stream = StreamSpec(seed=self.seed, partitions=self.partitions, duration_s=self.duration_s, idle_ms=idle_ms)
-        return dict(workers=self.workers, stream=stream,
-                    redis_fsync=self.redis_fsync, worker_env={1: faked_clock_env()} if self.skewed_worker else {})
+        return dict(workers=self.workers, stream=stream, redis_fsync=self.redis_fsync, redis_cluster=self.redis_cluster,
+                    worker_env={1: faked_clock_env()} if self.skewed_worker else {})
 
     @property
     def needs_private_broker(self) -> bool:
@@ -116,6 +123,7 @@ def _kinds() -> list[PlannedRun]:
         PlannedRun("network partition worker-redis", RedisPartition(), 210),
         PlannedRun("network partition worker-broker", BrokerPartition(), 220, duration_s=20.0),
         PlannedRun("broker disk full", BrokerDiskFull(), 230),
+        PlannedRun("redis cluster failover", RedisClusterFailover(), 240, redis_cluster=True),
     ]
     return runs
 
@@ -137,6 +145,7 @@ def ci_catalogue() -> list[PlannedRun]:
                    Sequence((RedisOutage(crash=True), RedisOutage(crash=False), RedisPartition())), 15,
                    duration_s=42.0),
         PlannedRun("redis restarted without its data", RedisWiped(), 21),
+        PlannedRun("redis cluster failover", RedisClusterFailover(), 23, redis_cluster=True),
         PlannedRun("broker disk full, then the workers cut off the broker",
                    Sequence((BrokerDiskFull(), BrokerPartition())), 22, duration_s=40.0),
         PlannedRun("broker down between claim and publish", BrokerStopAtClaim(), 12),

@@ -53,6 +53,7 @@ def pending_charges(ctx: RunContext) -> float:
 
 
 def failed_closed(ctx: RunContext) -> float:
+    """Charge attempts that failed closed so far (a counter: compare two readings of one fault)."""
     return sum(metric_total(t, "stream_dp_budget_failures_total", kind="unavailable") for t in ctx.scrape_all())
 
 

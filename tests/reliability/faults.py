@@ -134,12 +134,13 @@ def outage(ctx: RunContext, seconds: float, *, crash: bool, kind: str, during=No
     ctx.note(f"redis {'killed' if crash else 'shut down'} for {seconds:.1f}s")
     ends = time.monotonic() + seconds
     seen = {"held": 0.0, "failures": 0.0}
+    baseline = effects.failed_closed(ctx)  # the counter holds earlier faults' failures too
     back = threading.Event()
 
     def sample() -> None:  # all through the outage, whatever ``during`` does meanwhile
         while not back.wait(0.5):
             seen["held"] = max(seen["held"], effects.pending_charges(ctx))
-            seen["failures"] = max(seen["failures"], effects.failed_closed(ctx))
+            seen["failures"] = max(seen["failures"], effects.failed_closed(ctx) - baseline)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()

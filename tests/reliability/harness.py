@@ -52,7 +52,7 @@ from tests.reliability.state_checks import (
     completeness_counts,
     read_redis_evidence,
 )
-from tests.reliability.services import PrivateKafka, PrivateKafkaCluster, PrivateRedis
+from tests.reliability.services import PrivateKafka, PrivateKafkaCluster, PrivateRedis, PrivateRedisCluster
 from tests.reliability.topics import create_topic, delete_topics, read_topic, wait_until
 from tests.reliability.workers import WorkerProcess
 from tests.reliability.workload import PAGES, LiveProducer, StreamSpec, encode_event, schedule, write_config
@@ -105,7 +105,7 @@ class RunContext:
 
     rng: np.random.Generator
     stream: StreamSpec
-    redis: PrivateRedis
+    redis: PrivateRedis | PrivateRedisCluster
     kafka: PrivateKafka | PrivateKafkaCluster | None
     producer: LiveProducer
     workers: list[WorkerProcess]
@@ -220,8 +220,10 @@ class FaultRun:
     def __init__(self, fault: Fault, seed: int, work_dir: Path, *, bootstrap: str, kafka: PrivateKafka | PrivateKafkaCluster | None = None,
                  workers: int = 2, partials_partitions: int = 2, stream: StreamSpec | None = None,
                  completion_timeout_s: float = 150.0, redis_fsync: str = "always",
-                 worker_env: dict[int, dict[str, str]] | None = None) -> None:
-        """``worker_env``: extra environment of the worker slots by index (e.g. a faked clock)."""
+                 worker_env: dict[int, dict[str, str]] | None = None, redis_cluster: bool = False) -> None:
+        """``worker_env``: extra environment of the worker slots by index (e.g. a faked clock);
+        ``redis_cluster``: the workers use a Redis Cluster of the run's own (no fault proxies then)."""
+        self.redis_cluster = redis_cluster
         self.fault = fault
         self.seed = seed
         self.work_dir = work_dir
@@ -240,7 +242,8 @@ class FaultRun:
     def run(self) -> RunResult:
         started = time.monotonic()
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        redis_server = PrivateRedis(self.work_dir / "redis", fsync=self.redis_fsync)
+        redis_server = (PrivateRedisCluster(self.work_dir / "redis-cluster") if self.redis_cluster
+                        else PrivateRedis(self.work_dir / "redis", fsync=self.redis_fsync))
         redis_server.start()
         topics = [f"{self.name}-in"]
         self.ctx: RunContext | None = None
@@ -297,11 +300,15 @@ class FaultRun:
         proxies: list[FaultProxy] = []
 
         def new_worker() -> WorkerProcess:
-            proxy = FaultProxy(redis_server.port)
             extra = self.worker_env.get(len(workers), {})
-            worker = WorkerProcess(f"worker{len(workers)}", config_path, dict(env, REDIS_URL=proxy.url(), **extra),
+            if self.redis_cluster:
+                url = redis_server.url()
+            else:
+                proxy = FaultProxy(redis_server.port)
+                proxies.append(proxy)
+                url = proxy.url()
+            worker = WorkerProcess(f"worker{len(workers)}", config_path, dict(env, REDIS_URL=url, **extra),
                                    self.work_dir)
-            proxies.append(proxy)
             workers.append(worker)
             worker.start()
             ctx.supervised.add(worker.name)

@@ -284,6 +284,37 @@ class PrivateKafka:
         self._process = None
 
 
+class PrivateRedisCluster:
+    """A Redis Cluster of the run's own (3 masters, 3 replicas, ``tests/budget/cluster_support``), in the
+    shape a fault run uses a ``PrivateRedis``: ``client()``, ``url()``, ``start``/``stop``, and the cluster
+    itself (``cluster``) for the faults that kill its nodes."""
+
+    def __init__(self, directory: Path) -> None:
+        from tests.budget.cluster_support import PrivateCluster
+
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.cluster = PrivateCluster(directory)
+
+    def url(self) -> str:
+        return self.cluster.url
+
+    def client(self):
+        from redis.cluster import ClusterNode, RedisCluster
+
+        return RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in self.cluster.ports], socket_timeout=5)
+
+    @property
+    def running(self) -> bool:
+        return not self.cluster.ports_dead
+
+    def start(self) -> None:
+        self.cluster.start()
+
+    def stop(self, *, crash: bool = True) -> None:
+        self.cluster.stop()
+
+
 class SmallDiskKafka(PrivateKafka):
     """A private broker whose log directory is a filesystem of its own, ``size_mb`` large (a tmpfs: mounting
     it needs root, see ``can_mount``), which a fault can fill up and free again."""

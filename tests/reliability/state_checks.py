@@ -20,6 +20,7 @@ kept apart from judging it (the ``check_*`` functions, pure), so that
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass, field
 
@@ -60,7 +61,9 @@ def read_redis_evidence(client: redis.Redis, limits: dict[str, int], truth: Trut
         for unit in units:
             evidence.spend[(namespace, unit)] = stored.get(unit, [0])[0] / FIXED_POINT
         prefix = f"{BUDGET_PREFIX}:c:{namespace}:"
-        evidence.charge_records[namespace] = {k.decode()[len(prefix):] for k in client.scan_iter(match=f"{prefix}*", count=10_000)}
+        # On a cluster a hash tag (``{...}:``) comes before the charge id.
+        evidence.charge_records[namespace] = {re.sub(r"^\{[^}]*\}:", "", k.decode()[len(prefix):])
+                                              for k in client.scan_iter(match=f"{prefix}*", count=10_000)}
     journal = f"{LEDGER_PREFIX}:units:"
     for key in client.scan_iter(match=f"{journal}*", count=10_000):
         if not key.endswith(b"}"):
