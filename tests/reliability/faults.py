@@ -68,13 +68,13 @@ class KillAtStep:
     def kind(self) -> str:
         return step_kind(self.step, self.forward)
 
-
-def step_kind(step: str, forward: bool) -> str:
-    return f"worker kill -9 {'after' if forward else 'before'} {_STEPS[step][1]}"
-
     def inject(self, ctx: RunContext) -> None:
         time.sleep(ctx.uniform(1.0, ctx.stream.duration_s / 2))
         freeze_and_kill(ctx, self.step, self.forward, occurrence=int(ctx.rng.integers(1, 4)))
+
+
+def step_kind(step: str, forward: bool) -> str:
+    return f"worker kill -9 {'after' if forward else 'before'} {_STEPS[step][1]}"
 
 
 def freeze_and_kill(ctx: RunContext, step: str, forward: bool, occurrence: int, timeout_s: float = 60.0) -> None:
