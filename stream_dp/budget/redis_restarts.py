@@ -16,6 +16,10 @@ Connections to that server keep failing until the guard, having found the
 markers intact, ``accept``s it. The markers themselves are read on a client
 without this check. A new address (a replica promoted by a failover) is
 recorded as it is first seen: a failover is not a restart.
+
+On a Redis Cluster redis-py builds each node's client itself and takes no
+connection class: there a master back empty is caught by the markers'
+periodic check alone (``stream_dp.worker.guard.store``, every few seconds).
 """
 
 from __future__ import annotations
@@ -85,9 +89,15 @@ class ServerWatch:
             callback()
         raise ServerRestarted(f"the Redis at {address} restarted; it is checked for lost data before it is used")
 
+    def client_options(self, url: str) -> dict[str, Any]:
+        """Options of ``redis_url.client_from_url`` that make its client checked: none for a cluster URL."""
+        from stream_dp.budget.redis_url import is_cluster_url
+
+        return {} if is_cluster_url(url) else {"connection_class": self.connection_class(url)}
+
     def connection_class(self, url: str) -> type:
-        """A redis-py connection class for ``url`` that runs ``check`` on every new connection."""
-        base: type = redis.SSLConnection if url.startswith(("rediss://", "rediss+cluster://")) else redis.Connection
+        """A redis-py connection class for ``url`` (one Redis) that runs ``check`` on every new connection."""
+        base: type = redis.SSLConnection if url.startswith("rediss://") else redis.Connection
         watch = self
 
         class WatchedConnection(base):  # type: ignore[misc, valid-type]

@@ -256,15 +256,15 @@ class Worker:
         # Every connection of the ledger and the budget store checks it reached the server the store was
         # verified on; the store markers are read on a client of their own, which does not (guard.store).
         self.restarts = ServerWatch()
-        watched = self.restarts.connection_class(url)
+        watched = self.restarts.client_options(url)
         if ledger is None:
-            self._redis = client_from_url(url, timeout_s=settings.redis_timeout_s, connection_class=watched)
+            self._redis = client_from_url(url, timeout_s=settings.redis_timeout_s, **watched)
             self._markers_redis = client_from_url(url, timeout_s=settings.redis_timeout_s)
         if budget is None:
             # The store retries itself (safe: charges are idempotent); redis-py's own retries are off.
             budget = RedisBudgetStore(
                 client_from_url(url, timeout_s=settings.redis_timeout_s, own_retries=False, decode_responses=False,
-                                connection_class=watched),
+                                **watched),
                 parts.policy, settings.budget_store_options(), retries=settings.redis_retries,
                 metrics=BudgetMetrics(registry=registry), wait=wait,
             )

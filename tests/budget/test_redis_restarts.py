@@ -75,3 +75,14 @@ def test_a_server_met_first_at_a_new_address_is_not_a_restart(server, tmp_path):
 
 def test_the_error_names_the_restart():
     assert issubclass(ServerRestarted, redis.ConnectionError)
+
+
+def test_a_cluster_url_gets_no_connection_class_redis_py_would_refuse():
+    """redis-py's cluster client builds its node clients itself and refuses a connection class: a worker on
+    a cluster URL must start (a master back empty is then caught by the store markers' periodic check)."""
+    watch = ServerWatch()
+    assert watch.client_options("redis+cluster://127.0.0.1:7300,127.0.0.1:7301") == {}
+    client = client_from_url("redis+cluster://127.0.0.1:7300", timeout_s=2,
+                             **watch.client_options("redis+cluster://127.0.0.1:7300"))
+    client.close()
+    assert "connection_class" in watch.client_options("redis://127.0.0.1:6379/0")
