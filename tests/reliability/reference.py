@@ -110,7 +110,7 @@ def compute_reference(
         closed = list(result.partials) + engine.tick()
         for partial in sorted(closed, key=lambda p: (p.window_start_ms, p.partition)):
             outcome = store.charge(runtime.namespace, f"{name}/{partial.window_start_ms}/{partial.partition}",
-                                   list(partial.units), runtime.cost, partial.window_end_ms)
+                                   list(partial.units), runtime.cost, partial.window_end_ms, delta=runtime.delta)
             excluded = np.asarray(outcome.excluded, dtype=bool)
             totals = partial.aggregate(excluded if excluded.any() else None)
             per_unit = partial.unit_totals()

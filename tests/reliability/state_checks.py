@@ -29,7 +29,7 @@ import redis
 
 from tests.reliability import evidence as wire
 from tests.reliability.checks import CheckReport
-from tests.reliability.model import FIXED_POINT, Truth
+from tests.reliability.model import DELTA_FIXED_POINT, FIXED_POINT, Truth
 from tests.reliability.topics import TopicRecord
 from tests.reliability.workers import metric_total
 
@@ -39,7 +39,8 @@ BUDGET_PREFIX = "dp"
 
 @dataclass
 class RedisEvidence:
-    spend: dict[tuple[str, str], float] = field(default_factory=dict)  # (namespace, unit) -> spent in the horizon
+    #: (namespace, unit) -> fixed-point units charged against each limit of the namespace (``Truth.limits``)
+    spend: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     charge_records: dict[str, set[str]] = field(default_factory=dict)  # namespace -> charge ids recorded
     charge_units: dict[str, set[str]] = field(default_factory=dict)  # charge id -> units its journal names
     ledger: dict[tuple[str, int], tuple[bytes | None, set[bytes]]] = field(default_factory=dict)
@@ -59,7 +60,7 @@ def read_redis_evidence(client: redis.Redis, limits: dict[str, int], truth: Trut
             evidence.errors.append(f"budget states of {namespace}: {exc}")
             stored = {}
         for unit in units:
-            evidence.spend[(namespace, unit)] = stored.get(unit, [0])[0] / FIXED_POINT
+            evidence.spend[(namespace, unit)] = stored.get(unit, [0] * limits[namespace])
         prefix = f"{BUDGET_PREFIX}:c:{namespace}:"
         # On a cluster a hash tag (``{...}:``) comes before the charge id.
         evidence.charge_records[namespace] = {re.sub(r"^\{[^}]*\}:", "", k.decode()[len(prefix):])
@@ -102,16 +103,20 @@ def _stored_payload(client: redis.Redis, key: bytes) -> bytes:
 
 def check_budgets(evidence: RedisEvidence, truth: Truth, report: CheckReport) -> None:
     for query, namespace in truth.namespace.items():
-        limit = truth.limit_units[namespace] / FIXED_POINT
+        limits = truth.limits[namespace]
         units = {u for (q, _, _), p in truth.partials.items() if q == query for u in p.units}
         for unit in sorted(units):
-            expected = truth.spent_units(namespace, unit, query) / FIXED_POINT
-            spent = evidence.spend.get((namespace, unit), 0.0)
-            if abs(spent - expected) > 0.5 / FIXED_POINT:
-                report.fail("spend differs", f"{query}: unit {unit} spent {spent:.6f}, the model charges "
-                                             f"{len(truth.admitted.get((namespace, unit), []))} windows = {expected:.6f}")
-            if spent > limit + 0.5 / FIXED_POINT:
-                report.fail("over limit", f"{query}: unit {unit} spent {spent:.6f}, over its limit {limit}")
+            expected = truth.spent_per_limit(namespace, unit, query)
+            spent = evidence.spend.get((namespace, unit), [0] * len(limits))
+            for i, ((is_delta, limit), got, want) in enumerate(zip(limits, spent, expected)):
+                what, scale = ("delta", DELTA_FIXED_POINT) if is_delta else ("epsilon", FIXED_POINT)
+                if got != want:
+                    report.fail("spend differs", f"{query}: unit {unit} spent {got / scale:g} {what} against limit "
+                                f"{i}, the model charges {len(truth.admitted.get((namespace, unit), []))} windows = "
+                                f"{want / scale:g}")
+                if got > limit:
+                    report.fail("over limit", f"{query}: unit {unit} spent {got / scale:g} {what}, over its limit "
+                                              f"{limit / scale:g}")
         report.count("units checked", len(units))
         recorded = {c for c in evidence.charge_records.get(namespace, set()) if c.startswith(f"{query}/")}
         expected_ids = truth.charge_ids(query)

@@ -41,7 +41,7 @@ PARTITIONS = 3
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    spec = StreamSpec(seed=5, duration_s=6.0, rate_per_s=150.0)
+    spec = StreamSpec(seed=5, duration_s=6.0, rate_per_s=150.0, gaussian=True)
     path = tmp_path_factory.mktemp("checks") / "queries.yaml"
     write_config(path, "w", "in", spec)
     config = load_config(path)
@@ -77,7 +77,7 @@ def world(tmp_path_factory):
     evidence = RedisEvidence()
     for (namespace, unit), admitted in truth.admitted.items():
         query = next(q for q, ns in truth.namespace.items() if ns == namespace)
-        evidence.spend[(namespace, unit)] = len(admitted) * truth.cost_units[query] / FIXED_POINT
+        evidence.spend[(namespace, unit)] = truth.spent_per_limit(namespace, unit, query)
     for query, namespace in truth.namespace.items():
         evidence.charge_records.setdefault(namespace, set()).update(truth.charge_ids(query))
         for start in truth.windows(query):
@@ -262,7 +262,7 @@ def test_budget_check_rejects_a_wrong_spend_an_overspend_and_unknown_or_missing_
     unit = next(u for (ns, u), a in truth.admitted.items() if ns == namespace and len(a) == 3)
     cases = []
     doctored = _doctored_evidence(evidence)
-    doctored.spend[(namespace, unit)] += 2.0  # charged a fourth window: also over its limit of three
+    doctored.spend[(namespace, unit)][0] += 2 * FIXED_POINT  # charged a fourth window: also over its limit of three
     cases.append((doctored, {"spend differs", "over limit"}))
     doctored = _doctored_evidence(evidence)
     doctored.charge_records[namespace].add("w_capped/0/0")
@@ -422,3 +422,17 @@ def test_ledger_check_rejects_an_entry_that_does_not_decode(world):
     report = CheckReport()
     check_ledger(doctored, observed.outputs, truth, report)
     assert report.kinds == {"corrupt store record": 1}, report.violations
+
+
+def test_budget_check_rejects_a_delta_spend_off_by_a_window_and_over_its_limit(world):
+    """A Gaussian query charges delta beside epsilon: a window's delta charged twice breaks its limit."""
+    observed, truth, evidence = world
+    namespace = truth.namespace["w_gauss"]
+    delta_limit = next(i for i, (is_delta, _) in enumerate(truth.limits[namespace]) if is_delta)
+    unit = next(u for (ns, u), a in truth.admitted.items() if ns == namespace and len(a) == 3)
+    doctored = _doctored_evidence(evidence)
+    doctored.spend[(namespace, unit)][delta_limit] += truth.costs["w_gauss"][delta_limit]
+    report = CheckReport()
+    check_budgets(doctored, truth, report)
+    assert set(report.kinds) == {"spend differs", "over limit"}, report.violations
+    assert "delta" in report.violations[0]

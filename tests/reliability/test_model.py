@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 import time
 
+import pytest
+
 from stream_dp.config import load_config
 from tests.reliability.model import compute_truth, siphash_1_3
 from tests.reliability.reference import compute_reference
 from tests.reliability.topics import TopicRecord
-from tests.reliability.workload import StreamSpec, encode_event, schedule, write_config
+from tests.reliability.workload import GAUSS_DELTA_WINDOWS, StreamSpec, encode_event, schedule, write_config
 
 SECRET = b"model-secret-0123456789abcdef"
 
@@ -32,8 +34,9 @@ def test_siphash_1_3_matches_the_engines_vectorised_one():
         assert siphash_1_3(key, message) == int(siphash_strings(key, padded)[0]), message
 
 
-def test_the_model_and_the_engine_agree_on_a_seeded_stream(tmp_path):
-    spec = StreamSpec(seed=11)
+@pytest.mark.parametrize("gaussian", [False, True], ids=["laplace", "with-a-gaussian-query-on-two-horizons"])
+def test_the_model_and_the_engine_agree_on_a_seeded_stream(tmp_path, gaussian):
+    spec = StreamSpec(seed=11, gaussian=gaussian)
     write_config(tmp_path / "q.yaml", "m", "in", spec)
     config = load_config(tmp_path / "q.yaml")
     start_ms = (int(time.time() * 1000) - 60_000) // 2000 * 2000
@@ -60,3 +63,12 @@ def test_the_model_and_the_engine_agree_on_a_seeded_stream(tmp_path):
     for query in truth.namespace:
         assert truth.accepted[query] == reference.accepted[query]
         assert len(truth.late[query]) == spec.late_events
+    if gaussian:
+        # its delta limit, not its epsilon one, ends a unit's windows: three admitted, the fourth excluded
+        namespace = truth.namespace["m_gauss"]
+        assert truth.limits[namespace] == [(False, 1000 * 10**6), (True, GAUSS_DELTA_WINDOWS * 10**5),
+                                           (False, 5 * 2 * 10**6)]
+        assert truth.costs["m_gauss"] == [2 * 10**6, 10**5, 2 * 10**6]
+        admitted = [len(a) for (ns, _), a in truth.admitted.items() if ns == namespace]
+        assert max(admitted) == GAUSS_DELTA_WINDOWS
+        assert any(p.excluded for (q, _, _), p in truth.partials.items() if q == "m_gauss")

@@ -9,7 +9,10 @@ first window, so they are late for certain.
 
 Two queries read the stream: ``*_free`` draws on a budget no unit can use up
 (so a unit's spend counts exactly the windows it was charged for) and
-``*_capped`` on a budget of three windows (so exclusion happens).
+``*_capped`` on a budget of three windows (so exclusion happens). With
+``StreamSpec.gaussian`` a third, ``*_gauss``, adds Gaussian noise on a
+namespace of two horizons, a day's epsilon limit of five windows and an
+hour's delta limit of three: its units are excluded once their delta runs out.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ CAPPED_WINDOWS = 3
 MAX_GROUPS = 2
 MAX_EVENTS = 3
 CLIP = (0.0, 10.0)
+GAUSS_DELTA = 1e-7
+GAUSS_DELTA_WINDOWS = 3  # the hour's delta limit binds first: at the fourth window
+GAUSS_EPSILON_WINDOWS = 5  # the day's epsilon limit
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,7 @@ class StreamSpec:
     rate_per_s: float = 250.0
     late_events: int = 4
     jitter_ms: int = 300
+    gaussian: bool = False  # a third query: Gaussian noise, (epsilon, delta) charged on two horizons
 
     def __post_init__(self) -> None:
         if self.jitter_ms >= self.lateness_ms:
@@ -105,8 +112,14 @@ def write_config(path: Path, name: str, input_topic: str, spec: StreamSpec) -> d
         f"{name}-capped": {"budgets": [{"horizon": "1h", "epsilon": EPSILON * CAPPED_WINDOWS}], "alert_at": [1.0]},
     }
     outputs = {f"{name}_free": f"{name}-out-free", f"{name}_capped": f"{name}-out-capped"}
+    if spec.gaussian:
+        namespaces[f"{name}-gauss"] = {"budgets": [
+            {"horizon": "1h", "epsilon": 1000.0, "delta": GAUSS_DELTA * GAUSS_DELTA_WINDOWS},
+            {"horizon": "1d", "epsilon": EPSILON * GAUSS_EPSILON_WINDOWS}], "alert_at": [1.0]}
+        outputs[f"{name}_gauss"] = f"{name}-out-gauss"
     queries = []
     for query, output in outputs.items():
+        gauss = {"mechanism": "gaussian", "delta": GAUSS_DELTA} if query.endswith("_gauss") else {}
         queries.append({
             "name": query,
             "input_topic": input_topic,
@@ -122,6 +135,7 @@ def write_config(path: Path, name: str, input_topic: str, spec: StreamSpec) -> d
             "release_timeout": "120s",
             # unit_partition places keys as librdkafka's default partitioner does
             "partitioner": "crc32",
+            **gauss,
         })
     path.write_text(yaml.safe_dump({"namespaces": namespaces, "queries": queries}, sort_keys=False))
     return outputs
