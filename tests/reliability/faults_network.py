@@ -71,15 +71,17 @@ class RedisPartition:
             proxy.partition()
         cut_ms = effects.wall_ms()
         ctx.injected(f"workers cut off Redis for {seconds:.1f}s")
+        # The counters say little here: a charge waits out its timeouts and retries inside the store, so a
+        # partition of a few seconds may end before any attempt is counted as failed. The topics say it all.
         held, failures = _sample_while(ctx, seconds)
+        ended_ms = effects.wall_ms() - ctx.stream.lateness_ms
         healed_ms = effects.wall_ms()
         for proxy in proxies:
             proxy.heal()
-        ctx.note("partition healed")
-        ctx.expect(self.kind, "windows held or charges failed closed while Redis was unreachable",
-                   held > 0 or failures > 0, f"({held:.0f} held, {failures:.0f} failed closed)")
+        ctx.note(f"partition healed ({held:.0f} window partials seen held, {failures:.0f} charges failed closed)")
         during = effects.published_between(effects.output_records(ctx), cut_ms + effects.GRACE_MS, healed_ms)
         ctx.expect(self.kind, "nothing published while Redis was unreachable", during == 0, f"({during} records)")
+        expect_held_through(ctx, self.kind, "Redis", ended_ms, healed_ms)
 
 
 @dataclass

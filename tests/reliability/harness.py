@@ -431,7 +431,8 @@ class FaultRun:
         # judged by the clock from before the outage (docs/privacy/clock.md). Then the buffer counts as on
         # time, with the same two conditions (nothing late on purpose accepted, nothing made late); the limit
         # counts each query's events (a run failed with 2,250 of 3,504 records accepted by each of two queries).
-        outage = any(i.startswith("broker ") and ("stopped" in i or "killed" in i) for i in ctx.injections)
+        outage = any(i.startswith("broker ") and ("stopped" in i or "killed" in i) for i in ctx.injections) or any(
+            ("filled up" in i and "broker" in i) or "cut off the broker" in i for i in ctx.injections)
         limit = len(observed.input_records) * len(truth.late) if outage else MAX_ACCEPTED_BY_COARSER_CLOCK
         accepted_late = accepted_by_coarser_clock(truth.late, late_by_query(observed), sent_late, limit)
         if accepted_late:

@@ -8,7 +8,11 @@ contribution secret, it computes per query:
 * the **late set** by the README's clock rule: a partition's watermark is the
   newest record timestamp it delivered before an event, less
   ``allowed_lateness``; an event whose window ends at or before that
-  watermark is late. (The idle rule can close windows earlier on the wall
+  watermark is late. Records the broker appended in one batch share one
+  stamp (``LogAppendTime``) and reach a worker together (a fetch returns
+  whole batches), so an event is judged by the stamps of earlier batches
+  only: a producer that stalled and sent a second of events at once does not
+  make the later ones late by the stamp they all got. (The idle rule can close windows earlier on the wall
   clock; the workloads keep every partition busy, and an on-time event made
   late by a fault is a violation.)
 * the **bounded contributions**: per unit and window, the
@@ -228,8 +232,13 @@ def compute_truth(config: PipelineConfig, secret: bytes, records: list,
         clip = query.aggregations.sum.clip if query.aggregations.sum else (0.0, 0.0)
         accepted = 0
         for partition, recs in by_partition.items():
-            newest: int | None = None
+            newest: int | None = None  # the newest stamp of the batches before the current one
+            batch_stamp: int | None = None  # the current batch's: consecutive records of one stamp
             for record in sorted(recs, key=lambda r: r.offset):
+                if record.timestamp != batch_stamp:
+                    if batch_stamp is not None:
+                        newest = batch_stamp if newest is None else max(newest, batch_stamp)
+                    batch_stamp = record.timestamp
                 decoded = _decode(record.value, query)
                 source = (partition, record.offset)
                 if decoded is None or record.key != decoded[0].encode("utf-8") \
@@ -246,7 +255,6 @@ def compute_truth(config: PipelineConfig, secret: bytes, records: list,
                         events = contributions.setdefault((name, start, partition, unit), {}).setdefault(group, {})
                         uh, gh = hashes.unit(unit), hashes.group(group)
                         events[hashes.event(uh, gh, partition, record.offset)] = min(max(value, clip[0]), clip[1])
-                newest = record.timestamp if newest is None else max(newest, record.timestamp)
         truth.accepted[name] = accepted
     _bound_and_charge(config, hashes, contributions, truth)
     return truth

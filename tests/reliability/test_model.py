@@ -72,3 +72,26 @@ def test_the_model_and_the_engine_agree_on_a_seeded_stream(tmp_path, gaussian):
         admitted = [len(a) for (ns, _), a in truth.admitted.items() if ns == namespace]
         assert max(admitted) == GAUSS_DELTA_WINDOWS
         assert any(p.excluded for (q, _, _), p in truth.partials.items() if q == "m_gauss")
+
+
+def test_an_event_is_late_by_the_stamps_of_earlier_batches_not_by_its_own_batchs(tmp_path):
+    """Records appended in one batch share the broker's stamp and reach a worker together: the second event
+    of a stalled producer's burst is not late because the first got the same stamp; an event of a later
+    batch is."""
+    import orjson
+
+    spec = StreamSpec(seed=3)
+    write_config(tmp_path / "q.yaml", "b", "in", spec)
+    config = load_config(tmp_path / "q.yaml")
+    window = spec.window_ms
+
+    def record(offset: int, event_ms: int, stamp: int) -> TopicRecord:
+        value = orjson.dumps({"user_id": "u1", "ts": event_ms, "page": "home", "value": 1.0})
+        return TopicRecord(0, offset, b"u1", value, {}, stamp)
+
+    base = 1_800_000_000_000
+    burst = base + 5 * window  # a stall: three events of window 1 all stamped in window 5
+    records = [record(0, base + 10, base + 100), record(1, base + window + 10, burst),
+               record(2, base + window + 20, burst), record(3, base + window + 30, burst + 1)]
+    truth = compute_truth(config, SECRET, records)
+    assert truth.late["b_free"] == {(0, 3)}, truth.late
