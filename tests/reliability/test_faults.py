@@ -1,18 +1,20 @@
 """The CI subset of the seeded fault runs (the full set: ``tests/reliability/run_faults.py``).
 
-Runs that together inject every kind of fault -- a worker killed at every
-stage, Redis down (also with ``appendfsync everysec`` and a worker killed),
-the broker down (also between ledger claim and publish), rebalances on 12
-partitions and with a worker removed and rejoining, every worker killed,
-poison records on the partials topic, the output topic deleted, a worker
-clock ten minutes ahead, the leader broker of a partials partition killed in
-a 3-broker cluster -- each checked against the model for every invariant of
-``checks`` and ``state_checks``. A run whose fault was not really injected fails.
+Runs that together inject every kind of fault (``Fault.kind``, checked by ``test_catalogue``) -- a
+worker killed at every stage (with a Gaussian query on two horizons), Redis killed, shut down, cut off
+and restarted without its data, a Redis Cluster master failed over, the broker killed, stopped, stopped
+between ledger claim and publish, out of disk and cut off, rebalances on 12 partitions (a worker added,
+one removed) and with a worker removed and rejoining, every worker killed, poison records on the
+partials topic, the output topic deleted, a worker clock ten minutes ahead, every leader role killed in
+a 3-broker cluster -- each checked against the model for every invariant of ``checks`` and
+``state_checks``. A run whose fault was not really injected, whose expected effect is not in the
+evidence, or in which a worker exited that the fault did not stop, fails.
 
 The full suite (``STREAM_DP_FULL_TESTS=1``) also runs every seeded run of
 ``full_catalogue``. The runs are independent: under pytest-xdist they run side
 by side, but those that stop the module's private broker share one worker
-process (one xdist group), and so do those on the private 3-broker cluster.
+process (one xdist group), and so do those on the private 3-broker cluster
+and those on the broker whose disk fills up.
 """
 
 from __future__ import annotations
