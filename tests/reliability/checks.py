@@ -67,6 +67,7 @@ class Observed:
     #: release seen before any event was sent), and their allowed_lateness; None: not judged.
     started_between: tuple[int, int] | None = None
     lateness_ms: int = 0
+    selected: set[str] = field(default_factory=set)  # queries whose groups partition selection picks
 
 
 @dataclass
@@ -142,10 +143,14 @@ def check_outputs(observed: Observed, truth: Truth, report: CheckReport) -> None
             by_id[orjson.loads(record.value)["release_id"]].append(orjson.loads(record.value))
         ids_per_group: dict[tuple[int, tuple], set[str]] = defaultdict(set)
         public = {tuple(g) for g in observed.public_groups[query]}
+        selected = query in observed.selected
         for release_id, copies in by_id.items():
             window, group = copies[0]["window"], tuple(copies[0]["group"].values())
+            # Selection releases only groups with data: no noise can make a group of no unit pass it.
+            allowed = ({g for g, (count, _) in truth.totals(query, window["start_ms"]).items() if count}
+                       if selected else public)
             if window["start_ms"] % observed.window_ms or window["end_ms"] - window["start_ms"] != observed.window_ms \
-                    or group not in public:
+                    or group not in allowed:
                 report.fail("unexpected window", f"{query}: release {release_id} is of window {window['start_ms']}.."
                             f"{window['end_ms']} group {group}: not a window of the query's grid and public groups")
             if any(c != copies[0] for c in copies[1:]):
@@ -166,6 +171,11 @@ def check_outputs(observed: Observed, truth: Truth, report: CheckReport) -> None
         # Public groups are released every window, data or not, from the query's first window on: a gap
         # between released windows, or a first window its data chose, would tell without noise which windows
         # somebody's events made it into.
+        if selected:  # which windows and groups pass selection is the noise's choice: values are judged below
+            checked = set(range(min(expected), max(expected) + 1, observed.window_ms)) if expected else set()
+            _check_values(query, by_id, truth, checked, report)
+            report.count("selected groups released", len(ids_per_group))
+            continue
         if released and observed.started_between is not None:
             size, lateness = observed.window_ms, observed.lateness_ms
             earliest, latest = ((t - lateness) // size * size for t in observed.started_between)
@@ -181,21 +191,27 @@ def check_outputs(observed: Observed, truth: Truth, report: CheckReport) -> None
         # after an outage, say) is released as every public window is: its values are checked against zero.
         checked = set(range(min(expected), max(expected) + 1, observed.window_ms)) if expected else set()
         report.count("windows released empty", len((released & checked) - expected))
-        for release_id, copies in by_id.items():
-            record = copies[0]
-            start = record["window"]["start_ms"]
-            if start not in checked:
+        _check_values(query, by_id, truth, checked, report)
+
+
+def _check_values(query: str, by_id: dict[str, list[dict]], truth: Truth, checked: set[int],
+                  report: CheckReport) -> None:
+    """Every released value of a window in ``checked`` within the noise band around the model's total."""
+    for release_id, copies in by_id.items():
+        record = copies[0]
+        start = record["window"]["start_ms"]
+        if start not in checked:
+            continue
+        true_count, true_sum = truth.totals(query, start).get(tuple(record["group"].values()), (0, 0.0))
+        for name, exact in (("count", true_count), ("sum", true_sum)):
+            value, half_width = record.get(name), (record.get("ci95") or {}).get(name)
+            if value is None or half_width is None:
+                report.fail("bad record", f"{query}: release {release_id} has no {name} or no ci95")
                 continue
-            true_count, true_sum = truth.totals(query, start).get(tuple(record["group"].values()), (0, 0.0))
-            for name, exact in (("count", true_count), ("sum", true_sum)):
-                value, half_width = record.get(name), (record.get("ci95") or {}).get(name)
-                if value is None or half_width is None:
-                    report.fail("bad record", f"{query}: release {release_id} has no {name} or no ci95")
-                    continue
-                # Counts are clamped at 0 (post-processing), which only moves them towards a true value >= 0.
-                if abs(value - exact) > NOISE_BAND_HALF_WIDTHS * half_width + 1:
-                    report.fail("noisy value off", f"{query}: window {start} group {record['group']} {name}={value} is "
-                                f"{abs(value - exact):.1f} from the truth {exact} (95% half-width {half_width:.1f})")
+            # Counts are clamped at 0 (post-processing), which only moves them towards a true value >= 0.
+            if abs(value - exact) > NOISE_BAND_HALF_WIDTHS * half_width + 1:
+                report.fail("noisy value off", f"{query}: window {start} group {record['group']} {name}={value} is "
+                            f"{abs(value - exact):.1f} from the truth {exact} (95% half-width {half_width:.1f})")
 
 
 def _cells(partial: Partial) -> dict[tuple, tuple[int, float, int]]:

@@ -325,7 +325,10 @@ class FaultRun:
             raise RuntimeError(f"workers did not get the input partitions assigned; logs in {self.work_dir}")
         # Before any event is sent, each query publishes the empty windows since its start: its first window
         # is its start's, not its first data's. Once one of each is seen, every query has started.
-        published = wait_until(lambda: all(read_topic(self.bootstrap, t) for t in outputs.values()), 60, 0.5)
+        # Queries over selected groups publish no empty window: they are not waited for (nor judged so).
+        selected = {q.name for q in load_config(config_path).queries if q.public_group_keys() is None}
+        public_outputs = {q: t for q, t in outputs.items() if q not in selected}
+        published = wait_until(lambda: all(read_topic(self.bootstrap, t) for t in public_outputs.values()), 60, 0.5)
         ctx.started_between = (launched_ms, int(time.time() * 1000) if published else None)
         if not published:
             ctx.note("no query published a window before the stream began (within 60 s)")
@@ -361,10 +364,10 @@ class FaultRun:
         stopping = any(getattr(leaf, "stops_workers", False) for leaf in leaf_faults(self.fault))
         # A fault that stops the workers on purpose leaves windows unreleased: not waited for, not judged.
         complete = stopping or wait_until(
-            lambda: not _unreleased(self.bootstrap, outputs, expected, ctx.removed_outputs),
+            lambda: not _unreleased(self.bootstrap, public_outputs, expected, ctx.removed_outputs),
             self.completion_timeout_s, 2.0)
         if not complete:
-            missing = _unreleased(self.bootstrap, outputs, expected, ctx.removed_outputs)
+            missing = _unreleased(self.bootstrap, public_outputs, expected, ctx.removed_outputs)
             ctx.note(f"not every window was released within {self.completion_timeout_s:.0f}s: missing {missing} "
                      f"(stream windows {min(expected)}..{max(expected)})")
             for worker in workers:
@@ -411,9 +414,11 @@ class FaultRun:
             planted_partials=set(ctx.planted_partials),
             started_between=ctx.started_between if ctx.started_between and ctx.started_between[1] else None,
             lateness_ms=self.stream.lateness_ms,
+            selected={q.name for q in config.queries if q.public_group_keys() is None},
         )
-        truth = compute_truth(config, SECRET.encode(), observed.input_records)
         report = CheckReport()
+        stated = stated_deltas(config, observed, report)
+        truth = compute_truth(config, SECRET.encode(), observed.input_records, stated_delta=stated)
         if ctx.started_between is not None and ctx.started_between[1] is None:
             report.fail("first window", "no query published a window before the stream began: its first window "
                         "waited for data")
@@ -436,7 +441,8 @@ class FaultRun:
         limit = len(observed.input_records) * len(truth.late) if outage else MAX_ACCEPTED_BY_COARSER_CLOCK
         accepted_late = accepted_by_coarser_clock(truth.late, late_by_query(observed), sent_late, limit)
         if accepted_late:
-            truth = compute_truth(config, SECRET.encode(), observed.input_records, on_time=accepted_late)
+            truth = compute_truth(config, SECRET.encode(), observed.input_records, on_time=accepted_late,
+                                  stated_delta=stated)
             report.stats["accepted though late by the model's per-record clock"] = sum(map(len, accepted_late.values()))
         check_outputs(observed, truth, report)
         check_partials(observed, truth, self.stream.partitions, report)
@@ -476,6 +482,23 @@ def safety_only(report: CheckReport) -> CheckReport:
         else:
             kept.count(f"not judged after the workers stopped: {kind}")
     return kept
+
+
+def stated_deltas(config, observed: Observed, report: CheckReport) -> dict[str, float]:
+    """Per query over selected groups, the delta its releases state they spent (one value, at most the query's
+    configured delta and ``select.delta`` together: a release states what it spent, and may not spend more)."""
+    out: dict[str, float] = {}
+    for query in config.queries:
+        if query.public_group_keys() is not None:
+            continue
+        bound = (query.delta if query.mechanism == "gaussian" else 0.0) + query.groups.select.delta
+        stated = {orjson.loads(r.value)["privacy"]["delta"] for r in observed.outputs.get(query.name, [])}
+        if len(stated) > 1 or any(d > bound * (1 + 1e-12) for d in stated):
+            report.fail("stated delta", f"{query.name}: releases state delta {sorted(stated)}, more than one value "
+                                        f"or over the configured {bound:g}")
+        if len(stated) == 1:
+            out[query.name] = stated.pop()
+    return out
 
 
 def budget_limits(config) -> dict[str, int]:

@@ -24,15 +24,17 @@ contribution secret, it computes per query:
   epsilon, and its delta if it has one), the unit's fixed-point spend plus
   the window's cost stays within the limit, otherwise excluded from it
   entirely. A Laplace window costs the query's epsilon; a Gaussian one its
-  epsilon and its delta (``docs/privacy/index.md``). Every horizon must be
-  longer than the stream (nothing charged expires during a run);
+  epsilon and its delta (``docs/privacy/index.md``); one over selected
+  groups its epsilon and the delta selection spent (``stated_delta``). Every
+  horizon must be longer than the stream (nothing charged expires during a
+  run);
 * the **partials** (per query, window and input partition: per-group count,
   clipped sum and distinct units after exclusion; units charged and
   excluded) and the per-window totals the noisy releases must centre on.
 
 It models the inputs the workloads produce: JSON objects with a string (or
 integer) unit id, integer epoch-millisecond times, group fields among the
-public groups and a numeric value. Anything else is "rejected" here without
+public groups (any string or integer for selected groups) and a numeric value. Anything else is "rejected" here without
 a reason, which is all the checks need of it.
 """
 
@@ -171,8 +173,8 @@ class Truth:
         return {f"{q}/{start}/{p}" for q, start, p in self.partials if q == query}
 
 
-def _fixed(amount: float, rounding, scale: int = FIXED_POINT) -> int:
-    return int(rounding(Fraction(str(amount)) * scale))
+def _fixed(amount: float | Fraction, rounding, scale: int = FIXED_POINT) -> int:
+    return int(rounding((amount if isinstance(amount, Fraction) else Fraction(str(amount))) * scale))
 
 
 def _decode(value: bytes | None, query) -> tuple[str, int, tuple, float] | None:
@@ -189,7 +191,11 @@ def _decode(value: bytes | None, query) -> tuple[str, int, tuple, float] | None:
     if isinstance(ts, bool) or not isinstance(ts, int):
         return None
     group = tuple(event.get(f) for f in query.group_by)
-    if list(group) not in [list(g) for g in query.public_group_keys() or []]:
+    public = query.public_group_keys()
+    if public is None:  # selected groups: any string or integer values
+        if any(isinstance(v, bool) or not isinstance(v, (str, int)) for v in group):
+            return None
+    elif list(group) not in [list(g) for g in public]:
         return None
     raw = event.get(query.aggregations.value_field) if query.aggregations.value_field else 0.0
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
@@ -198,11 +204,15 @@ def _decode(value: bytes | None, query) -> tuple[str, int, tuple, float] | None:
 
 
 def compute_truth(config: PipelineConfig, secret: bytes, records: list,
-                  on_time: dict[str, set[tuple[int, int]]] | None = None) -> Truth:
+                  on_time: dict[str, set[tuple[int, int]]] | None = None,
+                  stated_delta: dict[str, float] | None = None) -> Truth:
     """``records``: the input topic's records (``partition``, ``offset``, ``key``, ``value``, ``timestamp``).
 
     ``on_time``: per query, (partition, offset) of events the model's clock calls late that count as on time
-    (the worker's coarser clock accepted them: see ``harness.FaultRun._check``)."""
+    (the worker's coarser clock accepted them: see ``harness.FaultRun._check``). ``stated_delta``: per query
+    over selected groups, the delta its releases state (``privacy.delta``): partition selection spends the
+    delta of the threshold it calibrated, at most its configured ``select.delta``, and that is what a window
+    must be charged (the caller checks the bound)."""
     hashes = Hashes(secret)
     truth = Truth()
     span_ms = max((r.timestamp for r in records), default=0) - min((r.timestamp for r in records), default=0)
@@ -218,14 +228,15 @@ def compute_truth(config: PipelineConfig, secret: bytes, records: list,
         by_partition.setdefault(record.partition, []).append(record)
     contributions: dict[tuple[str, int, int, str], dict[tuple, dict[int, float]]] = {}
     for query in config.queries:
-        if query.mechanism not in MECHANISMS or query.public_group_keys() is None or query.continual is not None \
-                or query.aggregations.top_k is not None:
-            raise ValueError(f"query {query.name}: the model covers {MECHANISMS} queries over public groups, "
-                             "released per window")
+        if query.mechanism not in MECHANISMS or query.continual is not None or query.aggregations.top_k is not None:
+            raise ValueError(f"query {query.name}: the model covers {MECHANISMS} queries released per window")
         name, size = query.name, query.window.size_ms
         truth.namespace[name] = query.privacy_unit.namespace
         truth.cost_units[name] = _fixed(query.epsilon, math.ceil)
-        delta = query.delta if query.mechanism == "gaussian" else 0.0
+        delta = Fraction(str(query.delta if query.mechanism == "gaussian" else 0.0))
+        if query.public_group_keys() is None:  # partition selection spends its own delta, per window
+            stated = (stated_delta or {}).get(name)
+            delta = Fraction(str(stated)) if stated is not None else delta + Fraction(str(query.groups.select.delta))
         truth.costs[name] = [_fixed(delta, math.ceil, DELTA_FIXED_POINT) if is_delta else truth.cost_units[name]
                              for is_delta, _ in truth.limits[truth.namespace[name]]]
         late, rejected = truth.late.setdefault(name, set()), truth.rejected.setdefault(name, set())

@@ -41,7 +41,7 @@ PARTITIONS = 3
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    spec = StreamSpec(seed=5, duration_s=6.0, rate_per_s=150.0, gaussian=True)
+    spec = StreamSpec(seed=5, duration_s=6.0, rate_per_s=150.0, gaussian=True, selected=True)
     path = tmp_path_factory.mktemp("checks") / "queries.yaml"
     write_config(path, "w", "in", spec)
     config = load_config(path)
@@ -65,6 +65,8 @@ def world(tmp_path_factory):
         for start in sorted(truth.windows(query)):
             for page in ("home", "search", "cart"):
                 count, total = truth.totals(query, start).get((page,), (0, 0.0))
+                if query.endswith("_select") and not count:
+                    continue  # selection never releases a group without data
                 outputs.setdefault(query, []).append(_release(query, start, page, count + 1, total))
     dead = []
     for i, (q, (p, o), values) in enumerate(
@@ -72,8 +74,9 @@ def world(tmp_path_factory):
         head, headers = dead_letter_record(values[0], [("source", f"in/{p}/{o}".encode()), ("query", q.encode()),
                                                        ("reason", b"late")], 1_000_000)
         dead.append(TopicRecord(0, i, None, head, dict(headers)))
-    observed = Observed("in", inputs, partials, outputs, dead, {q.name: q.public_group_keys() for q in config.queries},
-                        2000)
+    observed = Observed("in", inputs, partials, outputs, dead,
+                        {q.name: q.public_group_keys() or [] for q in config.queries}, 2000,
+                        selected={q.name for q in config.queries if q.public_group_keys() is None})
     evidence = RedisEvidence()
     for (namespace, unit), admitted in truth.admitted.items():
         query = next(q for q, ns in truth.namespace.items() if ns == namespace)
@@ -436,3 +439,31 @@ def test_budget_check_rejects_a_delta_spend_off_by_a_window_and_over_its_limit(w
     check_budgets(doctored, truth, report)
     assert set(report.kinds) == {"spend differs", "over limit"}, report.violations
     assert "delta" in report.violations[0]
+
+
+def test_outputs_check_rejects_a_selected_group_without_data_and_a_selected_value_off_the_band(world):
+    """Selection may leave any group out, but never releases one no unit had data in, and what it releases
+    centres on the truth like any release."""
+    observed, truth, _ = world
+    query = "w_select"
+    records = observed.outputs[query]
+    first = orjson.loads(records[0].value)
+    start = first["window"]["start_ms"]
+    absent = next(p for p in ("home", "search", "cart", "checkout")
+                  if not truth.totals(query, start).get((p,), (0, 0.0))[0])
+    invented = dict(first, release_id=f"{query}:{start}:x", group={"page": absent}, count=0.0, sum=0.0)
+    off = dict(first, count=first["count"] + 1000.0)
+    report = CheckReport()
+    check_outputs(observed, truth, report)
+    assert not report.violations, report.violations
+    for doctored_records, kind in (([*records, TopicRecord(0, 0, None, orjson.dumps(invented), {})], "unexpected window"),
+                                   ([TopicRecord(0, 0, None, orjson.dumps(off), {}), *records[1:]], "noisy value off"),
+                                   (records[1:], None)):
+        doctored = copy.copy(observed)
+        doctored.outputs = {**observed.outputs, query: doctored_records}
+        report = CheckReport()
+        check_outputs(doctored, truth, report)
+        if kind is None:
+            assert not report.violations, "a selected group left out is the noise's choice, not a loss"
+        else:
+            assert report.kinds[kind] == 1, (kind, report.violations)

@@ -34,9 +34,9 @@ def test_siphash_1_3_matches_the_engines_vectorised_one():
         assert siphash_1_3(key, message) == int(siphash_strings(key, padded)[0]), message
 
 
-@pytest.mark.parametrize("gaussian", [False, True], ids=["laplace", "with-a-gaussian-query-on-two-horizons"])
+@pytest.mark.parametrize("gaussian", [False, True], ids=["laplace", "with-gaussian-on-two-horizons-and-selected-groups"])
 def test_the_model_and_the_engine_agree_on_a_seeded_stream(tmp_path, gaussian):
-    spec = StreamSpec(seed=11, gaussian=gaussian)
+    spec = StreamSpec(seed=11, gaussian=gaussian, selected=gaussian)
     write_config(tmp_path / "q.yaml", "m", "in", spec)
     config = load_config(tmp_path / "q.yaml")
     start_ms = (int(time.time() * 1000) - 60_000) // 2000 * 2000
@@ -72,6 +72,10 @@ def test_the_model_and_the_engine_agree_on_a_seeded_stream(tmp_path, gaussian):
         admitted = [len(a) for (ns, _), a in truth.admitted.items() if ns == namespace]
         assert max(admitted) == GAUSS_DELTA_WINDOWS
         assert any(p.excluded for (q, _, _), p in truth.partials.items() if q == "m_gauss")
+        # selected groups: the query's epsilon and selection's delta per window, on every group with data
+        assert truth.costs["m_select"] == [2 * 10**6, 10**6]
+        assert {g for (q, _, _), p in truth.partials.items() if q == "m_select" for g in p.groups} == {
+            ("home",), ("search",), ("cart",)}
 
 
 def test_an_event_is_late_by_the_stamps_of_earlier_batches_not_by_its_own_batchs(tmp_path):

@@ -34,6 +34,7 @@ MAX_GROUPS = 2
 MAX_EVENTS = 3
 CLIP = (0.0, 10.0)
 GAUSS_DELTA = 1e-7
+SELECT_DELTA = 1e-6  # partition selection's delta per window
 GAUSS_DELTA_WINDOWS = 3  # the hour's delta limit binds first: at the fourth window
 GAUSS_EPSILON_WINDOWS = 5  # the day's epsilon limit
 
@@ -53,6 +54,7 @@ class StreamSpec:
     late_events: int = 4
     jitter_ms: int = 300
     gaussian: bool = False  # a third query: Gaussian noise, (epsilon, delta) charged on two horizons
+    selected: bool = False  # and one whose groups partition selection picks (its delta charged per window)
 
     def __post_init__(self) -> None:
         if self.jitter_ms >= self.lateness_ms:
@@ -117,9 +119,14 @@ def write_config(path: Path, name: str, input_topic: str, spec: StreamSpec) -> d
             {"horizon": "1h", "epsilon": 1000.0, "delta": GAUSS_DELTA * GAUSS_DELTA_WINDOWS},
             {"horizon": "1d", "epsilon": EPSILON * GAUSS_EPSILON_WINDOWS}], "alert_at": [1.0]}
         outputs[f"{name}_gauss"] = f"{name}-out-gauss"
+    if spec.selected:
+        namespaces[f"{name}-select"] = {"budgets": [{"horizon": "1h", "epsilon": 1000.0, "delta": 1e-3}],
+                                        "alert_at": [1.0]}
+        outputs[f"{name}_select"] = f"{name}-out-select"
     queries = []
     for query, output in outputs.items():
         gauss = {"mechanism": "gaussian", "delta": GAUSS_DELTA} if query.endswith("_gauss") else {}
+        groups = {"select": {"delta": SELECT_DELTA}} if query.endswith("_select") else {"public": list(PAGES)}
         queries.append({
             "name": query,
             "input_topic": input_topic,
@@ -128,7 +135,7 @@ def write_config(path: Path, name: str, input_topic: str, spec: StreamSpec) -> d
             "timestamp_field": "ts",
             "window": window,
             "group_by": ["page"],
-            "groups": {"public": list(PAGES)},
+            "groups": groups,
             "bounds": {"max_groups_per_unit": MAX_GROUPS, "max_events_per_group": MAX_EVENTS},
             "aggregations": {"count": {}, "sum": {"field": "value", "clip": list(CLIP)}, "mean": {"field": "value"}},
             "epsilon": EPSILON,
