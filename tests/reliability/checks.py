@@ -112,16 +112,19 @@ def dead_letter_sources(observed: Observed) -> dict[tuple[str, int, int], set[st
 
 def accepted_by_coarser_clock(model_late: dict[str, set[tuple[int, int]]],
                               dead_lettered_late: dict[str, set[tuple[int, int]]],
-                              sent_late: set[tuple[int, int]], limit: int) -> dict[str, set[tuple[int, int]]]:
+                              sent_late: set[tuple[int, int]], limit: int,
+                              burst_late: dict[str, set[tuple[int, int]]] | None = None,
+                              ) -> dict[str, set[tuple[int, int]]]:
     """Per query, the events the model calls late that the worker accepted, when they may count as on time.
 
     The worker's clock may only lag the model's (README, "Windows"), so it may accept what the model calls
     late, never the reverse. Empty (judge by the model's late set) unless every event dead-lettered as late
-    is late by the model, no event sent late on purpose was accepted, and at most ``limit`` were.
+    is late by the model, no event sent late on purpose was accepted, and at most ``limit`` were, not
+    counting those late only by their own broker batch's stamp (``burst_late``: read together with it).
     """
     accepted = {q: late - dead_lettered_late.get(q, set()) for q, late in model_late.items()}
-    count = sum(len(events) for events in accepted.values())
-    if not 0 < count <= limit or any(sent_late & events for events in accepted.values()):
+    count = sum(len(events - (burst_late or {}).get(q, set())) for q, events in accepted.items())
+    if not any(accepted.values()) or count > limit or any(sent_late & events for events in accepted.values()):
         return {}
     if any(not dead_lettered_late.get(q, set()) <= late for q, late in model_late.items()):
         return {}

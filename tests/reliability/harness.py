@@ -439,7 +439,8 @@ class FaultRun:
         outage = any(i.startswith("broker ") and ("stopped" in i or "killed" in i) for i in ctx.injections) or any(
             ("filled up" in i and "broker" in i) or "cut off the broker" in i for i in ctx.injections)
         limit = len(observed.input_records) * len(truth.late) if outage else MAX_ACCEPTED_BY_COARSER_CLOCK
-        accepted_late = accepted_by_coarser_clock(truth.late, late_by_query(observed), sent_late, limit)
+        accepted_late = accepted_by_coarser_clock(truth.late, late_by_query(observed), sent_late, limit,
+                                                  truth.burst_late)
         if accepted_late:
             truth = compute_truth(config, SECRET.encode(), observed.input_records, on_time=accepted_late,
                                   stated_delta=stated)

@@ -9,10 +9,11 @@ contribution secret, it computes per query:
   newest record timestamp it delivered before an event, less
   ``allowed_lateness``; an event whose window ends at or before that
   watermark is late. Records the broker appended in one batch share one
-  stamp (``LogAppendTime``) and reach a worker together (a fetch returns
-  whole batches), so an event is judged by the stamps of earlier batches
-  only: a producer that stalled and sent a second of events at once does not
-  make the later ones late by the stamp they all got. (The idle rule can close windows earlier on the wall
+  stamp (``LogAppendTime``) and mostly reach a worker together, judged by
+  the clock from before them: an event late only by a record of its own
+  batch (a producer that stalled and sent a second of events at once) is
+  noted in ``Truth.burst_late``, which the checks let the worker accept
+  (``checks.accepted_by_coarser_clock``). (The idle rule can close windows earlier on the wall
   clock; the workloads keep every partition busy, and an on-time event made
   late by a fault is a violation.)
 * the **bounded contributions**: per unit and window, the
@@ -138,6 +139,8 @@ class ModelPartial:
 @dataclass
 class Truth:
     late: dict[str, set[tuple[int, int]]] = field(default_factory=dict)  # query -> (partition, offset)
+    #: query -> the late events that are late only by the stamp of their own broker batch
+    burst_late: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
     rejected: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)
     partials: dict[tuple[str, int, int], ModelPartial] = field(default_factory=dict)  # (query, start, partition)
@@ -242,13 +245,14 @@ def compute_truth(config: PipelineConfig, secret: bytes, records: list,
         late, rejected = truth.late.setdefault(name, set()), truth.rejected.setdefault(name, set())
         clip = query.aggregations.sum.clip if query.aggregations.sum else (0.0, 0.0)
         accepted = 0
+        burst = truth.burst_late.setdefault(name, set())
         for partition, recs in by_partition.items():
-            newest: int | None = None  # the newest stamp of the batches before the current one
+            newest: int | None = None
+            earlier: int | None = None  # the newest stamp of the batches before the current one
             batch_stamp: int | None = None  # the current batch's: consecutive records of one stamp
             for record in sorted(recs, key=lambda r: r.offset):
                 if record.timestamp != batch_stamp:
-                    if batch_stamp is not None:
-                        newest = batch_stamp if newest is None else max(newest, batch_stamp)
+                    earlier = newest
                     batch_stamp = record.timestamp
                 decoded = _decode(record.value, query)
                 source = (partition, record.offset)
@@ -261,11 +265,14 @@ def compute_truth(config: PipelineConfig, secret: bytes, records: list,
                     if newest is not None and start + size <= newest - query.window.allowed_lateness_ms \
                             and source not in (on_time or {}).get(name, ()):
                         late.add(source)
+                        if earlier is None or start + size > earlier - query.window.allowed_lateness_ms:
+                            burst.add(source)
                     else:
                         accepted += 1
                         events = contributions.setdefault((name, start, partition, unit), {}).setdefault(group, {})
                         uh, gh = hashes.unit(unit), hashes.group(group)
                         events[hashes.event(uh, gh, partition, record.offset)] = min(max(value, clip[0]), clip[1])
+                newest = record.timestamp if newest is None else max(newest, record.timestamp)
         truth.accepted[name] = accepted
     _bound_and_charge(config, hashes, contributions, truth)
     return truth

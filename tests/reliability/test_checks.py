@@ -467,3 +467,14 @@ def test_outputs_check_rejects_a_selected_group_without_data_and_a_selected_valu
             assert not report.violations, "a selected group left out is the noise's choice, not a loss"
         else:
             assert report.kinds[kind] == 1, (kind, report.violations)
+
+
+def test_events_late_only_by_their_own_batch_may_be_accepted_beyond_the_limit_and_nothing_else():
+    model = {"q": {(0, i) for i in range(40)} | {(1, 1)}}
+    burst = {"q": {(0, i) for i in range(40)}}
+    # the worker accepted a stalled producer's whole burst, and one more event the coarser clock let through
+    assert accepted_by_coarser_clock(model, {"q": set()}, set(), 10, burst) == {"q": model["q"]}
+    # without the burst the same acceptance is far over the limit
+    assert accepted_by_coarser_clock(model, {"q": set()}, set(), 10) == {}
+    # an event sent late on purpose among them: never excused
+    assert accepted_by_coarser_clock(model, {"q": set()}, {(0, 3)}, 10, burst) == {}
