@@ -47,7 +47,7 @@ class PlannedRun:
     skewed_worker: bool = False
     duration_s: float = 14.0
     redis_cluster: bool = False  # on a Redis Cluster of its own (3 masters, 3 replicas; no fault proxies)
-    gaussian: bool = False  # more queries: Gaussian noise on two horizons, selected groups (``workload``)
+    gaussian: bool = False  # more queries: Gaussian on two horizons, selected groups, top_k (``workload``)
 
     def options(self) -> dict:
         # After a broker comes back (or a leader moves) producers take a few seconds to deliver what they
@@ -55,7 +55,7 @@ class PlannedRun:
         idle_ms = 8_000 if self.needs_private_broker or self.needs_cluster or self.needs_small_disk \
             else StreamSpec.idle_ms
         stream = StreamSpec(seed=self.seed, partitions=self.partitions, duration_s=self.duration_s, idle_ms=idle_ms,
-                            gaussian=self.gaussian, selected=self.gaussian)
+                            gaussian=self.gaussian, selected=self.gaussian, top_k=self.gaussian)
         return dict(workers=self.workers, stream=stream, redis_fsync=self.redis_fsync, redis_cluster=self.redis_cluster,
                     worker_env={1: faked_clock_env()} if self.skewed_worker else {})
 
@@ -126,8 +126,8 @@ def _kinds() -> list[PlannedRun]:
         PlannedRun("network partition worker-broker", BrokerPartition(), 220, duration_s=20.0),
         PlannedRun("broker disk full", BrokerDiskFull(), 230),
         PlannedRun("redis cluster failover", RedisClusterFailover(), 240, redis_cluster=True),
-        PlannedRun("gaussian, two horizons, selected groups: kill at every stage", EveryStage(), 250, duration_s=40.0,
-                   gaussian=True),
+        PlannedRun("gaussian, two horizons, selected groups, top-k: kill at every stage", EveryStage(), 250,
+                   duration_s=40.0, gaussian=True),
     ]
     return runs
 
@@ -144,7 +144,8 @@ def ci_catalogue() -> list[PlannedRun]:
     or three at a time, at once (``Together``) or in turn in a longer stream (``Sequence``).
     ``test_ci_subset_covers_every_kind`` keeps it so."""
     return [
-        PlannedRun("worker kill at every stage (laplace, gaussian on two horizons, selected groups)", EveryStage(), 11,
+        PlannedRun("worker kill at every stage (laplace, gaussian on two horizons, selected groups, top-k)",
+                   EveryStage(), 11,
                    duration_s=40.0, gaussian=True),
         PlannedRun("redis down (kill -9, then shutdown), then cut off",
                    Sequence((RedisOutage(crash=True), RedisOutage(crash=False), RedisPartition())), 15,

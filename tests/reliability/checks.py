@@ -142,11 +142,16 @@ def late_by_query(observed: Observed) -> dict[str, set[tuple[int, int]]]:
 def check_outputs(observed: Observed, truth: Truth, report: CheckReport) -> None:
     for query, records in observed.outputs.items():
         by_id: dict[str, list[dict]] = defaultdict(list)
+        tops: dict[str, list[dict]] = defaultdict(list)  # the top_k records of a top_k query
         for record in records:
-            by_id[orjson.loads(record.value)["release_id"]].append(orjson.loads(record.value))
+            value = orjson.loads(record.value)
+            (tops if value.get("kind") == "top_k" else by_id)[value["release_id"]].append(value)
         ids_per_group: dict[tuple[int, tuple], set[str]] = defaultdict(set)
         public = {tuple(g) for g in observed.public_groups[query]}
         selected = query in observed.selected
+        if tops:
+            _check_top_k(query, tops, {c[0]["window"]["start_ms"] for c in by_id.values()}, public,
+                         observed.window_ms, report)
         for release_id, copies in by_id.items():
             window, group = copies[0]["window"], tuple(copies[0]["group"].values())
             # Selection releases only groups with data: no noise can make a group of no unit pass it.
@@ -195,6 +200,33 @@ def check_outputs(observed: Observed, truth: Truth, report: CheckReport) -> None
         checked = set(range(min(expected), max(expected) + 1, observed.window_ms)) if expected else set()
         report.count("windows released empty", len((released & checked) - expected))
         _check_values(query, by_id, truth, checked, report)
+
+
+def _check_top_k(query: str, tops: dict[str, list[dict]], windows: set[int], public: set[tuple], window_ms: int,
+                 report: CheckReport) -> None:
+    """One top-k record per released window, drawn once: k distinct public groups ranked 1..k among all of
+    them (docs/queries/top-k.md). Which groups lead is the noise's choice; the counts' records are judged
+    like any other."""
+    per_window: dict[int, set[str]] = defaultdict(set)
+    for release_id, copies in tops.items():
+        first = copies[0]
+        if any(c != first for c in copies[1:]):
+            report.fail("noise drawn twice", f"{query}: top-k release {release_id} published with differing picks")
+        window = first["window"]
+        per_window[window["start_ms"]].add(release_id)
+        ranked = [(entry["rank"], tuple(entry["group"].values())) for entry in first["top"]]
+        if window["start_ms"] % window_ms or window["end_ms"] - window["start_ms"] != window_ms \
+                or [r for r, _ in ranked] != list(range(1, first["k"] + 1)) \
+                or len({g for _, g in ranked}) != first["k"] or not {g for _, g in ranked} <= public \
+                or first["candidates"] != len(public):
+            report.fail("unexpected window", f"{query}: top-k release {release_id} of window {window['start_ms']} "
+                        f"ranks {ranked} among {first['candidates']}: not k distinct public groups ranked 1..k")
+    for start, ids in per_window.items():
+        if len(ids) > 1:
+            report.fail("released twice", f"{query}: window {start}'s top-k released under {len(ids)} release ids")
+    for start in sorted(windows - set(per_window)):
+        report.fail("window lost", f"{query}: window {start} was released without its top-k record")
+    report.count("top-k records", len(per_window))
 
 
 def _check_values(query: str, by_id: dict[str, list[dict]], truth: Truth, checked: set[int],

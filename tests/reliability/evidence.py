@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -212,9 +213,8 @@ def ledger_records(payload: bytes) -> list[dict]:
     header, sections = read_frame(payload)
     if header.get("type") != "release":
         raise EvidenceError(f"a frame of type {header.get('type')!r}, not a release")
-    if "row_extra" in sections or "extras" in sections:
-        raise EvidenceError("a release with per-row extras or extra records (quantiles, hierarchies, top-k): "
-                            "not read here")
+    if "row_extra" in sections:
+        raise EvidenceError("a release with per-row extras (quantiles): not read here")
     try:
         rows = int(header["rows"])
         query, start = header["query"], int(header["window_start_ms"])
@@ -233,6 +233,9 @@ def ledger_records(payload: bytes) -> list[dict]:
                         "group": dict(zip(header["group_names"], key)), "count": columns["count"][r],
                         "sum": columns["sum"][r], "mean": columns["mean"][r],
                         "ci95": {"count": ci_count, "sum": ci_sum, "mean": columns["mean_ci"][r]}, **tail})
+        if "extras" in sections:  # whole records published after the rows: zlib of key TAB value lines
+            text = zlib.decompress(sections["extras"])
+            out += [json.loads(line.split(b"\t", 1)[1]) for line in text.split(b"\n") if line]
         return out
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise EvidenceError(f"corrupt release entry: {exc!r}") from None

@@ -231,8 +231,10 @@ def compute_truth(config: PipelineConfig, secret: bytes, records: list,
         by_partition.setdefault(record.partition, []).append(record)
     contributions: dict[tuple[str, int, int, str], dict[tuple, dict[int, float]]] = {}
     for query in config.queries:
-        if query.mechanism not in MECHANISMS or query.continual is not None or query.aggregations.top_k is not None:
-            raise ValueError(f"query {query.name}: the model covers {MECHANISMS} queries released per window")
+        if query.mechanism not in MECHANISMS or query.continual is not None or (
+                query.aggregations.top_k is not None and query.public_group_keys() is None):
+            raise ValueError(f"query {query.name}: the model covers {MECHANISMS} queries released per window "
+                             "(top_k over public groups)")
         name, size = query.name, query.window.size_ms
         truth.namespace[name] = query.privacy_unit.namespace
         truth.cost_units[name] = _fixed(query.epsilon, math.ceil)

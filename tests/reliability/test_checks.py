@@ -41,7 +41,7 @@ PARTITIONS = 3
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    spec = StreamSpec(seed=5, duration_s=6.0, rate_per_s=150.0, gaussian=True, selected=True)
+    spec = StreamSpec(seed=5, duration_s=6.0, rate_per_s=150.0, gaussian=True, selected=True, top_k=True)
     path = tmp_path_factory.mktemp("checks") / "queries.yaml"
     write_config(path, "w", "in", spec)
     config = load_config(path)
@@ -68,6 +68,8 @@ def world(tmp_path_factory):
                 if query.endswith("_select") and not count:
                     continue  # selection never releases a group without data
                 outputs.setdefault(query, []).append(_release(query, start, page, count + 1, total))
+            if query.endswith("_top"):
+                outputs[query].append(_top_k(query, start, [("search",), ("home",)]))
     dead = []
     for i, (q, (p, o), values) in enumerate(
             (q, s, [r.value for r in inputs if (r.partition, r.offset) == s]) for q in truth.late for s in truth.late[q]):
@@ -102,6 +104,15 @@ def _release(query: str, start: int, page: str, count: float, total: float) -> T
                           "max_groups_per_unit": MAX_GROUPS, "max_events_per_group": MAX_EVENTS, "clip": list(CLIP),
                           "charged": "per_window", "trust_model": "central"},
               "released_at_ms": 1, "released_at": "2026-01-01T00:00:03.000Z"}
+    return TopicRecord(0, 0, None, orjson.dumps(record), {})
+
+
+def _top_k(query: str, start: int, ranked: list[tuple], *, candidates: int = 3) -> TopicRecord:
+    record = {"query": query, "kind": "top_k", "release_id": f"{query}:{start}:top",
+              "window": {"start": "2026-01-01T00:00:00.000Z", "end": "2026-01-01T00:00:02.000Z",
+                         "start_ms": start, "end_ms": start + 2000},
+              "k": len(ranked), "top": [{"rank": i, "group": {"page": g[0]}} for i, g in enumerate(ranked, 1)],
+              "candidates": candidates, "privacy": {}, "released_at_ms": 1, "released_at": "2026-01-01T00:00:03.000Z"}
     return TopicRecord(0, 0, None, orjson.dumps(record), {})
 
 
@@ -478,3 +489,26 @@ def test_events_late_only_by_their_own_batch_may_be_accepted_beyond_the_limit_an
     assert accepted_by_coarser_clock(model, {"q": set()}, set(), 10) == {}
     # an event sent late on purpose among them: never excused
     assert accepted_by_coarser_clock(model, {"q": set()}, {(0, 3)}, 10, burst) == {}
+
+
+def test_outputs_check_rejects_a_top_k_record_lost_twice_redrawn_or_ranking_what_it_may_not(world):
+    observed, truth, _ = world
+    query = "w_top"
+    records = observed.outputs[query]
+    tops = [r for r in records if orjson.loads(r.value).get("kind") == "top_k"]
+    rows = [r for r in records if orjson.loads(r.value).get("kind") != "top_k"]
+    start = orjson.loads(tops[0].value)["window"]["start_ms"]
+    again = TopicRecord(0, 0, None, orjson.dumps(dict(orjson.loads(tops[0].value), release_id="other")), {})
+    redrawn = _top_k(query, start, [("home",), ("search",)])
+    for doctored_records, kind in (
+            (rows + tops[1:], "window lost"),
+            (records + [again], "released twice"),
+            (records + [redrawn], "noise drawn twice"),
+            (rows + [_top_k(query, start, [("home",), ("checkout",)])] + tops[1:], "unexpected window"),
+            (rows + [_top_k(query, start, [("home",), ("home",)])] + tops[1:], "unexpected window"),
+            (rows + [_top_k(query, start, [("home",), ("cart",)], candidates=2)] + tops[1:], "unexpected window")):
+        doctored = copy.copy(observed)
+        doctored.outputs = {**observed.outputs, query: doctored_records}
+        report = CheckReport()
+        check_outputs(doctored, truth, report)
+        assert report.kinds[kind] >= 1, (kind, report.violations)

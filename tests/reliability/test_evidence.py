@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 
 import numpy as np
 import orjson
@@ -90,6 +91,11 @@ def test_a_ledger_entry_reads_as_the_records_the_worker_renders_from_it():
     assert {canonical(r) for r in mine} == {canonical(r) for r in rendered}
     assert mine[0]["release_id"] == release_id("q_free", 8_000, ("home", 1))
     assert mine[1]["sum"] is None and mine[1]["group"] == {"page": "a\x00b", "n": -2}
+    top = orjson.dumps({"query": "q_free", "kind": "top_k", "top": [{"rank": 1, "group": {"page": "home", "n": 1}}]})
+    with_extra = encode_entry(replace(entry, extras=((b'["top_k"]', top),)))
+    rendered = [orjson.loads(value) for _, value in decode_entry(with_extra).render()]
+    assert [canonical(r) for r in ledger_records(with_extra)] == [canonical(r) for r in rendered]
+    assert ledger_records(with_extra)[-1]["kind"] == "top_k"
 
 
 @pytest.mark.services

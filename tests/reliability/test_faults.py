@@ -1,7 +1,8 @@
 """The CI subset of the seeded fault runs (the full set: ``tests/reliability/run_faults.py``).
 
 Runs that together inject every kind of fault (``Fault.kind``, checked by ``test_catalogue``) -- a
-worker killed at every stage (with a Gaussian query on two horizons), Redis killed, shut down, cut off
+worker killed at every stage (with a Gaussian query on two horizons, one over selected groups and a
+top-k one), Redis killed, shut down, cut off
 and restarted without its data, a Redis Cluster master failed over, the broker killed, stopped, stopped
 between ledger claim and publish, out of disk and cut off, rebalances on 12 partitions (a worker added,
 one removed) and with a worker removed and rejoining, every worker killed, poison records on the

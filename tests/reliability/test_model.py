@@ -34,9 +34,9 @@ def test_siphash_1_3_matches_the_engines_vectorised_one():
         assert siphash_1_3(key, message) == int(siphash_strings(key, padded)[0]), message
 
 
-@pytest.mark.parametrize("gaussian", [False, True], ids=["laplace", "with-gaussian-on-two-horizons-and-selected-groups"])
+@pytest.mark.parametrize("gaussian", [False, True], ids=["laplace", "with-gaussian-on-two-horizons-selected-groups-and-top-k"])
 def test_the_model_and_the_engine_agree_on_a_seeded_stream(tmp_path, gaussian):
-    spec = StreamSpec(seed=11, gaussian=gaussian, selected=gaussian)
+    spec = StreamSpec(seed=11, gaussian=gaussian, selected=gaussian, top_k=gaussian)
     write_config(tmp_path / "q.yaml", "m", "in", spec)
     config = load_config(tmp_path / "q.yaml")
     start_ms = (int(time.time() * 1000) - 60_000) // 2000 * 2000

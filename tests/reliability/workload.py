@@ -12,7 +12,10 @@ Two queries read the stream: ``*_free`` draws on a budget no unit can use up
 ``*_capped`` on a budget of three windows (so exclusion happens). With
 ``StreamSpec.gaussian`` a third, ``*_gauss``, adds Gaussian noise on a
 namespace of two horizons, a day's epsilon limit of five windows and an
-hour's delta limit of three: its units are excluded once their delta runs out.
+hour's delta limit of three: its units are excluded once their delta runs out;
+with ``selected`` ``*_select`` releases the groups partition selection picks;
+with ``top_k`` ``*_top`` releases counts and a top-2 record, on a budget of
+three windows.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class StreamSpec:
     jitter_ms: int = 300
     gaussian: bool = False  # a third query: Gaussian noise, (epsilon, delta) charged on two horizons
     selected: bool = False  # and one whose groups partition selection picks (its delta charged per window)
+    top_k: bool = False  # and one releasing its counts and a top-2 record per window
 
     def __post_init__(self) -> None:
         if self.jitter_ms >= self.lateness_ms:
@@ -123,6 +127,10 @@ def write_config(path: Path, name: str, input_topic: str, spec: StreamSpec) -> d
         namespaces[f"{name}-select"] = {"budgets": [{"horizon": "1h", "epsilon": 1000.0, "delta": 1e-3}],
                                         "alert_at": [1.0]}
         outputs[f"{name}_select"] = f"{name}-out-select"
+    if spec.top_k:
+        namespaces[f"{name}-top"] = {"budgets": [{"horizon": "1h", "epsilon": EPSILON * CAPPED_WINDOWS}],
+                                     "alert_at": [1.0]}
+        outputs[f"{name}_top"] = f"{name}-out-top"
     queries = []
     for query, output in outputs.items():
         gauss = {"mechanism": "gaussian", "delta": GAUSS_DELTA} if query.endswith("_gauss") else {}
@@ -137,7 +145,8 @@ def write_config(path: Path, name: str, input_topic: str, spec: StreamSpec) -> d
             "group_by": ["page"],
             "groups": groups,
             "bounds": {"max_groups_per_unit": MAX_GROUPS, "max_events_per_group": MAX_EVENTS},
-            "aggregations": {"count": {}, "sum": {"field": "value", "clip": list(CLIP)}, "mean": {"field": "value"}},
+            "aggregations": {"count": {}, "top_k": {"k": 2}} if query.endswith("_top") else {
+                "count": {}, "sum": {"field": "value", "clip": list(CLIP)}, "mean": {"field": "value"}},
             "epsilon": EPSILON,
             "release_timeout": "120s",
             # unit_partition places keys as librdkafka's default partitioner does
