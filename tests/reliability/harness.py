@@ -415,6 +415,7 @@ class FaultRun:
             started_between=ctx.started_between if ctx.started_between and ctx.started_between[1] else None,
             lateness_ms=self.stream.lateness_ms,
             selected={q.name for q in config.queries if q.public_group_keys() is None},
+            without_sum={q.name for q in config.queries if q.aggregations.sum is None},
         )
         report = CheckReport()
         stated = stated_deltas(config, observed, report)
