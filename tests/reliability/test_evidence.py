@@ -15,7 +15,6 @@ from dataclasses import replace
 import numpy as np
 import orjson
 import pytest
-import redis
 
 from stream_dp.worker.partials.wire import PartialAggregate, partial_records
 from tests.reliability.evidence import (
@@ -27,6 +26,7 @@ from tests.reliability.evidence import (
     release_id,
     spends,
 )
+from tests.reliability.services import PrivateRedis
 from tests.reliability.topics import TopicRecord
 
 GROUPS = {  # row i's group key
@@ -99,7 +99,7 @@ def test_a_ledger_entry_reads_as_the_records_the_worker_renders_from_it():
 
 
 @pytest.mark.services
-def test_budget_states_read_back_as_the_spend_the_store_reports(redis_url):
+def test_budget_states_read_back_as_the_spend_the_store_reports(tmp_path):
     from stream_dp.budget import RedisBudgetStore
     from stream_dp.budget.policy import BudgetPolicy, HorizonLimit, NamespacePolicy
 
@@ -107,7 +107,9 @@ def test_budget_states_read_back_as_the_spend_the_store_reports(redis_url):
     policy = BudgetPolicy([NamespacePolicy(namespace, "epsilon", [
         HorizonLimit(3_600_000, 5.0, 2), HorizonLimit(3_600_000, 1e-6, 2, delta=True),
         HorizonLimit(86_400_000, 9.0, 2)])])
-    client = redis.Redis.from_url(redis_url)
+    server = PrivateRedis(tmp_path / "redis")  # its own keyspace: the decoder scans every state hash
+    server.start()
+    client = server.client()
     store = RedisBudgetStore(client, policy)
     now = int(time.time() * 1000) - 60_000  # event times the store clock (Redis TIME) accepts
     units = [f"u{i}" for i in range(40)] + ["ünï", "a:b"]
@@ -120,6 +122,5 @@ def test_budget_states_read_back_as_the_spend_the_store_reports(redis_url):
             assert [x / 1e6 for x in stored.get(unit, [0, 0, 0])[::2]] == pytest.approx(spent[::2]), unit
         assert stored["u0"][0] == 4 * 1_250_000 and stored["u35"][0] == 1_250_000
     finally:
-        for key in client.scan_iter(match=f"dp:*{namespace}*"):
-            client.delete(key)
         client.close()
+        server.stop()
