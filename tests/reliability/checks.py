@@ -191,8 +191,10 @@ def check_outputs(observed: Observed, truth: Truth, report: CheckReport) -> None
             if not earliest <= min(released) <= latest:
                 report.fail("first window", f"{query}: the first window released is {min(released)}, not one "
                             f"holding the query's first start less allowed_lateness ({earliest}..{latest})")
-        if expected or released:
-            for start in range(min(expected | released), max(expected | released) + 1, observed.window_ms):
+        # Up to the stream's last data window: the empty windows after it are released as the wall clock
+        # passes them, each home partition on its own, and the workers are stopped at some point of that.
+        if expected:
+            for start in range(min(expected | released), max(expected) + 1, observed.window_ms):
                 if start not in expected and start not in released:
                     report.fail("empty window not released", f"{query}: window {start} (no data) was never released")
         report.count("windows released", len(released & expected))
