@@ -37,6 +37,11 @@ class KafkaClients:
             await client.stop()
 
 
+def release_group_id(group_id: str) -> str:
+    """The release stage's consumer group (partials topic), beside the ingest stage's ``group_id`` (input topics)."""
+    return f"{group_id}-release"
+
+
 #: The most the internal producer puts in one record batch (aiokafka's default is 16 KiB).
 INTERNAL_BATCH_BYTES = 1024 * 1024
 
@@ -86,7 +91,7 @@ def kafka_clients(aio: dict[str, Any], *, client_id: str, group_id: str, limits:
         ),
         # Partial chunks are up to the partials topic's record limit: a fetch takes several.
         release_consumer=AIOKafkaConsumer(
-            **aio, client_id=f"{client_id}-release", group_id=f"{group_id}-release", enable_auto_commit=False,
+            **aio, client_id=f"{client_id}-release", group_id=release_group_id(group_id), enable_auto_commit=False,
             auto_offset_reset="earliest", max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
             max_poll_interval_ms=max_poll_interval_ms, **group,
         ),
