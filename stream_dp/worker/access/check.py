@@ -1,10 +1,11 @@
 """At start, the worker asks the broker what it may do and compares it with its plan (``kafka_plan``).
 
-A right it lacks on a topic or group stops it before it creates, reads or writes anything, with the ACL
-missing and the command that grants it; a cluster right it lacks (``DescribeConfigs``: the brokers' record
-size) is a warning, as the worker then goes by the topics' limits. What it may do beyond its plan is the
-operator's business: it is logged. A topic or group that does not exist yet is checked once created
-(topics) or left to the broker (a group's ``Read`` is refused when the worker joins it).
+A right it lacks on a topic or group stops it before it reads or writes any record, with the ACL missing
+and the command that grants it. What it may do beyond its plan is the operator's business: it is logged.
+A topic that does not exist yet is checked once the worker created it; a group that does not exist yet is
+checked for ``Describe`` only (the broker refuses a ``Read`` it lacks when the worker joins). The cluster's
+``DescribeConfigs`` is not checked here: ``kafka.admin.describe_cluster`` warns when the brokers' record size
+cannot be read, and the worker then goes by the topics' limits.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def principal_of(settings: Settings) -> str:
     return f"User:{settings.kafka_sasl_username}" if settings.kafka_sasl_username else "the worker's Kafka principal"
 
 
-def judge(needs: list[Needed], cluster: Rights, topics: dict[str, Rights], groups: dict[str, Rights], *,
+def judge(needs: list[Needed], topics: dict[str, Rights], groups: dict[str, Rights], *,
           principal: str) -> tuple[list[str], list[str], list[str], list[str]]:
     """(missing: fatal, each naming the ACL; warnings; found: what the broker granted; topics not there yet)."""
     missing: list[str] = []
@@ -73,13 +74,15 @@ def judge(needs: list[Needed], cluster: Rights, topics: dict[str, Rights], group
     found: list[str] = []
     absent: list[str] = []
     for need in sorted(needs, key=lambda n: (n.resource_type, n.name)):
-        rights = cluster if need.resource_type == CLUSTER else (topics if need.resource_type == TOPIC else groups).get(
+        if need.resource_type == CLUSTER:
+            continue
+        rights = (topics if need.resource_type == TOPIC else groups).get(
             need.name, Rights(UNKNOWN, detail="not in the broker's answer"))
-        where = f"{need.resource_type} {need.name!r} ({need.role})" if need.resource_type != CLUSTER else "the cluster"
+        where = f"{need.resource_type} {need.name!r} ({need.role})"
         if rights.state == MISSING:
             if need.resource_type == TOPIC:
                 absent.append(need.name)
-            found.append(f"{where}: not there yet")
+            found.append(f"{where}: not there yet" + ("" if need.resource_type == TOPIC else ", may Describe"))
             continue
         if rights.state == UNKNOWN:
             warnings.append(f"cannot check {principal}'s rights on {where}: {rights.detail}")
@@ -88,8 +91,7 @@ def judge(needs: list[Needed], cluster: Rights, topics: dict[str, Rights], group
         everything = "All" in granted
         lacking = [] if everything else sorted(need.operations - granted)
         if lacking:
-            text = f"{principal} may not {', '.join(lacking)} {where}"
-            (warnings if need.resource_type == CLUSTER else missing).append(text)
+            missing.append(f"{principal} may not {', '.join(lacking)} {where}")
         extra = ["All"] if everything else sorted(granted - need.operations)
         found.append(f"{where}: {', '.join(sorted(granted)) or 'nothing'}"
                      + (f" (beyond what it needs: {', '.join(extra)})" if extra else ""))
@@ -111,9 +113,9 @@ async def check_kafka_access(options: dict[str, Any], needs: list[Needed], *, se
         needs = [n for n in needs if n.resource_type == TOPIC and n.name in only_topics]
     topics = sorted(n.name for n in needs if n.resource_type == TOPIC)
     groups = sorted(n.name for n in needs if n.resource_type == GROUP)
-    cluster, topic_rights, group_rights = await asyncio.to_thread(read_rights, options, topics, groups)
+    topic_rights, group_rights = await asyncio.to_thread(read_rights, options, topics, groups)
     principal = principal_of(settings)
-    missing, warnings, found, absent = judge(needs, cluster, topic_rights, group_rights, principal=principal)
+    missing, warnings, found, absent = judge(needs, topic_rights, group_rights, principal=principal)
     log.info("Kafka rights of %s: %s", principal, "; ".join(found))
     for warning in warnings:
         log.warning("Kafka rights: %s", warning)

@@ -9,6 +9,7 @@ without any right to read ACLs. A broker without an authorizer reports every ope
 from __future__ import annotations
 
 import re
+import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -42,13 +43,15 @@ def _rights(operations: Iterable[str] | None) -> Rights:
     return Rights("ok", frozenset(kafka_operation_name(op) for op in operations))
 
 
-def read_rights(options: dict[str, Any], topics: list[str], groups: list[str]) -> tuple[Rights, dict[str, Rights], dict[str, Rights]]:
-    """(the cluster's, each topic's, each group's) rights of the principal ``options`` connect as."""
-    from kafka.errors import GroupAuthorizationFailedError, GroupIdNotFoundError, KafkaError
+def read_rights(options: dict[str, Any], topics: list[str], groups: list[str], *,
+                coordinator_wait_s: float = 15.0) -> tuple[dict[str, Rights], dict[str, Rights]]:
+    """(each topic's, each group's) rights of the principal ``options`` connect as. (The cluster's are not asked:
+    the broker reports them only to a principal that may Describe the cluster, which lets it list every ACL.)
+    ``coordinator_wait_s``: how long a new broker may take to create its offsets topic before it can say."""
+    from kafka.errors import CoordinatorNotAvailableError, GroupAuthorizationFailedError, GroupIdNotFoundError, KafkaError
 
     admin = _admin(options)
     try:
-        cluster = _rights(admin.describe_cluster().get("authorized_operations"))
         topic_rights: dict[str, Rights] = {}
         for entry in admin.describe_topics(topics):
             code = entry.get("error_code", 0)
@@ -61,9 +64,17 @@ def read_rights(options: dict[str, Any], topics: list[str], groups: list[str]) -
             else:
                 topic_rights[entry["name"]] = _rights(entry.get("authorized_operations"))
         group_rights: dict[str, Rights] = {}
+        deadline = time.monotonic() + coordinator_wait_s
         for group in groups:  # one at a time: a group the principal may not describe fails the whole request
             try:
-                described = admin.describe_groups([group]).get(group, {})
+                while True:
+                    try:
+                        described = admin.describe_groups([group]).get(group, {})
+                        break
+                    except CoordinatorNotAvailableError:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.5)
             except GroupAuthorizationFailedError:
                 group_rights[group] = Rights(DENIED)
                 continue
@@ -82,7 +93,7 @@ def read_rights(options: dict[str, Any], topics: list[str], groups: list[str]) -
                 group_rights[group] = _rights(described.get("authorized_operations"))
     finally:
         admin.close()
-    return cluster, topic_rights, group_rights
+    return topic_rights, group_rights
 
 
 def create_acls(options: dict[str, Any], bindings: list[tuple[str, str, str, str, str]]) -> list[str]:
