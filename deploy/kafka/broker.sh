@@ -70,7 +70,7 @@ admin_password() {
   local file="$cluster_dir/admin.password"
   if [ ! -s "$file" ]; then
     mkdir -p "$cluster_dir"
-    (umask 077; "$python" -c 'import secrets; print(secrets.token_hex(16))' > "$file")
+    (umask 077; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$file")
   fi
   cat "$file"
 }
@@ -149,14 +149,22 @@ PROPS
   } >> "$dir/server.properties"
 }
 
+scram_users() { echo "$admin_user=$(admin_password)" $(tr ',' ' ' <<<"${KAFKA_SCRAM_USERS:-}"); }
+
+check_scram_users() {
+  local entry
+  for entry in $(scram_users); do
+    if [ -z "${entry%%=*}" ] || [ "${entry%%=*}" = "$entry" ] || [ -z "${entry#*=}" ]; then
+      log "KAFKA_SCRAM_USERS takes name=password pairs separated by commas, got '$entry'"; exit 2
+    fi
+  done
+}
+
 # --add-scram arguments of kafka-storage format: the admin and every KAFKA_SCRAM_USERS user, both mechanisms.
 scram_arguments() {
   local entry name password
-  for entry in "$admin_user=$(admin_password)" $(tr ',' ' ' <<<"${KAFKA_SCRAM_USERS:-}"); do
+  for entry in $(scram_users); do
     name="${entry%%=*}"; password="${entry#*=}"
-    if [ -z "$name" ] || [ "$name" = "$entry" ] || [ -z "$password" ]; then
-      log "KAFKA_SCRAM_USERS takes name=password pairs separated by commas, got '$entry'"; exit 2
-    fi
     printf -- '--add-scram\nSCRAM-SHA-256=[name=%s,password=%s]\n--add-scram\nSCRAM-SHA-512=[name=%s,password=%s]\n' \
       "$name" "$password" "$name" "$password"
   done
@@ -181,7 +189,7 @@ prepare() {
       fi
     fi
     local scram=()
-    if [ "$auth" = scram ]; then mapfile -t scram < <(scram_arguments); fi
+    if [ "$auth" = scram ]; then check_scram_users; mapfile -t scram < <(scram_arguments); fi
     "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" "${scram[@]}" \
       > "$dir/format.log" 2>&1 || { log "formatting storage failed: see $dir/format.log"; exit 1; }
   done
