@@ -53,7 +53,7 @@ def worker_needs(config: PipelineConfig, settings: Settings) -> list[Needed]:
     # any principals: only the worker's bindings are read, and they do not depend on the name
     acls = kafka_acls(config, settings, Principals("User:worker", "User:analyst",
                                                    dict.fromkeys((q.input_topic for q in config.queries), "User:p")))
-    roles = {**{t: f"{r} topic" for t, r in worker_topics(config, settings).items()},
+    roles = {**{t: f"{' and '.join(r)} topic" for t, r in worker_topics(config, settings).items()},
              **{g: f"consumer group of the {what}" for g, what in worker_groups(settings).items()}}
     by_resource: dict[tuple[str, str], set[str]] = defaultdict(set)
     for acl in acls:

@@ -83,13 +83,16 @@ def producer_principals(inputs: list[str], given: list[str], default: str) -> di
     return {topic: named.get(topic, every) for topic in inputs}
 
 
-def worker_topics(config: PipelineConfig, settings: Settings) -> dict[str, str]:
-    """Every topic the worker uses, and its role in the plan (input, partials, alerts, dead-letter, output)."""
-    roles = {q.input_topic: "input" for q in config.queries}
-    roles.update({settings.partials_topic: "partials", settings.alerts_topic: "alerts",
-                  settings.dead_letter_topic: "dead-letter"})
-    for query in config.queries:
-        roles.setdefault(query.output_topic, "output")
+def worker_topics(config: PipelineConfig, settings: Settings) -> dict[str, list[str]]:
+    """Every topic the worker uses, and its roles in the plan (input, partials, alerts, dead-letter, output):
+    one query's output topic may be another's input."""
+    roles: dict[str, list[str]] = {}
+    named = [*((q.input_topic, "input") for q in config.queries),
+             (settings.partials_topic, "partials"), (settings.alerts_topic, "alerts"),
+             (settings.dead_letter_topic, "dead-letter"), *((q.output_topic, "output") for q in config.queries)]
+    for topic, role in named:
+        if role not in roles.setdefault(topic, []):
+            roles[topic].append(role)
     return roles
 
 
@@ -138,20 +141,23 @@ def kafka_acls(config: PipelineConfig, settings: Settings, principals: Principal
         raise AclPlanError(f"{worker} is both the worker and a producer or analyst: give each role its own principal")
     acls: list[KafkaAcl] = []
     topics = worker_topics(config, settings)
-    for topic, role in topics.items():
-        for operation, why in _WORKER_TOPIC_OPERATIONS[role]:
-            acls.append(KafkaAcl(WORKER, worker, TOPIC, topic, LITERAL, operation, f"{role} topic: {why}"))
+    for topic, roles in topics.items():
+        operations: dict[str, str] = {}
+        for role in roles:
+            for operation, why in _WORKER_TOPIC_OPERATIONS[role]:
+                operations.setdefault(operation, f"{role} topic: {why}")
+        acls += [KafkaAcl(WORKER, worker, TOPIC, topic, LITERAL, op, why) for op, why in operations.items()]
     for group, what in groups.items():
         acls += [KafkaAcl(WORKER, worker, GROUP, group, LITERAL, "Read", f"joins the group and commits: {what}"),
                  KafkaAcl(WORKER, worker, GROUP, group, LITERAL, "Describe", f"reads the group's offsets: {what}")]
     acls.append(KafkaAcl(WORKER, worker, CLUSTER, CLUSTER_NAME, LITERAL, "DescribeConfigs",
                          "reads the brokers' message.max.bytes (the record sizes that fit)"))
-    for topic, role in topics.items():
-        if role == "input":
+    for topic, roles in topics.items():
+        if "input" in roles:
             producer = check_principal(principals.producers[topic])
             acls += [KafkaAcl(PRODUCER, producer, TOPIC, topic, LITERAL, "Write", "produces the events"),
                      KafkaAcl(PRODUCER, producer, TOPIC, topic, LITERAL, "Describe", "partitions")]
-        elif role == "output":
+        if "output" in roles:
             acls += [KafkaAcl(ANALYST, analyst, TOPIC, topic, LITERAL, "Read", "reads the releases"),
                      KafkaAcl(ANALYST, analyst, TOPIC, topic, LITERAL, "Describe", "partitions and offsets")]
     acls += [KafkaAcl(ANALYST, analyst, GROUP, analyst_group_prefix, PREFIXED, "Read", "its own consumer groups"),

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import GroupAuthorizationFailedError
 
 from stream_dp.worker.kafka.columnar_consumer import ColumnarConsumer
 
 from stream_dp.worker.kafka.topic_setup import PRODUCER_MAX_REQUEST_BYTES, TopicLimits
 from stream_dp.worker.kafka.topics import RECORD_HEADROOM
+from stream_dp.worker.query.costs import WorkerConfigError
 
 FETCH_PARTITION_BYTES = 8 * 1024 * 1024
 #: How old the consumers' topic metadata may grow (aiokafka's default is 5 minutes): partitions added to
@@ -29,8 +31,18 @@ class KafkaClients:
     release_consumer: AIOKafkaConsumer
 
     async def start(self) -> None:
-        for client in (self.producer, self.output_producer, self.ingest_consumer, self.release_consumer):
-            await client.start()
+        """Start every client; a consumer group the broker refuses stops the worker with the ACL it lacks (the
+        start check, ``stream_dp.worker.access.check``, can see only Describe on a group not created yet)."""
+        try:
+            for client in (self.producer, self.output_producer, self.ingest_consumer, self.release_consumer):
+                await client.start()
+        except GroupAuthorizationFailedError as exc:
+            await self.stop()
+            raise WorkerConfigError(
+                f"the broker refuses the worker's Kafka principal the consumer group {exc.args[0] if exc.args else ''!s}"
+                " (it needs Read and Describe on it): grant them with `stream-dp acls --config FILE --worker-principal "
+                "User:NAME --apply` (docs/operations/security.md)"
+            ) from None
 
     async def stop(self) -> None:
         for client in (self.ingest_consumer, self.release_consumer, self.producer, self.output_producer):

@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.services]
 REPO = Path(__file__).resolve().parents[3]
 ADMIN_PASSWORD = "acl-admin-pw-4c1f9e"
 USERS = {"worker": "acl-worker-pw-7a2b", "producer": "acl-producer-pw-0d3e", "analyst": "acl-analyst-pw-91c4",
-         "doctored": "acl-doctored-pw-5e6f", "greedy": "acl-greedy-pw-2b8a"}
+         "doctored": "acl-doctored-pw-5e6f", "doctored-group": "acl-doctored-pw-7c1d", "greedy": "acl-greedy-pw-2b8a"}
 REDIS_ADMIN = ("admin", "redis-admin-pw-8d0c")
 REDIS_WORKER = ("dpworker", "redis-worker-pw-3f5a")
 SECRET = "acl-test-secret-0123456789abcdef"
@@ -355,28 +355,36 @@ def test_the_worker_redis_user_stays_inside_its_prefixes(broker, running, worker
         as_worker.close()
 
 
-def test_a_worker_missing_one_acl_refuses_to_start_and_names_it(broker, running, worker_redis, tmp_path):
-    """A second pipeline whose worker principal got its plan less Write on the partials topic."""
+@pytest.mark.parametrize(("user", "dropped", "named"), [
+    ("doctored", ("partials", "Write"), "User:doctored may not Write Topic '{partials}' (partials topic)"),
+    # a group not created yet shows the start check only Describe: the broker refuses the join
+    ("doctored-group", ("release group", "Read"), "the broker refuses the worker's Kafka principal the consumer group "
+                                                  "{release group} (it needs Read and Describe on it)"),
+])
+def test_a_worker_missing_one_acl_refuses_to_start_and_names_it(broker, running, worker_redis, tmp_path, user,
+                                                                 dropped, named):
+    """A second pipeline whose worker principal got its plan less one ACL."""
     pipeline = Pipeline(tmp_path)
-    plan = acls(pipeline, broker, worker="User:doctored")
-    kept = [a for a in plan["kafka"] if a["principal"] == "User:doctored"
-            and not (a["resource_name"] == pipeline.internal["partials"] and a["operation"] == "Write")]
-    assert len(kept) == len([a for a in plan["kafka"] if a["principal"] == "User:doctored"]) - 1
+    names = {**pipeline.internal, "release group": f"{pipeline.group}-release"}
+    principal = f"User:{user}"
+    plan = acls(pipeline, broker, worker=principal)
+    kept = [a for a in plan["kafka"] if a["principal"] == principal
+            and not (a["resource_name"] == names[dropped[0]] and a["operation"] == dropped[1])]
+    assert len(kept) == len([a for a in plan["kafka"] if a["principal"] == principal]) - 1
     from stream_dp.worker.kafka.acl_admin import create_acls
 
     options = {"bootstrap_servers": broker, **sasl("admin", ADMIN_PASSWORD)}
     assert not create_acls(options, [(a["principal"], a["resource_type"], a["resource_name"], a["pattern_type"],
                                       a["operation"]) for a in kept])
-    env = clean_env(**pipeline.settings, **kafka_env(broker, "doctored", USERS["doctored"]),
+    env = clean_env(**pipeline.settings, **kafka_env(broker, user, USERS[user]),
                     STREAM_DP_CONTRIBUTION_SECRET=SECRET, REDIS_URL=worker_redis.url(*REDIS_WORKER))
     done = subprocess.run([sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(pipeline.config)],
                           env={**env, "STREAM_DP_METRICS_PORT": str(free_port())}, capture_output=True, text=True,
                           timeout=120, cwd=REPO)
     assert done.returncode == 1, done.stderr[-3000:]
-    assert f"User:doctored may not Write Topic '{pipeline.internal['partials']}' (partials topic)" in done.stderr, \
-        done.stderr[-3000:]
-    assert f"stream-dp acls --config {pipeline.config} --worker-principal User:doctored --apply" in done.stderr
-    # refused before it wrote a record: it created the topics it was allowed to, then found it may not write one
+    assert named.format(**names) in done.stderr, done.stderr[-3000:]
+    assert "stream-dp acls --config" in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+    # refused before it wrote a record
     kafka = _kafka()
     consumer = kafka.KafkaConsumer(bootstrap_servers=broker, **sasl("admin", ADMIN_PASSWORD))
     try:

@@ -117,3 +117,14 @@ def test_kafka_acls_commands_group_operations_per_resource(config):
     assert sum(c.count("--operation") for c in commands) == len(acls)
     document = plan_json(acls, worker_redis_rule("u"))
     assert len(document["kafka"]) == len(acls) and document["redis"]["user"] == "u"
+
+
+def test_a_topic_one_query_writes_and_another_reads_gets_both_roles(config):
+    first, second = config.queries[0], config.queries[1]
+    chained = config.model_copy(update={"queries": [first, second.model_copy(update={"input_topic": first.output_topic})]})
+    inputs = sorted({q.input_topic for q in chained.queries})
+    acls = kafka_acls(chained, settings(), Principals("User:w", "User:a", dict.fromkeys(inputs, "User:p")))
+    worker = granted(acls, "User:w")
+    assert {("Topic", first.output_topic, op) for op in ("Read", "Write")} <= worker
+    assert ("Topic", first.output_topic, "Write") in granted(acls, "User:p")
+    assert ("Topic", first.output_topic, "Read") in granted(acls, "User:a")
