@@ -97,7 +97,10 @@ def _apply(acls: list, settings) -> int:
               "cluster) on a broker with an authorizer", file=sys.stderr)
         return 1
     if refused:
-        print("the broker refused ACLs:\n  " + "\n  ".join(refused), file=sys.stderr)
+        hint = (" (SecurityDisabledError: the broker has no authorizer, authorizer.class.name)"
+                if any("SecurityDisabled" in r for r in refused) else "")
+        print(f"the broker refused {len(refused)} of {len(bindings)} ACLs{hint}:\n  " + "\n  ".join(refused[:10])
+              + ("\n  ..." if len(refused) > 10 else ""), file=sys.stderr)
         return 1
     print(f"created {len(bindings)} ACLs on {settings.kafka_bootstrap_servers} (existing ones are kept)", file=sys.stderr)
     return 0

@@ -115,4 +115,14 @@ def create_acls(options: dict[str, Any], bindings: list[tuple[str, str, str, str
         result = admin.create_acls(acls) if acls else {"failed": []}
     finally:
         admin.close()
-    return [f"{failed[0]}: {failed[1]}" if isinstance(failed, tuple) else str(failed) for failed in result["failed"]]
+    # kafka-python lists the refusals' error classes alone, in the order of the ACLs that did not succeed
+    succeeded = {id(acl) for acl in result["succeeded"]}
+    refused = [acl for acl in acls if id(acl) not in succeeded]
+    return [_refusal(acl, error) for acl, error in zip(refused, result["failed"], strict=False)]
+
+
+def _refusal(acl: Any, error: Any) -> str:
+    """One refused ACL, as ``User:w READ TOPIC events: SecurityDisabledError``."""
+    pattern = acl.resource_pattern
+    name = getattr(error, "__name__", None) or type(error).__name__
+    return f"{acl.principal} {acl.operation.name} {pattern.resource_type.name} {pattern.resource_name}: {name}"
