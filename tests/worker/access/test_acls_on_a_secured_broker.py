@@ -360,7 +360,7 @@ def test_the_worker_redis_user_stays_inside_its_prefixes(broker, running, worker
     # a group not created yet shows the start check only Describe: the broker refuses the join
     ("doctored-group", ("release group", "Read"), "the broker refuses the worker's Kafka principal the consumer group "
                                                   "{release group} (it needs Read and Describe on it)"),
-])
+], ids=["write-on-partials", "read-on-release-group"])
 def test_a_worker_missing_one_acl_refuses_to_start_and_names_it(broker, running, worker_redis, tmp_path, user,
                                                                  dropped, named):
     """A second pipeline whose worker principal got its plan less one ACL."""
