@@ -23,8 +23,7 @@ from stream_dp.worker.access.kafka_plan import (
     GROUP,
     TOPIC,
     WORKER,
-    Principals,
-    kafka_acls,
+    worker_acls,
     worker_groups,
     worker_topics,
 )
@@ -50,9 +49,7 @@ class Needed:
 
 def worker_needs(config: PipelineConfig, settings: Settings) -> list[Needed]:
     """What the worker needs, as :func:`kafka_plan.kafka_acls` grants it to its principal."""
-    # any principals: only the worker's bindings are read, and they do not depend on the name
-    acls = kafka_acls(config, settings, Principals("User:worker", "User:analyst",
-                                                   dict.fromkeys((q.input_topic for q in config.queries), "User:p")))
+    acls = worker_acls(config, settings, "User:worker")  # any name: the bindings do not depend on it
     roles = {**{t: f"{' and '.join(r)} topic" for t, r in worker_topics(config, settings).items()},
              **{g: f"consumer group of the {what}" for g, what in worker_groups(settings).items()}}
     by_resource: dict[tuple[str, str], set[str]] = defaultdict(set)

@@ -139,19 +139,8 @@ def kafka_acls(config: PipelineConfig, settings: Settings, principals: Principal
             )
     if worker in {analyst, *principals.producers.values()}:
         raise AclPlanError(f"{worker} is both the worker and a producer or analyst: give each role its own principal")
-    acls: list[KafkaAcl] = []
+    acls = worker_acls(config, settings, worker)
     topics = worker_topics(config, settings)
-    for topic, roles in topics.items():
-        operations: dict[str, str] = {}
-        for role in roles:
-            for operation, why in _WORKER_TOPIC_OPERATIONS[role]:
-                operations.setdefault(operation, f"{role} topic: {why}")
-        acls += [KafkaAcl(WORKER, worker, TOPIC, topic, LITERAL, op, why) for op, why in operations.items()]
-    for group, what in groups.items():
-        acls += [KafkaAcl(WORKER, worker, GROUP, group, LITERAL, "Read", f"joins the group and commits: {what}"),
-                 KafkaAcl(WORKER, worker, GROUP, group, LITERAL, "Describe", f"reads the group's offsets: {what}")]
-    acls.append(KafkaAcl(WORKER, worker, CLUSTER, CLUSTER_NAME, LITERAL, "DescribeConfigs",
-                         "reads the brokers' message.max.bytes (the record sizes that fit)"))
     for topic, roles in topics.items():
         if "input" in roles:
             producer = check_principal(principals.producers[topic])
@@ -164,3 +153,22 @@ def kafka_acls(config: PipelineConfig, settings: Settings, principals: Principal
              KafkaAcl(ANALYST, analyst, GROUP, analyst_group_prefix, PREFIXED, "Describe", "its own groups' offsets")]
     order = {WORKER: 0, PRODUCER: 1, ANALYST: 2}
     return sorted(set(acls), key=lambda a: (order[a.role], a.principal, a.resource_type, a.resource_name, a.operation))
+
+
+def worker_acls(config: PipelineConfig, settings: Settings, worker: str) -> list[KafkaAcl]:
+    """The worker's bindings alone (also what it checks at start, ``access.check``)."""
+    acls: list[KafkaAcl] = []
+    topics = worker_topics(config, settings)
+    groups = worker_groups(settings)
+    for topic, roles in topics.items():
+        operations: dict[str, str] = {}
+        for role in roles:
+            for operation, why in _WORKER_TOPIC_OPERATIONS[role]:
+                operations.setdefault(operation, f"{role} topic: {why}")
+        acls += [KafkaAcl(WORKER, worker, TOPIC, topic, LITERAL, op, why) for op, why in operations.items()]
+    for group, what in groups.items():
+        acls += [KafkaAcl(WORKER, worker, GROUP, group, LITERAL, "Read", f"joins the group and commits: {what}"),
+                 KafkaAcl(WORKER, worker, GROUP, group, LITERAL, "Describe", f"reads the group's offsets: {what}")]
+    acls.append(KafkaAcl(WORKER, worker, CLUSTER, CLUSTER_NAME, LITERAL, "DescribeConfigs",
+                         "reads the brokers' message.max.bytes (the record sizes that fit)"))
+    return acls

@@ -60,3 +60,15 @@ def test_the_fix_names_the_command_and_kafka_names_operations_as_kafka_acls_does
     hint = fix_hint("User:w", "q.yaml", "b:9092")
     assert "`stream-dp acls --config q.yaml --worker-principal User:w --apply`" in hint
     assert kafka_operation_name("DESCRIBE_CONFIGS") == "DescribeConfigs" and kafka_operation_name("READ") == "Read"
+
+
+def test_what_the_worker_checks_is_what_the_plan_grants_it_whatever_its_group_is_called():
+    from stream_dp.worker.access.kafka_plan import Principals, kafka_acls
+
+    config = load_config(EXAMPLE)
+    settings = Settings(STREAM_DP_GROUP_ID="analyst-workers")  # would clash with the default analyst prefix
+    needed = {(n.resource_type, n.name, op) for n in worker_needs(config, settings) for op in n.operations}
+    inputs = {q.input_topic for q in config.queries}
+    plan = kafka_acls(config, settings, Principals("User:w", "User:a", dict.fromkeys(inputs, "User:p")),
+                      analyst_group_prefix="bi-")
+    assert needed == {(a.resource_type, a.resource_name, a.operation) for a in plan if a.principal == "User:w"}
