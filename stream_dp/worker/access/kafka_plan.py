@@ -6,7 +6,7 @@ Three roles, each granted only what it uses:
   and output topics; it creates any of them that is missing (``kafka.topic_setup``), reads their configs
   and the brokers' ``message.max.bytes`` (``kafka.admin``), and joins two consumer groups: ``group_id``
   (input topics) and ``release_group_id(group_id)`` (partials topic). Its producers are idempotent, which
-  Kafka allows with Write on a topic (KIP-679); it uses no transactional id.
+  a broker allows with Write on a topic since KIP-679 (no IdempotentWrite); it uses no transactional id.
 * **producers** write their input topics, nothing else.
 * **analysts** read the output topics, in consumer groups whose names start with their prefix.
 
