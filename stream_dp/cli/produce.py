@@ -19,8 +19,6 @@ import argparse
 import math
 import sys
 import time
-import warnings
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +27,7 @@ import orjson
 
 from stream_dp.cli.local_reports import chosen_query, local_reports
 from stream_dp.config import ConfigError, QueryConfig, Settings, load_config
+from stream_dp.producer.topic import ensure_input_topic, keyed_producer
 from stream_dp.windows.timestamps import to_epoch_ms
 
 
@@ -188,19 +187,6 @@ def _event_ms(ts: object, timestamp_format: str) -> int | None:
     return None if problems else int(ms[0])
 
 
-def _partitioner(name: str):
-    """A kafka-python partitioner callable; kafka-python's default is already murmur2."""
-    if name == "murmur2":
-        return None
-
-    def crc32_partitioner(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
-        if key is None:
-            return (available or all_partitions)[0]
-        return all_partitions[zlib.crc32(key) % len(all_partitions)]
-
-    return crc32_partitioner
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         fields = _fields(args)
@@ -241,14 +227,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _prepare_topic(topic: str, client_options: dict, *, backfill: bool) -> None:
     """Create ``topic`` as an input topic if it does not exist, and say what stamps its records."""
-    from stream_dp.worker.kafka.admin import create_input_topic, read_topic_config
-    from stream_dp.worker.kafka.input_clock import INPUT_TOPIC_CONFIGS, LOG_APPEND_TIME, TIMESTAMP_TYPE
+    from stream_dp.worker.kafka.input_clock import LOG_APPEND_TIME, TIMESTAMP_TYPE
 
-    if create_input_topic(client_options, topic, INPUT_TOPIC_CONFIGS):
+    created, configs = ensure_input_topic(client_options, topic)
+    if created:
         print(f"created topic {topic} with {TIMESTAMP_TYPE}={LOG_APPEND_TIME} and the broker's default partition "
               f"count: the broker stamps its records, and windows close by its clock (create it yourself beforehand "
               f"to choose its partitions)", file=sys.stderr)
-    kind = read_topic_config(client_options, topic, (TIMESTAMP_TYPE,)).get(TIMESTAMP_TYPE)
+    kind = configs.get(TIMESTAMP_TYPE)
     if backfill and kind == LOG_APPEND_TIME:
         print(f"{topic} has {TIMESTAMP_TYPE}={LOG_APPEND_TIME}: the broker stamps each record when it arrives, and "
               f"windows close by those stamps, so synthetic events dated back from now (no --rate) in windows that "
@@ -258,15 +244,9 @@ def _prepare_topic(topic: str, client_options: dict, *, backfill: bool) -> None:
 
 def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool, record_time: str = "event",
           partitioner: str = "murmur2", live: bool = False, backfill: bool = False) -> int:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # kafka-python 3.x import-time warnings
-        from kafka import KafkaProducer
-
     client_options = Settings().kafka_client_options()
     _prepare_topic(topic, client_options, backfill=backfill)
-    options = {} if _partitioner(partitioner) is None else {"partitioner": _partitioner(partitioner)}
-    producer = KafkaProducer(**client_options, acks="all", linger_ms=20,
-                             batch_size=512 * 1024, compression_type=None, **options)
+    producer = keyed_producer(client_options, partitioner)
     stamp_event_time = record_time == "event"
     sent = 0
     started = time.monotonic()

@@ -1,0 +1,56 @@
+"""The Kafka side of producing: input topics created as the worker expects them, and a producer that keys by
+the privacy unit and places each key with the query's partitioner.
+
+No explicit partition is ever given: the partitioner places the key, as the worker checks
+(``stream_dp.windows.placement``). A missing input topic is created as the worker creates one
+(``stream_dp.worker.kafka.input_clock``): ``message.timestamp.type=LogAppendTime``, so that the broker stamps
+each record and its windows close by the broker's clock (docs/privacy/clock.md).
+"""
+
+from __future__ import annotations
+
+import warnings
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from stream_dp.windows.partitioning import PARTITIONERS
+
+
+def kafka_partitioner(name: str) -> Callable[[bytes | None, list[int], list[int]], int] | None:
+    """The kafka-python partitioner callable of ``name`` (None: kafka-python's default, already murmur2)."""
+    if name not in PARTITIONERS:
+        raise ValueError(f"unknown partitioner {name!r}; use one of {', '.join(PARTITIONERS)} (the query's "
+                         "`partitioner` setting)")
+    if name == "murmur2":
+        return None
+
+    def crc32_partitioner(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+        if key is None:
+            return (available or all_partitions)[0]
+        return all_partitions[zlib.crc32(key) % len(all_partitions)]
+
+    return crc32_partitioner
+
+
+def ensure_input_topic(client_options: dict[str, Any], topic: str) -> tuple[bool, dict[str, str]]:
+    """Create ``topic`` as an input topic unless it exists; (whether it was created here, its timestamp type
+    config, ``{"message.timestamp.type": ...}`` as the broker reports it)."""
+    from stream_dp.worker.kafka.admin import create_input_topic, read_topic_config
+    from stream_dp.worker.kafka.input_clock import INPUT_TOPIC_CONFIGS, TIMESTAMP_TYPE
+
+    created = create_input_topic(client_options, topic, INPUT_TOPIC_CONFIGS)
+    return created, read_topic_config(client_options, topic, (TIMESTAMP_TYPE,))
+
+
+def keyed_producer(client_options: dict[str, Any], partitioner: str, **options: Any) -> Any:
+    """A kafka-python producer that waits for every in-sync replica and places keys with ``partitioner``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # kafka-python 3.x import-time warnings
+        from kafka import KafkaProducer
+
+    placed = kafka_partitioner(partitioner)
+    if placed is not None:
+        options["partitioner"] = placed
+    return KafkaProducer(**client_options, acks="all", linger_ms=20, batch_size=512 * 1024, compression_type=None,
+                         **options)
