@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from stream_dp.config import ConfigError, Settings, load_config
 
-DEFAULT_PORT = 9109
+DEFAULT_PORT = 9110  # beside the workers' 9108 (and 9109 for a second one)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

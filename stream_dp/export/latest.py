@@ -88,7 +88,9 @@ class LatestReleases:
                 return OLDER_WINDOW
             if current is None or window[0] > current.start_ms:
                 privacy = record.get("privacy") or {}
-                current = _Window(window[0], window[1], float(privacy.get("epsilon") or 0.0), False)
+                # a top_k record's epsilon is its own share; it states the window's as window_epsilon
+                spent = privacy.get("window_epsilon", privacy.get("epsilon"))
+                current = _Window(window[0], window[1], float(spent or 0.0), False)
                 self._windows[record["query"]] = current
             current.as_if_empty |= "as_if_empty" in record
             if is_top_k:

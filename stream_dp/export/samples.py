@@ -38,7 +38,8 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
                                                 ("group",)),
     "stream_dp_release_local_dp_reports": ("Local-DP query: reports in its latest window", ("group",)),
     "stream_dp_release_window_end_seconds": ("End of the latest window of the query the exporter read", ()),
-    "stream_dp_release_epsilon": ("Epsilon the query's latest window spent per unit (privacy.epsilon)", ()),
+    "stream_dp_release_epsilon": ("Epsilon the query's latest window spent per unit (privacy.epsilon; a top_k "
+                                  "record's privacy.window_epsilon)", ()),
     "stream_dp_release_as_if_empty": ("1 when the query's latest window was released as if empty (noise only)", ()),
     "stream_dp_release_groups": ("Groups of the query's latest window the exporter shows", ()),
 }

@@ -80,7 +80,7 @@ class EventProducer:
         them all; the number of records sent. An ``EventError`` means none was sent."""
         records: Iterable[tuple[bytes, bytes, int]] = self.check(events)
         if self._local is not None:
-            records = self._local.apply(iter(records))
+            records = self._local.apply(iter(records), summary=False)
         if self._producer is None:
             self._producer = keyed_producer(self._client_options, self.query.partitioner)
         futures = [self._producer.send(self.topic, key=key, value=value, timestamp_ms=event_ms)

@@ -102,7 +102,9 @@ class LocalReports:
         return KeyedBits(self._secret, *self._context, unit.encode(), str(window_start_ms).encode(),
                          orjson.dumps(self.domain[true_index]))
 
-    def apply(self, events):  # type: ignore[no-untyped-def]
+    def apply(self, events, *, summary: bool = True):  # type: ignore[no-untyped-def]
+        """The reports of ``events`` ((key, value, event time ms) each); ``summary``: print, at the end, what was
+        not sent and why (the counts stay in ``unusable``, ``dropped``, ``repeated`` and ``late`` either way)."""
         # The sources give each event's time parsed from the query's timestamp field (None: unparsable); the
         # key is made again from the unit id sent.
         for _key, value, event_ms in events:
@@ -140,7 +142,8 @@ class LocalReports:
             sent = {self.unit_field: unit, self.timestamp_field: ts, self.field: report, REPORT_TAG_FIELD: self.tag}
             self._forget_old_windows(event_ms)
             yield str(unit).encode(), orjson.dumps(sent), event_ms
-        self._summary()
+        if summary:
+            self._summary()
 
     def _forget_old_windows(self, sent_ms: int) -> None:
         """Bound memory to the windows still open at the worker, plus one.
