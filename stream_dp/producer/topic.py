@@ -11,26 +11,33 @@ from __future__ import annotations
 
 import warnings
 import zlib
-from collections.abc import Callable
 from typing import Any
 
 from stream_dp.windows.partitioning import PARTITIONERS
 
 
-def kafka_partitioner(name: str) -> Callable[[bytes | None, list[int], list[int]], int] | None:
-    """The kafka-python partitioner callable of ``name`` (None: kafka-python's default, already murmur2)."""
+def kafka_partitioner(name: str) -> Any:
+    """The kafka-python partitioner of ``name`` (None: kafka-python's default, already murmur2)."""
     if name not in PARTITIONERS:
         raise ValueError(f"unknown partitioner {name!r}; use one of {', '.join(PARTITIONERS)} (the query's "
                          "`partitioner` setting)")
     if name == "murmur2":
         return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # kafka-python 3.x import-time warnings
+        from kafka.partitioner import Partitioner
 
-    def crc32_partitioner(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
-        if key is None:
-            return (available or all_partitions)[0]
-        return all_partitions[zlib.crc32(key) % len(all_partitions)]
+    class Crc32Partitioner(Partitioner):
+        """librdkafka's ``consistent``: the IEEE CRC-32 of the key modulo the partition count."""
 
-    return crc32_partitioner
+        def partition(self, topic, key, serialized_key, value, serialized_value, cluster):  # type: ignore[no-untyped-def]
+            partitions = sorted(cluster.partitions_for_topic(topic))
+            if serialized_key is None:  # never for an event: each is keyed by its unit
+                available = sorted(cluster.available_partitions_for_topic(topic))
+                return (available or partitions)[0]
+            return partitions[zlib.crc32(serialized_key) % len(partitions)]
+
+    return Crc32Partitioner()
 
 
 def ensure_input_topic(client_options: dict[str, Any], topic: str) -> tuple[bool, dict[str, str]]:
