@@ -10,7 +10,9 @@ broker stamps each record and its windows close by the broker's clock
 is, by default, the event's own time (``--record-time event``): a backfill read
 by queries with ``trust_producer_timestamps: true`` then closes windows as its
 times advance. ``--record-time now`` leaves the timestamp to the client (the
-send time).
+send time). Topic creation, the partitioners and the local-DP reports are those of
+``stream_dp.producer`` (``EventProducer``, for applications); unlike ``EventProducer.send``, a ``--file``
+line is sent as it is, for the worker to dead-letter if it is not a valid event.
 """
 
 from __future__ import annotations
