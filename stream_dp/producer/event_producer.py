@@ -50,8 +50,9 @@ class EventProducer:
                  local_dp_secret: bytes | None = None, clock_ms: Any = None) -> None:
         self.query = query
         self.topic = topic or query.input_topic
-        self._client_options = (settings or Settings()).kafka_client_options()
-        self._bootstrap = (settings or Settings()).kafka_bootstrap_servers
+        settings = settings if settings is not None else Settings()
+        self._client_options = settings.kafka_client_options()
+        self._bootstrap = settings.kafka_bootstrap_servers
         self._checker = EventChecker(query, clock_ms=clock_ms)
         self._local: LocalReports | None = None
         if query.local_dp is not None:
