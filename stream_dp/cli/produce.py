@@ -29,7 +29,7 @@ import orjson
 
 from stream_dp.cli.local_reports import chosen_query, local_reports
 from stream_dp.config import ConfigError, QueryConfig, Settings, load_config
-from stream_dp.producer.topic import ensure_input_topic, keyed_producer
+from stream_dp.producer.topic import KeyedSender
 from stream_dp.windows.timestamps import to_epoch_ms
 
 
@@ -227,11 +227,12 @@ def run(args: argparse.Namespace) -> int:
                  backfill=args.synthetic is not None and not live)  # event times spread back from now
 
 
-def _prepare_topic(topic: str, client_options: dict, *, backfill: bool) -> None:
-    """Create ``topic`` as an input topic if it does not exist, and say what stamps its records."""
+def _prepare_topic(sender: KeyedSender, *, backfill: bool) -> None:
+    """Create the topic as an input topic if it does not exist, and say what stamps its records."""
     from stream_dp.worker.kafka.input_clock import LOG_APPEND_TIME, TIMESTAMP_TYPE
 
-    created, configs = ensure_input_topic(client_options, topic)
+    topic = sender.topic
+    created, configs = sender.ensure_topic()
     if created:
         print(f"created topic {topic} with {TIMESTAMP_TYPE}={LOG_APPEND_TIME} and the broker's default partition "
               f"count: the broker stamps its records, and windows close by its clock (create it yourself beforehand "
@@ -246,9 +247,8 @@ def _prepare_topic(topic: str, client_options: dict, *, backfill: bool) -> None:
 
 def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool, record_time: str = "event",
           partitioner: str = "murmur2", live: bool = False, backfill: bool = False) -> int:
-    client_options = Settings().kafka_client_options()
-    _prepare_topic(topic, client_options, backfill=backfill)
-    producer = keyed_producer(client_options, partitioner)
+    sender = KeyedSender(Settings().kafka_client_options(), topic, partitioner)
+    _prepare_topic(sender, backfill=backfill)
     stamp_event_time = record_time == "event"
     sent = 0
     started = time.monotonic()
@@ -257,8 +257,7 @@ def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool, re
         for key, value, event_ms in events:
             if live and event_ms is not None and (ahead := event_ms / 1000 - time.time()) > 0:
                 time.sleep(ahead)  # not before its time: the event's time is the wall clock's when it is sent
-            # No explicit partition: the partitioner places the key, as the worker checks.
-            producer.send(topic, key=key, value=value, timestamp_ms=event_ms if stamp_event_time else None)
+            sender.send(key, value, event_ms if stamp_event_time else None)
             sent += 1
             if rate > 0 and not live:
                 ahead = sent / rate - (time.monotonic() - started)
@@ -268,11 +267,11 @@ def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool, re
             if not quiet and now - last_report > 0.5:
                 last_report = now
                 _progress(sent, total, now - started)
-        producer.flush()
+        sender.flush()
     except KeyboardInterrupt:
-        producer.flush()
+        sender.flush()
     finally:
-        producer.close()
+        sender.close()
     if not quiet:
         _progress(sent, total, time.monotonic() - started)
         print(file=sys.stderr)

@@ -9,7 +9,7 @@ from typing import Any
 from stream_dp.config import QueryConfig, Settings
 from stream_dp.producer.events import EventChecker
 from stream_dp.producer.local_reports import LocalReports, local_dp_secret, reports_for
-from stream_dp.producer.topic import ensure_input_topic, keyed_producer
+from stream_dp.producer.topic import KeyedSender
 
 SEND_TIMEOUT_S = 30.0
 
@@ -60,14 +60,14 @@ class EventProducer:
             self._local = reports_for(query, secret)
             if clock_ms is not None:
                 self._local.clock_ms = clock_ms
-        self._producer: Any = None
+        self._sender = KeyedSender(self._client_options, self.topic, query.partitioner)
 
     def ensure_topics(self) -> None:
         """Create the input topic if it is missing, as the worker would (``LogAppendTime``: the broker's clock
         closes the windows); raise ``ValueError`` naming the fix if an existing one would be refused."""
         from stream_dp.worker.kafka.input_clock import timestamp_type_problem
 
-        _created, configs = ensure_input_topic(self._client_options, self.topic)
+        _created, configs = self._sender.ensure_topic()
         problem = timestamp_type_problem(self.topic, configs, [self.query], bootstrap=self._bootstrap)
         if problem is not None and problem.fatal:
             raise ValueError(problem.text)
@@ -82,19 +82,14 @@ class EventProducer:
         records: Iterable[tuple[bytes, bytes, int]] = self.check(events)
         if self._local is not None:
             records = self._local.apply(iter(records), summary=False)
-        if self._producer is None:
-            self._producer = keyed_producer(self._client_options, self.query.partitioner)
-        futures = [self._producer.send(self.topic, key=key, value=value, timestamp_ms=event_ms)
-                   for key, value, event_ms in records]
-        self._producer.flush(timeout=SEND_TIMEOUT_S)
+        futures = [self._sender.send(key, value, event_ms) for key, value, event_ms in records]
+        self._sender.flush(SEND_TIMEOUT_S)
         for future in futures:
             future.get(timeout=SEND_TIMEOUT_S)  # raises the broker's error, if any
         return len(futures)
 
     def close(self) -> None:
-        if self._producer is not None:
-            self._producer.close()
-            self._producer = None
+        self._sender.close()
 
     def __enter__(self) -> EventProducer:
         return self

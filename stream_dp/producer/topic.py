@@ -61,3 +61,32 @@ def keyed_producer(client_options: dict[str, Any], partitioner: str, **options: 
         options["partitioner"] = placed
     return KafkaProducer(**client_options, acks="all", linger_ms=20, batch_size=512 * 1024, compression_type=None,
                          **options)
+
+
+class KeyedSender:
+    """Records to one topic, each keyed by its unit id and placed by ``partitioner``: what ``EventProducer``
+    and ``stream-dp produce`` both send through. The Kafka producer is made at the first record."""
+
+    def __init__(self, client_options: dict[str, Any], topic: str, partitioner: str) -> None:
+        kafka_partitioner(partitioner)  # an unknown name is refused before anything connects
+        self.client_options, self.topic, self.partitioner = client_options, topic, partitioner
+        self._producer: Any = None
+
+    def ensure_topic(self) -> tuple[bool, dict[str, str]]:
+        """``ensure_input_topic`` of this topic."""
+        return ensure_input_topic(self.client_options, self.topic)
+
+    def send(self, key: bytes, value: bytes, timestamp_ms: int | None) -> Any:
+        """Send one record (no explicit partition: the partitioner places the key); its future."""
+        if self._producer is None:
+            self._producer = keyed_producer(self.client_options, self.partitioner)
+        return self._producer.send(self.topic, key=key, value=value, timestamp_ms=timestamp_ms)
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        if self._producer is not None:
+            self._producer.flush() if timeout_s is None else self._producer.flush(timeout=timeout_s)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
