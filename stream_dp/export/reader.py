@@ -32,7 +32,9 @@ class OutputReader:
 
         self.topics = sorted(set(topics))
         self.lookback = lookback
+        # never creates a topic: the worker creates its output topics with their planned settings
         self._consumer = KafkaConsumer(**client_options, group_id=None, enable_auto_commit=False,
+                                       allow_auto_create_topics=False,
                                        client_id=f"stream-dp-export-{uuid.uuid4().hex[:6]}")
         self._assigned: set[str] = set()
         self._next_look_s = 0.0
