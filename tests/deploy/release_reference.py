@@ -24,10 +24,24 @@ def _put(out: dict[Key, float], metric: str, value: Any, **labels: str) -> None:
     out[(metric, frozenset(labels.items()))] = float(value)
 
 
-def window_series(records: Iterable[Mapping[str, Any]]) -> dict[Key, float]:
-    """The series of one window's records of one query."""
+def _capped(records: list[Mapping[str, Any]], max_groups: int) -> list[Mapping[str, Any]]:
+    """Under selected groups, the group records of the ``max_groups`` largest noisy counts (ties by group)."""
+    groups = [r for r in records if r.get("kind") != "top_k"]
+    if not groups or groups[0]["privacy"]["groups"] != "selected":
+        return records
+    label = lambda r: ",".join(str(v) for v in r["group"].values())  # noqa: E731
+    kept = sorted(groups, key=lambda r: (-(r["count"] if r["count"] is not None else -math.inf), label(r)))
+    return [r for r in records if r.get("kind") == "top_k"] + kept[:max_groups]
+
+
+def window_series(records: Iterable[Mapping[str, Any]], max_groups: int) -> dict[Key, float]:
+    """The series of one window's records of one query, at most ``max_groups`` of them under selected groups."""
+    records = list(records)
+    shown = _capped(records, max_groups)
     out: dict[Key, float] = {}
     for record in records:
+        if record not in shown:
+            continue
         query = record["query"]
         _put(out, "stream_dp_release_window_end_seconds", record["window"]["end_ms"] / 1000, query=query)
         # what the window spent: a group record's epsilon, a top_k record's window_epsilon (its epsilon is its share)
@@ -70,20 +84,20 @@ def by_window(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, list[
     return out
 
 
-def latest_series(records: Iterable[Mapping[str, Any]]) -> dict[Key, float]:
+def latest_series(records: Iterable[Mapping[str, Any]], max_groups: int) -> dict[Key, float]:
     """The series of each query's newest window."""
     out: dict[Key, float] = {}
     for windows in by_window(records).values():
-        out.update(window_series(windows[max(windows)]))
+        out.update(window_series(windows[max(windows)], max_groups))
     return out
 
 
-def every_value(records: Iterable[Mapping[str, Any]]) -> dict[Key, set[float]]:
+def every_value(records: Iterable[Mapping[str, Any]], max_groups: int) -> dict[Key, set[float]]:
     """Every value each series took over all windows."""
     out: dict[Key, set[float]] = {}
     for windows in by_window(records).values():
         for window in windows.values():
-            for key, value in window_series(window).items():
+            for key, value in window_series(window, max_groups).items():
                 out.setdefault(key, set()).add(value)
     return out
 

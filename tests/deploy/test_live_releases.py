@@ -1,7 +1,8 @@
 """The releases dashboard against a real Prometheus scraping ``stream-dp export``, fed by a real worker.
 
-One worker runs six queries on the real Kafka broker and Redis -- noisy counts, sums and means; top-k;
-quantiles with value intervals; running totals (continual); a mean vector; local-DP reports -- fed through
+One worker runs seven queries on the real Kafka broker and Redis -- noisy counts, sums and means; top-k;
+quantiles with value intervals; running totals (continual); a mean vector; selected groups, of which the
+exporter shows at most ``MAX_GROUPS``; local-DP reports -- fed through
 ``stream_dp.producer.EventProducer`` with live events. ``stream-dp export`` reads their output topics and a
 private Prometheus scrapes it every second. Once each query has released the windows holding the events,
 the worker stops, so that the releases stand still; then every panel of the releases dashboard must show
@@ -40,6 +41,7 @@ UNITS = 40
 PRODUCE_S = 8.0
 WINDOW = {"size": "2s", "allowed_lateness": "1s", "idle_timeout": "3s"}
 VARIABLES = {"query": ".*", "group": ".*"}
+MAX_GROUPS = 2
 
 
 def _queries(prefix: str) -> dict:
@@ -58,6 +60,9 @@ def _queries(prefix: str) -> dict:
          "aggregations": {"count": {}, "sum": {"field": "value", "clip": [0, 100]}}},
         {"name": "vec", "bounds": {**bounds, "max_events_per_group": 5}, "epsilon": 2.0, "delta": 1e-6,
          "mechanism": "gaussian", "aggregations": {"mean_vector": {"fields": ["vx", "vy"], "clip_norm": 5}}},
+        # selected groups: all three pages pass selection in a window with data; the exporter shows MAX_GROUPS
+        {"name": "chosen", "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": 4.0,
+         "groups": {"select": {"delta": 1e-4}}, "aggregations": {"count": {}}},
         {"name": "local", "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": 2.0,
          "input_topic": f"{prefix}-browsers", "group_by": ["browser"], "groups": {"public": BROWSERS},
          "aggregations": {"count": {}}, "local_dp": {"field": "browser", "mechanism": "krr", "epsilon": 2.0}},
@@ -139,7 +144,7 @@ def run(tmp_path_factory, prometheus_binary, kafka_bootstrap, redis_url):
         with processes() as start:
             worker = start(["run", "--config", str(config_path)], env, tmp / "worker.log")
             export_port = free_port()
-            start(["export", "--config", str(config_path), "--port", str(export_port)],
+            start(["export", "--config", str(config_path), "--port", str(export_port), "--max-groups", str(MAX_GROUPS)],
                   {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}, tmp / "export.log")
             wait_for(lambda: scrape(export_port), timeout_s=30, what=f"the exporter's /metrics (logs in {tmp})")
             prometheus = PrometheusServer(prometheus_binary, tmp / "prometheus", targets=[f"127.0.0.1:{export_port}"],
@@ -157,7 +162,7 @@ def run(tmp_path_factory, prometheus_binary, kafka_bootstrap, redis_url):
             worker.terminate()
             worker.wait(timeout=30)
             records = _read_all(kafka_bootstrap, outputs)
-            latest = latest_series(records)
+            latest = latest_series(records, MAX_GROUPS)
             ends = {dict(labels)["query"]: value for (metric, labels), value in latest.items()
                     if metric == "stream_dp_release_window_end_seconds"}
 
@@ -204,7 +209,7 @@ def test_every_panel_shows_the_values_of_the_latest_records_on_the_output_topics
 def test_every_value_a_series_took_was_released(run):
     """Over the whole run, not only at its end: every sample of every plain series is a value some window of
     its query released for its group."""
-    released = every_value(run.records)
+    released = every_value(run.records, MAX_GROUPS)
     problems = []
     end = time.time()
     for title, ref, expr in _targets():
@@ -218,6 +223,21 @@ def test_every_value_a_series_took_was_released(run):
                 problems.append(f"{title} [{ref}] {dict(labels)}: {sorted(shown - released.get(key, set()))[:3]} "
                                 f"never released")
     assert problems == [], "\n".join(problems)
+
+
+def test_selected_groups_are_capped_and_public_ones_all_shown(run):
+    shown = {}
+    for item in run.prometheus.query('stream_dp_release_value{statistic="count"}'):
+        shown.setdefault(item["metric"]["query"], set()).add(item["metric"]["group"])
+    chosen = next(name for name in run.names if name.endswith("_chosen"))
+    released = {",".join(r["group"].values()) for r in run.records
+                if r["query"] == chosen and r["window"]["start_ms"] == max(
+                    x["window"]["start_ms"] for x in run.records if x["query"] == chosen)}
+    assert len(shown[chosen]) == min(MAX_GROUPS, len(released)) and shown[chosen] <= released
+    assert len(released) > MAX_GROUPS, f"the last window selected {sorted(released)}: the cap was not exercised"
+    for name in run.names:
+        if name.endswith(("_views", "_top", "_quants", "_local")):
+            assert len(shown[name]) == 3, (name, shown[name])
 
 
 def test_the_dashboard_variables_offer_every_query_and_group(run):
@@ -243,7 +263,7 @@ def _exported(text: str | None) -> dict:
 def test_a_restarted_exporter_rebuilds_the_latest_values_from_the_topics(run):
     port = free_port()
     with processes() as start:
-        start(["export", "--config", str(run.config_path), "--port", str(port)],
+        start(["export", "--config", str(run.config_path), "--port", str(port), "--max-groups", str(MAX_GROUPS)],
               {"KAFKA_BOOTSTRAP_SERVERS": run.kafka}, run.tmp / "export-restarted.log")
         try:
             wait_for(lambda: not differences(run.latest, _exported(scrape(port))), timeout_s=40,
