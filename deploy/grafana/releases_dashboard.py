@@ -6,7 +6,8 @@
 Every expression reads the series ``stream-dp export`` serves (``stream_dp/export/samples.py`` ``FAMILIES``):
 each query's latest release, per group. Released values are DP outputs, so they may be shown to anyone.
 A row per selected query (Grafana repeats it), with noisy values and their 95% bands, the top-k table,
-quantiles, running totals, mean vectors and local-DP reports. Panels are built as in ``dashboard.py``
+quantiles, running totals, mean vectors, sample-and-aggregate statistics, covariances and local-DP
+reports. Panels are built as in ``dashboard.py``
 (the operations dashboard), whose pieces this reuses. Standard library only.
 """
 
@@ -80,6 +81,18 @@ def released_values() -> list[Any]:
                Target(f"stream_dp_release_vector_mean{{{SELECT}}} + on(query, group, field) "
                       f"stream_dp_release_vector_mean_ci95{{{SELECT}}}", "{{group}} {{field}} 95% upper")),
               width=8),
+        Panel("Sample-and-aggregate", "Sample-and-aggregate queries: the noisy statistic of the query's "
+              "function over the blocks, with the 95% interval of a mean's noise (dashed).",
+              (Target(f"stream_dp_release_sample_aggregate{{{SELECT}}}", "{{group}}"),
+               Target(f"stream_dp_release_sample_aggregate{{{SELECT}}} - on(query, group) "
+                      f"stream_dp_release_sample_aggregate_ci95{{{SELECT}}}", "{{group}} 95% lower"),
+               Target(f"stream_dp_release_sample_aggregate{{{SELECT}}} + on(query, group) "
+                      f"stream_dp_release_sample_aggregate_ci95{{{SELECT}}}", "{{group}} 95% upper")),
+              width=12),
+        Panel("Covariance", "Covariance queries: each entry (field, other) of the matrix, positive "
+              "semi-definite by construction.",
+              (Target(f"stream_dp_release_covariance{{{SELECT}}}", "{{group}} {{field}} x {{other}}"),),
+              width=12),
         Panel("Local-DP reports", "Local-DP queries: randomized reports in the latest window (each unit sends "
               "at most one per window).",
               (Target(f"stream_dp_release_local_dp_reports{{{SELECT}}}", "{{group}}"),), width=8),

@@ -68,6 +68,19 @@ def window_series(records: Iterable[Mapping[str, Any]], max_groups: int) -> dict
             for name_, mean, half in zip(vector["fields"], vector["mean"], vector["mean_ci95"], strict=True):
                 _put(out, "stream_dp_release_vector_mean", mean, query=query, group=group, field=name_)
                 _put(out, "stream_dp_release_vector_mean_ci95", half, query=query, group=group, field=name_)
+        covariance = record.get("covariance")
+        if covariance and covariance["covariance"] is not None:
+            fields = covariance["fields"]
+            for name_, mean in zip(fields, covariance["mean"], strict=True):
+                _put(out, "stream_dp_release_vector_mean", mean, query=query, group=group, field=name_)
+            for name_, row in zip(fields, covariance["covariance"], strict=True):
+                for other, entry in zip(fields, row, strict=True):
+                    _put(out, "stream_dp_release_covariance", entry, query=query, group=group, field=name_,
+                         other=other)
+        statistic = record.get("sample_aggregate")
+        if statistic:
+            _put(out, "stream_dp_release_sample_aggregate", statistic["value"], query=query, group=group)
+            _put(out, "stream_dp_release_sample_aggregate_ci95", statistic.get("ci95"), query=query, group=group)
         if record.get("local_dp"):
             _put(out, "stream_dp_release_local_dp_reports", record["local_dp"]["reports"], query=query, group=group)
     as_if_empty = any("as_if_empty" in r for r in records)

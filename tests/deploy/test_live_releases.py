@@ -1,7 +1,8 @@
 """The releases dashboard against a real Prometheus scraping ``stream-dp export``, fed by a real worker.
 
-One worker runs seven queries on the real Kafka broker and Redis -- noisy counts, sums and means; top-k;
-quantiles with value intervals; running totals (continual); a mean vector; selected groups, of which the
+One worker runs nine queries on the real Kafka broker and Redis -- noisy counts, sums and means; top-k;
+quantiles with value intervals; running totals (continual); a mean vector; a sample-and-aggregate
+median; a covariance; selected groups, of which the
 exporter shows at most ``MAX_GROUPS``; local-DP reports -- fed through
 ``stream_dp.producer.EventProducer`` with live events. ``stream-dp export`` reads their output topics and a
 private Prometheus scrapes it every second. Once each query has released the windows holding the events,
@@ -60,6 +61,11 @@ def _queries(prefix: str) -> dict:
          "aggregations": {"count": {}, "sum": {"field": "value", "clip": [0, 100]}}},
         {"name": "vec", "bounds": {**bounds, "max_events_per_group": 5}, "epsilon": 2.0, "delta": 1e-6,
          "mechanism": "gaussian", "aggregations": {"mean_vector": {"fields": ["vx", "vy"], "clip_norm": 5}}},
+        {"name": "stat", "bounds": {**bounds, "max_events_per_group": 5}, "epsilon": 2.0,
+         "aggregations": {"sample_aggregate": {"function": "statistics:median", "field": "value", "blocks": 2,
+                                               "output_range": [0, 100], "timeout": "100ms"}}},
+        {"name": "cov", "bounds": {**bounds, "max_events_per_group": 5}, "epsilon": 2.0, "delta": 1e-6,
+         "mechanism": "gaussian", "aggregations": {"count": {}, "covariance": {"fields": ["vx", "vy"], "clip_norm": 5}}},
         # selected groups: all three pages pass selection in a window with data; the exporter shows MAX_GROUPS
         {"name": "chosen", "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": 4.0,
          "groups": {"select": {"delta": 1e-4}}, "aggregations": {"count": {}}},
@@ -236,7 +242,7 @@ def test_selected_groups_are_capped_and_public_ones_all_shown(run):
     assert len(shown[chosen]) == min(MAX_GROUPS, len(released)) and shown[chosen] <= released
     assert len(released) > MAX_GROUPS, f"the last window selected {sorted(released)}: the cap was not exercised"
     for name in run.names:
-        if name.endswith(("_views", "_top", "_quants", "_local")):
+        if name.endswith(("_views", "_top", "_quants", "_cov", "_local")):
             assert len(shown[name]) == 3, (name, shown[name])
 
 
