@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -20,7 +20,6 @@ from stream_dp.config import QueryConfig
 from stream_dp.windows.decoding import EventDecoder
 from stream_dp.windows.rejections import RejectReason
 from stream_dp.windows.specs import EventSchema
-from stream_dp.windows.timestamps import to_epoch_ms
 
 
 class EventError(ValueError):
@@ -86,26 +85,34 @@ class EventChecker:
         self._clock_ms = clock_ms if clock_ms is not None else (lambda: int(time.time() * 1000))
 
     def encode(self, event: Any, position: int | None = None) -> tuple[bytes, bytes, int]:
-        where = "event" if position is None else f"event {position}"
+        """(key, value, event time in ms) of one event, or ``EventError``."""
+        (record,) = self.encode_all([event], first=position or 0, named=position is not None)
+        return record
+
+    def encode_all(self, events: Iterable[Any], *, first: int = 0, named: bool = True) -> list[tuple[bytes, bytes, int]]:
+        """(key, value, event time in ms) of every event, or ``EventError`` for the first wrong one; the worker's
+        decoder reads them all in one batch."""
         name = self.query.name
-        if not isinstance(event, Mapping):
-            raise EventError(f"{where} is a {type(event).__name__}, not a dict: send each event as a dict of "
-                             f"its fields (query {name!r})")
-        bad = _non_finite(event)
-        if bad is not None:
-            raise EventError(f"{where}: field {bad!r} is {event[bad]!r}, which JSON cannot carry; send a finite "
-                             f"number, or leave the event out (query {name!r})")
-        try:
-            value = orjson.dumps(dict(event))
-        except TypeError as exc:
-            raise EventError(f"{where} cannot be sent as JSON ({exc}); give its fields strings, numbers, lists "
-                             f"or dicts (query {name!r})") from None
-        decoded, problems = self._decoder.decode([value], now_ms=self._clock_ms())
+        values = []
+        for position, event in enumerate(events, start=first):
+            where = f"event {position}" if named else "event"
+            if not isinstance(event, Mapping):
+                raise EventError(f"{where} is a {type(event).__name__}, not a dict: send each event as a dict of "
+                                 f"its fields (query {name!r})")
+            bad = _non_finite(event)
+            if bad is not None:
+                raise EventError(f"{where}: field {bad!r} is {event[bad]!r}, which JSON cannot carry; send a "
+                                 f"finite number, or leave the event out (query {name!r})")
+            try:
+                values.append(orjson.dumps(dict(event)))
+            except TypeError as exc:
+                raise EventError(f"{where} cannot be sent as JSON ({exc}); give its fields strings, numbers, "
+                                 f"lists or dicts (query {name!r})") from None
+        decoded, problems = self._decoder.decode(values, now_ms=self._clock_ms())
         if problems:
-            (_index, reason, detail), *_ = problems
+            index, reason, detail = min(problems, key=lambda problem: problem[0])
+            where = f"event {first + index}" if named else "event"
             raise EventError(f"{where} would be rejected by query {name!r} ({reason.value}: {detail}); "
                              f"{_fix(reason, self.schema, name)}")
-        unit = event[self.schema.unit_field]
-        ms, _problems = to_epoch_ms([event[self.schema.timestamp_field]], self.schema.timestamp_format)
-        # the key is the id's UTF-8 bytes, as the worker reads an integer id: its decimal string
-        return str(unit).encode(), value, int(ms[0])
+        # the key is the unit id's UTF-8 bytes, as the worker reads it (an integer id: its decimal digits)
+        return list(zip(decoded.units.tolist(), values, decoded.ts_ms.tolist(), strict=True))
