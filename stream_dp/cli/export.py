@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "export", help="serve the latest releases of each query as Prometheus metrics",
         description="Read the output topics of the queries in --config and serve the latest release of each query "
-                    "on /metrics: noisy counts, sums and means with their 95%% half-widths per group, top-k ranks, "
+                    "on /metrics: noisy counts, sums and means with their 95% half-widths per group, top-k ranks, "
                     "quantiles, running totals (docs/operations/releases.md).",
     )
     parser.add_argument("--config", required=True, metavar="FILE", help="query configuration YAML")
