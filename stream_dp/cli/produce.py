@@ -247,8 +247,12 @@ def _prepare_topic(sender: KeyedSender, *, backfill: bool) -> None:
 
 def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool, record_time: str = "event",
           partitioner: str = "murmur2", live: bool = False, backfill: bool = False) -> int:
-    sender = KeyedSender(Settings().kafka_client_options(), topic, partitioner)
-    _prepare_topic(sender, backfill=backfill)
+    sender = KeyedSender(Settings(), topic, partitioner)
+    try:
+        _prepare_topic(sender, backfill=backfill)
+    except ValueError as exc:  # replication settings the cluster cannot meet, named with their fix
+        print(exc, file=sys.stderr)
+        return 1
     stamp_event_time = record_time == "event"
     sent = 0
     started = time.monotonic()

@@ -51,7 +51,6 @@ class EventProducer:
         self.query = query
         self.topic = topic or query.input_topic
         settings = settings if settings is not None else Settings()
-        self._client_options = settings.kafka_client_options()
         self._bootstrap = settings.kafka_bootstrap_servers
         self._checker = EventChecker(query, clock_ms=clock_ms)
         self._local: LocalReports | None = None
@@ -60,11 +59,12 @@ class EventProducer:
             self._local = reports_for(query, secret)
             if clock_ms is not None:
                 self._local.clock_ms = clock_ms
-        self._sender = KeyedSender(self._client_options, self.topic, query.partitioner)
+        self._sender = KeyedSender(settings, self.topic, query.partitioner)
 
     def ensure_topics(self) -> None:
         """Create the input topic if it is missing, as the worker would (``LogAppendTime``: the broker's clock
-        closes the windows); raise ``ValueError`` naming the fix if an existing one would be refused."""
+        closes the windows; min(3, brokers) replicas, one fewer in sync, unless the settings say otherwise); raise
+        ``ValueError`` naming the fix if an existing one would be refused."""
         from stream_dp.worker.kafka.input_clock import timestamp_type_problem
 
         _created, configs = self._sender.ensure_topic()

@@ -1,10 +1,12 @@
-"""The Kafka side of producing: input topics created as the worker expects them, and a producer that keys by
+"""The Kafka side of producing: input topics created as the worker creates them, and a producer that keys by
 the privacy unit and places each key with the query's partitioner.
 
 No explicit partition is ever given: the partitioner places the key, as the worker checks
 (``stream_dp.windows.placement``). A missing input topic is created as the worker creates one
-(``stream_dp.worker.kafka.input_clock``): ``message.timestamp.type=LogAppendTime``, so that the broker stamps
-each record and its windows close by the broker's clock (docs/privacy/clock.md).
+(``stream_dp.worker.kafka.topic_setup``): ``message.timestamp.type=LogAppendTime``, so that the broker stamps
+each record and its windows close by the broker's clock (docs/privacy/clock.md), with the worker's replication
+(``STREAM_DP_TOPIC_REPLICATION_FACTOR``, ``STREAM_DP_TOPIC_MIN_INSYNC_REPLICAS``; by default min(3, brokers)
+replicas and one fewer in sync).
 """
 
 from __future__ import annotations
@@ -40,13 +42,20 @@ def kafka_partitioner(name: str) -> Any:
     return Crc32Partitioner()
 
 
-def ensure_input_topic(client_options: dict[str, Any], topic: str) -> tuple[bool, dict[str, str]]:
-    """Create ``topic`` as an input topic unless it exists; (whether it was created here, its timestamp type
-    config, ``{"message.timestamp.type": ...}`` as the broker reports it)."""
-    from stream_dp.worker.kafka.admin import create_input_topic, read_topic_config
+def ensure_input_topic(client_options: dict[str, Any], topic: str, *, replication_factor: int | None = None,
+                       min_insync: int | None = None) -> tuple[bool, dict[str, str]]:
+    """Create ``topic`` as the worker creates a missing input topic -- ``LogAppendTime``, its replicas and
+    ``min.insync.replicas`` planned from the settings and the brokers (``kafka.topics.replication``: by default
+    min(3, brokers) replicas, one fewer in sync), the broker's default partition count -- unless it exists;
+    (whether it was created here, its timestamp type config as the broker reports it)."""
+    from stream_dp.worker.kafka.admin import create_input_topic, describe_cluster, read_topic_config
     from stream_dp.worker.kafka.input_clock import INPUT_TOPIC_CONFIGS, TIMESTAMP_TYPE
+    from stream_dp.worker.kafka.topics import replication
 
-    created = create_input_topic(client_options, topic, INPUT_TOPIC_CONFIGS)
+    brokers, _largest_message = describe_cluster(client_options)
+    factor, in_sync = replication(replication_factor, min_insync, brokers)
+    configs = {**INPUT_TOPIC_CONFIGS, "min.insync.replicas": str(in_sync)}
+    created = create_input_topic(client_options, topic, configs, replication_factor=factor)
     return created, read_topic_config(client_options, topic, (TIMESTAMP_TYPE,))
 
 
@@ -67,14 +76,17 @@ class KeyedSender:
     """Records to one topic, each keyed by its unit id and placed by ``partitioner``: what ``EventProducer``
     and ``stream-dp produce`` both send through. The Kafka producer is made at the first record."""
 
-    def __init__(self, client_options: dict[str, Any], topic: str, partitioner: str) -> None:
+    def __init__(self, settings: Any, topic: str, partitioner: str) -> None:
         kafka_partitioner(partitioner)  # an unknown name is refused before anything connects
-        self.client_options, self.topic, self.partitioner = client_options, topic, partitioner
+        self.settings, self.topic, self.partitioner = settings, topic, partitioner
+        self.client_options = settings.kafka_client_options()
         self._producer: Any = None
 
     def ensure_topic(self) -> tuple[bool, dict[str, str]]:
-        """``ensure_input_topic`` of this topic."""
-        return ensure_input_topic(self.client_options, self.topic)
+        """``ensure_input_topic`` of this topic, with the replication the settings ask for."""
+        return ensure_input_topic(self.client_options, self.topic,
+                                  replication_factor=self.settings.topic_replication_factor,
+                                  min_insync=self.settings.topic_min_insync_replicas)
 
     def send(self, key: bytes, value: bytes, timestamp_ms: int | None) -> Any:
         """Send one record (no explicit partition: the partitioner places the key); its future."""

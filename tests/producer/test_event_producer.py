@@ -160,11 +160,20 @@ def test_ensure_topics_creates_a_log_append_time_topic_and_refuses_a_create_time
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="stream-dp-tests")
     try:
         EventProducer(query, settings, topic=missing).ensure_topics()
-        configs = read_topic_config(settings.kafka_client_options(), missing, ("message.timestamp.type",))
-        assert configs == {"message.timestamp.type": "LogAppendTime"}
+        configs = read_topic_config(settings.kafka_client_options(), missing,
+                                    ("message.timestamp.type", "min.insync.replicas"))
+        # replicated as the worker plans it: one broker here, so one replica, one in sync
+        assert configs == {"message.timestamp.type": "LogAppendTime", "min.insync.replicas": "1"}
     finally:
         admin.delete_topics([missing])
         admin.close()
     stamped = new_topic("stamped", configs={"message.timestamp.type": "CreateTime"})
     with pytest.raises(ValueError, match="CreateTime.*fix it with .*message.timestamp.type=LogAppendTime"):
         EventProducer(query, settings, topic=stamped).ensure_topics()
+
+
+def test_ensure_topics_plans_replicas_as_the_worker_does_and_names_the_fix(kafka_bootstrap, unique_name):
+    query = parse_config(_document("unused")).query("pageviews_by_page")
+    settings = Settings(KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, STREAM_DP_TOPIC_REPLICATION_FACTOR=3)
+    with pytest.raises(ValueError, match="STREAM_DP_TOPIC_REPLICATION_FACTOR=3 but the cluster has 1 broker"):
+        EventProducer(query, settings, topic=f"{unique_name}-never").ensure_topics()
