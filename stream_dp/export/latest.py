@@ -5,12 +5,18 @@ A query's series are those of its newest window: a record of a newer window repl
 back) are ignored. What is shown is bounded by the query file alone: under public groups, the groups of the
 configured list (and, for a hierarchy, their coarser levels); under selected groups, at most ``max_groups``
 groups, those with the largest noisy counts (post-processing of DP outputs); a top-k list ranks at most k.
+
+A public query publishes every window, so its next window replaces its groups. A window in which selection
+released no group publishes nothing at all; so under selected groups the groups of a window also go once the
+wall clock is ``expire_ms`` past its end with nothing newer (the next window's end, its allowed lateness and
+release timeout, and a window more), rather than be shown as if released again.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,13 +34,15 @@ class QueryBounds:
 
     public: frozenset[str] | None
     max_groups: int
+    expire_ms: int | None = None  # selected groups: shown this long after their window's end at most
 
     @classmethod
     def of(cls, query: Any, max_groups: int) -> QueryBounds:
         """From a ``QueryConfig``: its public keys and every leading part of each (a hierarchy's levels)."""
         keys = query.public_group_keys()
         if keys is None:
-            return cls(None, max_groups)
+            window = query.window
+            return cls(None, max_groups, 2 * window.size_ms + window.allowed_lateness_ms + query.release_timeout_ms)
         labels = {",".join(str(v) for v in key[:length]) for key in keys for length in range(1, len(key) + 1)}
         return cls(frozenset(labels), max_groups)
 
@@ -60,8 +68,9 @@ def _window_of(record: Mapping[str, Any]) -> tuple[int, int] | None:
 class LatestReleases:
     """The newest window of each configured query; ``add`` records, ``samples`` renders (thread-safe)."""
 
-    def __init__(self, bounds: Mapping[str, QueryBounds]) -> None:
+    def __init__(self, bounds: Mapping[str, QueryBounds], clock_ms: Callable[[], int] | None = None) -> None:
         self.bounds = dict(bounds)
+        self._clock_ms = clock_ms if clock_ms is not None else (lambda: int(time.time() * 1000))
         self._windows: dict[str, _Window] = {}
         self._lock = threading.Lock()
 
@@ -109,16 +118,19 @@ class LatestReleases:
     def samples(self) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
         """(metric, labels with ``query`` first, value) of every series to show now."""
         out: list[tuple[str, tuple[tuple[str, str], ...], float]] = []
+        now_ms = self._clock_ms()
         with self._lock:
             for query, window in sorted(self._windows.items()):
-                shown = self._shown(query, window)
+                expire_ms = self.bounds[query].expire_ms
+                expired = expire_ms is not None and now_ms - window.end_ms > expire_ms
+                shown = [] if expired else self._shown(query, window)
                 labels = (("query", query),)
                 out.append(("stream_dp_release_window_end_seconds", labels, window.end_ms / 1000))
                 out.append(("stream_dp_release_epsilon", labels, window.epsilon))
                 out.append(("stream_dp_release_as_if_empty", labels, float(window.as_if_empty)))
                 out.append(("stream_dp_release_groups", labels, float(len(shown))))
                 samples: list[Sample] = [s for label in shown for s in group_samples(window.groups[label])]
-                if window.top_k is not None:
+                if window.top_k is not None and not expired:
                     samples += top_k_samples(window.top_k)
                 out += [(s.metric, (("query", query), *s.labels), s.value) for s in samples]
         return out
@@ -127,6 +139,7 @@ class LatestReleases:
         bounds = self.bounds[query]
         if bounds.public is not None:
             return sorted(window.groups)  # only listed groups were taken
+
         def largest_first(label: str) -> tuple[float, str]:
             count = window.groups[label].get("count")
             return (-float(count) if isinstance(count, int | float) else float("inf"), label)

@@ -1,21 +1,22 @@
 """The releases dashboard against a real Prometheus scraping ``stream-dp export``, fed by a real worker.
 
 One worker runs nine queries on the real Kafka broker and Redis -- noisy counts, sums and means; top-k;
-quantiles with value intervals; running totals (continual); a mean vector; a sample-and-aggregate
-median; a covariance; selected groups, of which the
-exporter shows at most ``MAX_GROUPS``; local-DP reports -- fed through
-``stream_dp.producer.EventProducer`` with live events. ``stream-dp export`` reads their output topics and a
-private Prometheus scrapes it every second. Once each query has released the windows holding the events,
-the worker stops, so that the releases stand still; then every panel of the releases dashboard must show
-exactly the values of each query's newest window on the output topics (read here, independently, and
-turned into the documented series by ``release_reference``), and every value a series ever took must be
-one a window released. One module-scoped run (about a minute) serves every test here.
+quantiles with value intervals; running totals (continual); a mean vector; a sample-and-aggregate median;
+a covariance; selected groups, of which the exporter shows at most ``MAX_GROUPS``; local-DP reports -- fed
+through ``stream_dp.producer.EventProducer`` with live events. ``stream-dp export`` reads their output topics
+and a private Prometheus scrapes it every second. Once every query has released several windows of live
+events, the worker stops while events still flow (so its last windows hold data) and the releases stand
+still; then every panel of the releases dashboard must show exactly the values of each query's newest
+window on the output topics (read here, independently, and turned into the documented series by
+``release_reference``), and every value a series ever took must be one a window released. One
+module-scoped run (about half a minute) serves every test here.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -39,7 +40,8 @@ RELEASES_JSON = REPO / "deploy" / "grafana" / "dashboards" / "stream-dp-releases
 PAGES = ["/", "/a", "/b"]
 BROWSERS = ["chrome", "safari", "firefox"]
 UNITS = 40
-PRODUCE_S = 8.0
+RELEASED_S = 8.0  # of live events released by every query before the worker stops
+MAX_PRODUCE_S = 120.0
 WINDOW = {"size": "2s", "allowed_lateness": "1s", "idle_timeout": "3s"}
 VARIABLES = {"query": ".*", "group": ".*"}
 MAX_GROUPS = 2
@@ -67,8 +69,10 @@ def _queries(prefix: str) -> dict:
         {"name": "cov", "bounds": {**bounds, "max_events_per_group": 5}, "epsilon": 2.0, "delta": 1e-6,
          "mechanism": "gaussian", "aggregations": {"count": {}, "covariance": {"fields": ["vx", "vy"], "clip_norm": 5}}},
         # selected groups: all three pages pass selection in a window with data; the exporter shows MAX_GROUPS
+        # (its long release_timeout keeps its last groups shown through the test: they go 2 windows + 1s + 2m
+        # after their window's end without a newer one)
         {"name": "chosen", "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": 4.0,
-         "groups": {"select": {"delta": 1e-4}}, "aggregations": {"count": {}}},
+         "groups": {"select": {"delta": 1e-4}}, "aggregations": {"count": {}}, "release_timeout": "2m"},
         {"name": "local", "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1}, "epsilon": 2.0,
          "input_topic": f"{prefix}-browsers", "group_by": ["browser"], "groups": {"public": BROWSERS},
          "aggregations": {"count": {}}, "local_dp": {"field": "browser", "mechanism": "krr", "epsilon": 2.0}},
@@ -80,23 +84,24 @@ def _queries(prefix: str) -> dict:
     }
 
 
-def _produce(config_path: Path, settings: Settings, events_query: str, local_query: str) -> float:
-    """Live events for PRODUCE_S seconds through EventProducer; the time the last was sent."""
+def _produce(config_path: Path, settings: Settings, events_query: str, local_query: str,
+             stop: threading.Event) -> None:
+    """Live events through EventProducer until ``stop`` is set (at most MAX_PRODUCE_S): every window released
+    meanwhile holds data, so the last ones before the worker stops do too."""
     config = load_config(config_path)
     rng = np.random.default_rng(7)  # synthetic data only; never noise
     with EventProducer(config.query(events_query), settings) as events, \
             EventProducer(config.query(local_query), settings, local_dp_secret=b"a producer secret of 32 bytes!!") as local:
         events.ensure_topics()
         local.ensure_topics()
-        started = time.time()
-        while time.time() - started < PRODUCE_S:
+        started = time.monotonic()
+        while not stop.is_set() and time.monotonic() - started < MAX_PRODUCE_S:
             now = time.time()
             units = rng.integers(0, UNITS, 20).tolist()
             events.send([{"user_id": f"u{u}", "ts": now, "page": PAGES[u % 3], "value": float(rng.gamma(2.0, 20.0)),
                           "vx": float(rng.normal(1.0, 0.5)), "vy": float(rng.normal(-1.0, 0.5))} for u in units])
             local.send([{"user_id": f"u{u}", "ts": now, "browser": BROWSERS[u % 3]} for u in units])
             time.sleep(0.1)
-        return time.time()
 
 
 def _read_all(bootstrap: str, topics: list[str]) -> list[dict]:
@@ -157,16 +162,34 @@ def run(tmp_path_factory, prometheus_binary, kafka_bootstrap, redis_url):
                                           rule_files={})
             prometheus.wait_ready(timeout_s=20)
             started_s = time.time()
-            last_sent_s = _produce(config_path, settings, names[0], names[-1])
+            stop = threading.Event()
+            failed: list[BaseException] = []
 
-            def released_through_the_events() -> bool:
+            def produce() -> None:
+                try:
+                    _produce(config_path, settings, names[0], names[-1], stop)
+                except BaseException as exc:  # noqa: BLE001 - reported by the test thread below
+                    failed.append(exc)
+                    raise
+
+            producer = threading.Thread(target=produce, name="releases-producer", daemon=True)
+            producer.start()
+
+            def released_events_for_a_while() -> bool:
+                assert not failed, failed
                 ends = prometheus.query("stream_dp_release_window_end_seconds")
-                return len(ends) == len(names) and min(float(e["value"][1]) for e in ends) >= last_sent_s
+                return len(ends) == len(names) and min(float(e["value"][1]) for e in ends) >= started_s + RELEASED_S
 
-            wait_for(released_through_the_events, timeout_s=60, interval_s=1,
-                     what=f"every query to release the windows of its events (logs in {tmp})")
-            worker.terminate()
-            worker.wait(timeout=30)
+            try:
+                wait_for(released_events_for_a_while, timeout_s=90, interval_s=1,
+                         what=f"every query to release {RELEASED_S:.0f} s of events (logs in {tmp})")
+                # stopped while events still flow: its last releases hold data, none is of an empty window
+                worker.terminate()
+                worker.wait(timeout=30)
+            finally:
+                stop.set()
+                producer.join(timeout=30)
+            assert not failed, failed
             records = _read_all(kafka_bootstrap, outputs)
             latest = latest_series(records, MAX_GROUPS)
             ends = {dict(labels)["query"]: value for (metric, labels), value in latest.items()

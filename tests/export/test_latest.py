@@ -128,3 +128,31 @@ def test_every_kind_of_record_the_worker_publishes_gives_its_series():
         for statistic in ("count", "sum", "mean"):
             key = (name, tuple(sorted({"query": query, "group": group, "statistic": statistic}.items())))
             assert series.get(key) == (None if record[statistic] is None else float(record[statistic])), (query, statistic)
+
+
+def test_selected_groups_go_once_no_newer_window_came_within_their_expiry():
+    now = [10_000]
+    latest = LatestReleases({"q": QueryBounds(None, 5, expire_ms=4_000)}, clock_ms=lambda: now[0])
+    latest.add_all([_record("q", 1000, "a", 5), {"query": "q", "kind": "top_k", "window": {"start_ms": 1000,
+                    "end_ms": 2000}, "top": [{"rank": 1, "group": {"page": "a"}}], "privacy": {"epsilon": 1.0}}])
+    now[0] = 6_000  # 4 s after the window's end: still the latest release
+    assert _groups(latest, "q") == {"a"}
+    now[0] = 6_001  # a window passed in which selection released nothing
+    series = _series(latest)
+    assert {name for name, _labels in series} == {
+        "stream_dp_release_window_end_seconds", "stream_dp_release_epsilon", "stream_dp_release_as_if_empty",
+        "stream_dp_release_groups"}
+    assert series[("stream_dp_release_groups", (("query", "q"),))] == 0
+
+
+def test_the_expiry_of_selected_groups_follows_the_query_file():
+    config = parse_config({
+        "namespaces": {"users": {"budgets": [{"horizon": "1h", "epsilon": 10.0, "delta": 1e-3}]}},
+        "queries": [{"name": "chosen", "input_topic": "i", "output_topic": "o",
+                     "privacy_unit": {"namespace": "users", "field": "user_id"}, "timestamp_field": "ts",
+                     "window": {"size": "30s", "allowed_lateness": "10s"}, "release_timeout": "1m",
+                     "group_by": ["page"], "groups": {"select": {"delta": 1e-6}},
+                     "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
+                     "aggregations": {"count": {}}, "epsilon": 1.0}],
+    })
+    assert QueryBounds.of(config.query("chosen"), 3) == QueryBounds(None, 3, expire_ms=2 * 30_000 + 10_000 + 60_000)
