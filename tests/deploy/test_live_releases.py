@@ -290,15 +290,27 @@ def _exported(text: str | None) -> dict:
     return shown
 
 
+def _counted(text: str | None) -> dict[str, float]:
+    return {sample.labels["outcome"]: sample.value for family in text_string_to_metric_families(text or "")
+            for sample in family.samples if sample.name == "stream_dp_export_records_total"}
+
+
 def test_a_restarted_exporter_rebuilds_the_latest_values_from_the_topics(run):
     port = free_port()
     with processes() as start:
         start(["export", "--config", str(run.config_path), "--port", str(port), "--max-groups", str(MAX_GROUPS)],
               {"KAFKA_BOOTSTRAP_SERVERS": run.kafka}, run.tmp / "export-restarted.log")
+
+        def read_back() -> bool:
+            text = scrape(port)
+            return not differences(run.latest, _exported(text)) and sum(_counted(text).values()) == len(run.records)
+
         try:
-            wait_for(lambda: not differences(run.latest, _exported(scrape(port))), timeout_s=40,
-                     what="the restarted exporter to show the latest records")
+            wait_for(read_back, timeout_s=40, what="the restarted exporter to read the topics back")
         except TimeoutError:
-            pass  # the assertion below says what differs
-        shown = _exported(scrape(port))
-    assert differences(run.latest, shown) == []
+            pass  # the assertions below say what differs
+        text = scrape(port)
+    assert differences(run.latest, _exported(text)) == []
+    # it read every record of the topics (fewer than --lookback per partition), each of a configured query
+    counted = _counted(text)
+    assert sum(counted.values()) == len(run.records) and set(counted) <= {"shown", "older_window"}, counted
