@@ -30,6 +30,7 @@ from stream_dp.metrics.http import serve as serve_http
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import BoundingSpec, EventSchema, WindowEngine, WindowSpec
 from stream_dp.windows.record_clock import ClockRule
+from stream_dp.worker.access.check import check_kafka_access, worker_needs
 from stream_dp.worker.combine.combiner import WindowCombiner
 from stream_dp.worker.guard.store import StoreGuard
 from stream_dp.worker.ingest.stage import IngestStage
@@ -242,6 +243,7 @@ class Worker:
         self.clock_ms = clock_ms
         self.serve_metrics = serve_metrics
         self.client_id = client_id
+        self.config_source = config_source
         self.metrics = WorkerMetrics(registry)
         parts = build_worker_parts(
             config, source=config_source, secret=contribution_secret(settings),
@@ -309,8 +311,12 @@ class Worker:
     async def run(self) -> None:
         settings = self.settings
         options = settings.kafka_client_options()
-        try:
+        try:  # what the broker lets the worker do, before it creates, reads or writes anything (AccessError)
+            needs, access = worker_needs(self.config, settings), {"settings": settings, "config_source": self.config_source}
+            absent = await check_kafka_access(options, needs, **access)
             limits = await self._prepare_topics(options)
+            if absent:  # created just now: only now does the broker say what the worker may do on them
+                await check_kafka_access(options, needs, **access, only_topics=absent)
         except BaseException:
             self._close_stores()
             for runtime in self.runtimes:

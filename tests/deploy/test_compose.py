@@ -17,7 +17,20 @@ def _compose() -> dict:
 
 
 def test_services_present():
-    assert {"kafka", "redis", "prometheus", "grafana", "worker", "producer"} <= set(_compose()["services"])
+    assert {"kafka", "redis", "prometheus", "grafana", "worker", "exporter", "producer"} <= set(_compose()["services"])
+
+
+def test_the_exporter_reads_the_workers_query_file_and_serves_where_prometheus_scrapes():
+    exporter = _compose()["services"]["exporter"]
+    worker = _compose()["services"]["worker"]
+    assert exporter["volumes"] == worker["volumes"]
+    command = exporter["command"]
+    assert command[0] == "export" and command[command.index("--config") + 1] == worker["command"][-1]
+    port = command[command.index("--port") + 1]
+    assert exporter["expose"] == [port]
+    prometheus = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
+    targets = [t for job in prometheus["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]]
+    assert f"exporter:{port}" in targets
 
 
 def test_every_referenced_file_exists():
@@ -66,3 +79,12 @@ def test_mounted_query_file_is_valid_and_producer_topic_matches():
     command = compose["services"]["producer"]["command"]
     topic = command[command.index("--topic") + 1]
     assert topic in {q.input_topic for q in config.queries}
+
+
+def test_the_acls_step_plans_for_the_workers_settings_and_query_file():
+    compose = _compose()
+    acls, worker = compose["services"]["acls"], compose["services"]["worker"]
+    assert acls["profiles"] == ["secured"], "applying ACLs fails on the demo broker, which has no authorizer"
+    assert set(acls["environment"]) <= settings_env_names()
+    assert acls["environment"]["STREAM_DP_GROUP_ID"] == worker["environment"]["STREAM_DP_GROUP_ID"]
+    assert acls["volumes"] == worker["volumes"] and "--apply" in acls["command"]

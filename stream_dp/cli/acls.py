@@ -1,0 +1,106 @@
+"""``stream-dp acls --config FILE``: the Kafka ACLs and the Redis ACL rule of the worker, its producers and its
+analysts, printed as ``kafka-acls.sh`` commands and a Redis ACL line (or JSON), or applied (``--apply``).
+
+The topics and groups come from the query file and the worker's settings (``STREAM_DP_GROUP_ID``,
+``STREAM_DP_INTERNAL_TOPIC_PREFIX``...), read from the environment as a worker reads them. ``--apply`` creates
+the Kafka ACLs through the admin API as the principal the KAFKA_* settings name (a super user, or one allowed
+to Alter the cluster); the Redis rule is for the operator to set (``redis-cli ACL SETUSER``, or the aclfile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from stream_dp.config import ConfigError, load_config
+
+DEFAULT_WORKER = "User:stream-dp"
+DEFAULT_PRODUCER = "User:stream-dp-producer"
+DEFAULT_ANALYST = "User:stream-dp-analyst"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "acls",
+        help="print (or apply) the Kafka and Redis ACLs of the worker, producers and analysts",
+        description="Print the Kafka ACLs (kafka-acls.sh commands, or JSON) of three principals -- the worker, the "
+        "producers of the input topics and the analysts reading the output topics -- and the Redis ACL rule of the "
+        "worker's user, from a query file and the worker's settings (environment). --apply creates the Kafka ACLs "
+        "as the admin the KAFKA_* settings name.",
+    )
+    parser.add_argument("--config", required=True, metavar="FILE", help="query configuration YAML")
+    parser.add_argument("--worker-principal", default=DEFAULT_WORKER, help=f"the worker's (default {DEFAULT_WORKER})")
+    parser.add_argument("--producer-principal", action="append", default=[], metavar="[TOPIC=]PRINCIPAL",
+                        help=f"the producers' (default {DEFAULT_PRODUCER}); TOPIC=User:NAME for one input topic's; "
+                        "repeat for several")
+    parser.add_argument("--analyst-principal", default=DEFAULT_ANALYST, help=f"the analysts' (default {DEFAULT_ANALYST})")
+    parser.add_argument("--analyst-group-prefix", default=None, metavar="PREFIX",
+                        help="the analysts' consumer groups start with it (default: analyst-)")
+    parser.add_argument("--redis-user", default="stream-dp", help="the worker's Redis user (default stream-dp)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--apply", action="store_true",
+                        help="create the Kafka ACLs through the admin API, connecting with the KAFKA_* settings")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from stream_dp.config import Settings
+    from stream_dp.budget.redis_url import is_cluster_url
+    from stream_dp.worker.access.kafka_plan import (
+        DEFAULT_ANALYST_GROUP_PREFIX,
+        AclPlanError,
+        Principals,
+        kafka_acls,
+        producer_principals,
+    )
+    from stream_dp.worker.access.redis_plan import worker_redis_rule
+    from stream_dp.worker.access.render import plan_json, plan_text
+
+    try:
+        config = load_config(args.config)
+        settings = Settings()
+        inputs = sorted({q.input_topic for q in config.queries})
+        principals = Principals(args.worker_principal, args.analyst_principal,
+                                producer_principals(inputs, args.producer_principal, DEFAULT_PRODUCER))
+        acls = kafka_acls(config, settings, principals,
+                          analyst_group_prefix=args.analyst_group_prefix or DEFAULT_ANALYST_GROUP_PREFIX)
+        rule = worker_redis_rule(args.redis_user, cluster=is_cluster_url(settings.redis_url.get_secret_value()))
+    except (ConfigError, AclPlanError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except ValidationError as exc:
+        print(f"invalid environment settings:\n{exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(plan_json(acls, rule), indent=2))
+    else:
+        sys.stdout.write(plan_text(acls, rule, settings.kafka_bootstrap_servers))
+    if not args.apply:
+        return 0
+    return _apply(acls, settings)
+
+
+def _apply(acls: list, settings) -> int:
+    from kafka.errors import KafkaError
+
+    from stream_dp.worker.kafka.acl_admin import create_acls
+
+    bindings = [(a.principal, a.resource_type, a.resource_name, a.pattern_type, a.operation) for a in acls]
+    try:
+        refused = create_acls(settings.kafka_client_options(), bindings)
+    except KafkaError as exc:
+        print(f"could not create the ACLs on {settings.kafka_bootstrap_servers}: {type(exc).__name__}: {exc}; "
+              "connect as an admin (KAFKA_SASL_USERNAME/PASSWORD of a super user, or one allowed to Alter the "
+              "cluster) on a broker with an authorizer", file=sys.stderr)
+        return 1
+    if refused:
+        hint = (" (SecurityDisabledError: the broker has no authorizer, authorizer.class.name)"
+                if any("SecurityDisabled" in r for r in refused) else "")
+        print(f"the broker refused {len(refused)} of {len(bindings)} ACLs{hint}:\n  " + "\n  ".join(refused[:10])
+              + ("\n  ..." if len(refused) > 10 else ""), file=sys.stderr)
+        return 1
+    print(f"created {len(bindings)} ACLs on {settings.kafka_bootstrap_servers} (existing ones are kept)", file=sys.stderr)
+    return 0
