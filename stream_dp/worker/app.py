@@ -255,8 +255,7 @@ class Worker:
         wait = settings.replica_wait()
         self._wait_replicas = wait.replicas if wait is not None else 0
         url = settings.redis_url.get_secret_value()
-        # Every connection of the ledger and the budget store checks it reached the server the store was
-        # verified on; the store markers are read on a client of their own, which does not (guard.store).
+        # The ledger's and budget store's connections check the server is the verified one; the markers' do not.
         self.restarts = ServerWatch()
         watched = self.restarts.client_options(url)
         if ledger is None:
@@ -264,12 +263,10 @@ class Worker:
             self._markers_redis = client_from_url(url, timeout_s=settings.redis_timeout_s)
         if budget is None:
             # The store retries itself (safe: charges are idempotent); redis-py's own retries are off.
-            budget = RedisBudgetStore(
-                client_from_url(url, timeout_s=settings.redis_timeout_s, own_retries=False, decode_responses=False,
-                                **watched),
-                parts.policy, settings.budget_store_options(), retries=settings.redis_retries,
-                metrics=BudgetMetrics(registry=registry), wait=wait,
-            )
+            client = client_from_url(url, timeout_s=settings.redis_timeout_s, own_retries=False,
+                                     decode_responses=False, **watched)
+            budget = RedisBudgetStore(client, parts.policy, settings.budget_store_options(),
+                                      retries=settings.redis_retries, metrics=BudgetMetrics(registry=registry), wait=wait)
             try:
                 for warning in budget.durability_warnings():
                     log.warning("Redis durability: %s", warning)
@@ -303,9 +300,8 @@ class Worker:
         return redis_ping(self._redis, self._wait_replicas)
 
     def _close_stores(self) -> None:
-        for client in (self._redis, self._markers_redis):
-            if client is not None:
-                client.close()
+        for client in (c for c in (self._redis, self._markers_redis) if c is not None):
+            client.close()
         self.budget.close()
 
     async def run(self) -> None:

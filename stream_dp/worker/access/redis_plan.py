@@ -45,7 +45,7 @@ WORKER_COMMANDS: dict[str, str] = {
     "zremrangebyrank": "a namespace's top spenders trimmed (in charge.lua)",
     "time": "one clock for every worker (and in scripts)",
     "ping": "readiness",
-    "info": "durability checks at start (appendonly, eviction policy, replicas)",
+    "info": "durability checks at start (appendonly, eviction policy, replicas); each new connection's server run id",
     "role": "readiness when charges wait for replicas",
     "wait": "charges wait for replicas (STREAM_DP_REDIS_WAIT_REPLICAS)",
 }
