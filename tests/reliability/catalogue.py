@@ -47,7 +47,7 @@ class PlannedRun:
     skewed_worker: bool = False
     duration_s: float = 14.0
     redis_cluster: bool = False  # on a Redis Cluster of its own (3 masters, 3 replicas; no fault proxies)
-    gaussian: bool = False  # more queries: Gaussian on two horizons, selected groups, top_k (``workload``)
+    gaussian: bool = False  # more queries: Gaussian on two horizons, selected groups, top_k, continual (``workload``)
 
     def options(self) -> dict:
         # After a broker comes back (or a leader moves) producers take a few seconds to deliver what they
@@ -55,7 +55,8 @@ class PlannedRun:
         idle_ms = 8_000 if self.needs_private_broker or self.needs_cluster or self.needs_small_disk \
             else StreamSpec.idle_ms
         stream = StreamSpec(seed=self.seed, partitions=self.partitions, duration_s=self.duration_s, idle_ms=idle_ms,
-                            gaussian=self.gaussian, selected=self.gaussian, top_k=self.gaussian)
+                            gaussian=self.gaussian, selected=self.gaussian, top_k=self.gaussian,
+                            continual=self.gaussian)
         return dict(workers=self.workers, stream=stream, redis_fsync=self.redis_fsync, redis_cluster=self.redis_cluster,
                     worker_env={1: faked_clock_env()} if self.skewed_worker else {})
 

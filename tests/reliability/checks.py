@@ -113,22 +113,37 @@ def dead_letter_sources(observed: Observed) -> dict[tuple[str, int, int], set[st
 
 def accepted_by_coarser_clock(model_late: dict[str, set[tuple[int, int]]],
                               dead_lettered_late: dict[str, set[tuple[int, int]]],
-                              sent_late: set[tuple[int, int]], limit: int,
-                              burst_late: dict[str, set[tuple[int, int]]] | None = None,
+                              sent_late: set[tuple[int, int]],
+                              late_ends: dict[str, dict[tuple[int, int], int]],
                               ) -> dict[str, set[tuple[int, int]]]:
     """Per query, the events the model calls late that the worker accepted, when they may count as on time.
 
-    The worker's clock may only lag the model's (README, "Windows"), so it may accept what the model calls
-    late, never the reverse. Empty (judge by the model's late set) unless every event dead-lettered as late
-    is late by the model, no event sent late on purpose was accepted, and at most ``limit`` were, not
-    counting those late only by their own broker batch's stamp (``burst_late``: read together with it).
+    A worker judges each batch it reads by the records of earlier batches, and its clock is the lowest of its
+    active partitions' (``docs/concepts/how-it-works.md``, "Windows"); the model's is per record and per
+    partition. Which records shared a worker batch is not in the evidence (a backlog read after an outage can
+    be thousands), so the worker may accept any event the model calls late, as long as its verdicts in each
+    partition fit one closure that never goes back and never passes the model's clock:
+
+    * every event it dead-lettered as late is late by the model (no on-time event made late);
+    * no accepted event lies in a window at or before that of an event it dead-lettered as late at an earlier
+      offset of the same partition (a closed window is never reopened);
+    * no event sent late on purpose (late by far more than any batch) was accepted.
+
+    Empty (judge by the model's late set, so the late-set check names the difference) unless all three hold.
     """
     accepted = {q: late - dead_lettered_late.get(q, set()) for q, late in model_late.items()}
-    count = sum(len(events - (burst_late or {}).get(q, set())) for q, events in accepted.items())
-    if not any(accepted.values()) or count > limit or any(sent_late & events for events in accepted.values()):
+    if not any(accepted.values()) or any(sent_late & events for events in accepted.values()):
         return {}
     if any(not dead_lettered_late.get(q, set()) <= late for q, late in model_late.items()):
         return {}
+    for query, events in accepted.items():
+        ends = late_ends.get(query, {})
+        closed: dict[int, list[tuple[int, int]]] = defaultdict(list)  # partition -> (offset, window end) dead-lettered
+        for partition, offset in dead_lettered_late.get(query, set()):
+            closed[partition].append((offset, ends[(partition, offset)]))
+        for partition, offset in events:
+            if any(o <= offset and ends[(partition, offset)] <= end for o, end in closed.get(partition, ())):
+                return {}
     return {q: events for q, events in accepted.items() if events}
 
 
@@ -198,6 +213,8 @@ def check_outputs(observed: Observed, truth: Truth, report: CheckReport) -> None
                 if start not in expected and start not in released:
                     report.fail("empty window not released", f"{query}: window {start} (no data) was never released")
         report.count("windows released", len(released & expected))
+        if query in truth.period_ms:
+            _check_continual(query, by_id, released, truth, observed.window_ms, report)
         # A window between the model's first and last with no data in it (its events late by the broker's stamps
         # after an outage, say) is released as every public window is: its values are checked against zero.
         checked = set(range(min(expected), max(expected) + 1, observed.window_ms)) if expected else set()
@@ -232,6 +249,27 @@ def _check_top_k(query: str, tops: dict[str, list[dict]], windows: set[int], pub
     report.count("top-k records", len(per_window))
 
 
+def _check_continual(query: str, by_id: dict[str, list[dict]], released: set[int], truth: Truth, window_ms: int,
+                     report: CheckReport) -> None:
+    """Each record's period and place in it (``docs/queries/continual.md``); its tree restarted only at the
+    query's first released window of a period: with every window released, a restart elsewhere would add
+    fresh noise to totals already published (the tree's state is stored with every release)."""
+    for release_id, copies in by_id.items():
+        record = copies[0]
+        start, block = record["window"]["start_ms"], record.get("continual") or {}
+        period = truth.period_start(query, start)
+        first = min(w for w in released if truth.period_start(query, w) == period)
+        if block.get("period_start_ms") != period or block.get("window_index") != (start - period) // window_ms + 1 \
+                or block.get("period_end_ms") != period + truth.period_ms[query]:
+            report.fail("continual period", f"{query}: release {release_id} of window {start} states period "
+                        f"{block.get('period_start_ms')} window {block.get('window_index')}, not period {period} "
+                        f"window {(start - period) // window_ms + 1}")
+        restarted = block.get("tree_restarted_ms")
+        if restarted is not None and restarted != first or restarted is None and first != period:
+            report.fail("tree restarted", f"{query}: window {start}'s running totals restart at {restarted}; the "
+                        f"query's first window of period {period} is {first}")
+
+
 def _check_values(query: str, by_id: dict[str, list[dict]], truth: Truth, checked: set[int],
                   report: CheckReport, sums: bool = True) -> None:
     """Every released value of a window in ``checked`` within the noise band around the model's total
@@ -241,7 +279,10 @@ def _check_values(query: str, by_id: dict[str, list[dict]], truth: Truth, checke
         start = record["window"]["start_ms"]
         if start not in checked:
             continue
-        true_count, true_sum = truth.totals(query, start).get(tuple(record["group"].values()), (0, 0.0))
+        # A continual query releases running totals: from its period's start, or the window its tree restarted at.
+        totals = (truth.running_totals(query, start, (record.get("continual") or {}).get("tree_restarted_ms"))
+                  if query in truth.period_ms else truth.totals(query, start))
+        true_count, true_sum = totals.get(tuple(record["group"].values()), (0, 0.0))
         for name, exact in (("count", true_count), ("sum", true_sum))[:2 if sums else 1]:
             value, half_width = record.get(name), (record.get("ci95") or {}).get(name)
             if value is None or half_width is None:

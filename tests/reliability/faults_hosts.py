@@ -29,7 +29,12 @@ def faked_clock_env(offset_s: int = SKEW_S) -> dict[str, str]:
 @dataclass
 class ClockSkew:
     """One worker's wall clock is ``SKEW_S`` ahead (its slot started with ``faked_clock_env``), the other's
-    right. Injected once a partial closed on the skewed clock is seen on the partials topic."""
+    right. Injected once a partial closed on the skewed clock is seen on the partials topic.
+
+    The skewed worker must own a partition with data for that: the workload warms every partition up
+    before the stream (``LiveProducer.warm_up``). Before it did, the skewed worker's partitions were idle
+    until the stream began, so its wall clock closed their windows ten minutes ahead: every event of
+    them was late and no partial of its ever carried data."""
 
     name: str = "worker clock 10 minutes ahead"
     kind: str = "worker clock 10 minutes ahead"
@@ -50,7 +55,7 @@ class ClockSkew:
                     return True
             return False
 
-        seen = wait_until(skewed_partial, ctx.stream.duration_s + 30, 2.0)
+        seen = wait_until(skewed_partial, ctx.stream.duration_s + 60, 2.0)
         if seen:
             ctx.injected(f"a worker closed windows on a clock {SKEW_S}s ahead")
         ctx.expect(self.kind, "a partial closed on the skewed clock reached the partials topic", seen)

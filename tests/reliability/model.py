@@ -8,14 +8,15 @@ contribution secret, it computes per query:
 * the **late set** by the README's clock rule: a partition's watermark is the
   newest record timestamp it delivered before an event, less
   ``allowed_lateness``; an event whose window ends at or before that
-  watermark is late. Records the broker appended in one batch share one
-  stamp (``LogAppendTime``) and mostly reach a worker together, judged by
-  the clock from before them: an event late only by a record of its own
-  batch (a producer that stalled and sent a second of events at once) is
-  noted in ``Truth.burst_late``, which the checks let the worker accept
-  (``checks.accepted_by_coarser_clock``). (The idle rule can close windows earlier on the wall
-  clock; the workloads keep every partition busy, and an on-time event made
-  late by a fault is a violation.)
+  watermark is late (``Truth.late_ends`` keeps each late event's window
+  end). This per-record clock is the latest a worker's can be: the worker
+  judges a batch by the records before it, and takes the lowest clock of its
+  active partitions, so it may accept events the model calls late, never
+  the reverse (``checks.accepted_by_coarser_clock``). The idle rule can also
+  close windows on the wall clock, which the model does not know: the
+  workloads keep every partition busy from before the stream begins
+  (``workload.LiveProducer.warm_up``) until it ends, and an on-time event
+  made late by a fault is a violation.
 * the **bounded contributions**: per unit and window, the
   ``max_groups_per_unit`` groups and per (unit, group) the
   ``max_events_per_group`` events that the README's "Bounding, precisely"
@@ -29,6 +30,13 @@ contribution secret, it computes per query:
   groups its epsilon and the delta selection spent (``stated_delta``). Every
   horizon must be longer than the stream (nothing charged expires during a
   run);
+* **continual release** (``docs/queries/continual.md``): a unit is charged
+  the query's epsilon once per period, at its first window of the period
+  (``Truth.first_units``; refused, it is left out and asked again at its
+  next window), and counts in at most ``max_windows_per_unit`` windows of
+  the period (later ones leave it out); each window releases the running
+  totals from the period's start, or from the window its tree restarted at
+  (``Truth.running_totals``);
 * the **partials** (per query, window and input partition: per-group count,
   clipped sum and distinct units after exclusion; units charged and
   excluded) and the per-window totals the noisy releases must centre on.
@@ -139,8 +147,8 @@ class ModelPartial:
 @dataclass
 class Truth:
     late: dict[str, set[tuple[int, int]]] = field(default_factory=dict)  # query -> (partition, offset)
-    #: query -> the late events that are late only by the stamp of their own broker batch
-    burst_late: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
+    #: query -> (partition, offset) -> the window end of each late event
+    late_ends: dict[str, dict[tuple[int, int], int]] = field(default_factory=dict)
     rejected: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)
     partials: dict[tuple[str, int, int], ModelPartial] = field(default_factory=dict)  # (query, start, partition)
@@ -151,6 +159,9 @@ class Truth:
     limits: dict[str, list[tuple[bool, int]]] = field(default_factory=dict)
     costs: dict[str, list[int]] = field(default_factory=dict)  # query -> fixed-point charge per limit per window
     admitted: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (namespace, unit) -> charge ids
+    period_ms: dict[str, int] = field(default_factory=dict)  # continual query -> its period
+    #: (continual query, start, partition) -> the units charged the period there (their first window of it)
+    first_units: dict[tuple[str, int, int], set[str]] = field(default_factory=dict)
 
     def windows(self, query: str) -> set[int]:
         return {start for q, start, _ in self.partials if q == query}
@@ -164,6 +175,20 @@ class Truth:
                     out[group] = (c + count, t + total)
         return out
 
+    def period_start(self, query: str, start: int) -> int:
+        return start // self.period_ms[query] * self.period_ms[query]
+
+    def running_totals(self, query: str, start: int, since: int | None = None) -> dict[tuple, tuple[int, float]]:
+        """A continual query's running totals through window ``start``, from ``since`` (default: its period's
+        start; a restarted tree's window)."""
+        since = self.period_start(query, start) if since is None else since
+        out: dict[tuple, tuple[int, float]] = {}
+        for w in {s for q, s, _ in self.partials if q == query and since <= s <= start}:
+            for group, (count, total) in self.totals(query, w).items():
+                c, t = out.get(group, (0, 0.0))
+                out[group] = (c + count, t + total)
+        return out
+
     def spent_units(self, namespace: str, unit: str, query: str) -> int:
         return len(self.admitted.get((namespace, unit), [])) * self.cost_units[query]
 
@@ -173,6 +198,10 @@ class Truth:
         return [windows * cost for cost in self.costs[query]]
 
     def charge_ids(self, query: str) -> set[str]:
+        """Charge ids of the query's windows: every window partition's; a continual query's where some unit
+        was charged the period (the worker appends its settings' fingerprint, which the checks strip)."""
+        if query in self.period_ms:
+            return {f"{q}/{start}/{p}" for (q, start, p), units in self.first_units.items() if q == query and units}
         return {f"{q}/{start}/{p}" for q, start, p in self.partials if q == query}
 
 
@@ -231,11 +260,14 @@ def compute_truth(config: PipelineConfig, secret: bytes, records: list,
         by_partition.setdefault(record.partition, []).append(record)
     contributions: dict[tuple[str, int, int, str], dict[tuple, dict[int, float]]] = {}
     for query in config.queries:
-        if query.mechanism not in MECHANISMS or query.continual is not None or (
-                query.aggregations.top_k is not None and query.public_group_keys() is None):
+        if query.mechanism not in MECHANISMS or (
+                query.aggregations.top_k is not None and query.public_group_keys() is None) or (
+                query.continual is not None and (query.public_group_keys() is None or query.window.offset_ms)):
             raise ValueError(f"query {query.name}: the model covers {MECHANISMS} queries released per window "
-                             "(top_k over public groups)")
+                             "(top_k over public groups) or continually (public groups, windows without offset)")
         name, size = query.name, query.window.size_ms
+        if query.continual is not None:
+            truth.period_ms[name] = query.continual.period_ms
         truth.namespace[name] = query.privacy_unit.namespace
         truth.cost_units[name] = _fixed(query.epsilon, math.ceil)
         delta = Fraction(str(query.delta if query.mechanism == "gaussian" else 0.0))
@@ -247,15 +279,10 @@ def compute_truth(config: PipelineConfig, secret: bytes, records: list,
         late, rejected = truth.late.setdefault(name, set()), truth.rejected.setdefault(name, set())
         clip = query.aggregations.sum.clip if query.aggregations.sum else (0.0, 0.0)
         accepted = 0
-        burst = truth.burst_late.setdefault(name, set())
+        late_ends = truth.late_ends.setdefault(name, {})
         for partition, recs in by_partition.items():
             newest: int | None = None
-            earlier: int | None = None  # the newest stamp of the batches before the current one
-            batch_stamp: int | None = None  # the current batch's: consecutive records of one stamp
             for record in sorted(recs, key=lambda r: r.offset):
-                if record.timestamp != batch_stamp:
-                    earlier = newest
-                    batch_stamp = record.timestamp
                 decoded = _decode(record.value, query)
                 source = (partition, record.offset)
                 if decoded is None or record.key != decoded[0].encode("utf-8") \
@@ -267,8 +294,7 @@ def compute_truth(config: PipelineConfig, secret: bytes, records: list,
                     if newest is not None and start + size <= newest - query.window.allowed_lateness_ms \
                             and source not in (on_time or {}).get(name, ()):
                         late.add(source)
-                        if earlier is None or start + size > earlier - query.window.allowed_lateness_ms:
-                            burst.add(source)
+                        late_ends[source] = start + size
                     else:
                         accepted += 1
                         events = contributions.setdefault((name, start, partition, unit), {}).setdefault(group, {})
@@ -283,6 +309,7 @@ def compute_truth(config: PipelineConfig, secret: bytes, records: list,
 def _bound_and_charge(config: PipelineConfig, hashes: Hashes, contributions: dict, truth: Truth) -> None:
     queries = {q.name: q for q in config.queries}
     spent: dict[tuple[str, str], list[int]] = {}
+    periods: dict[tuple[str, str, int], list[int]] = {}  # (continual query, unit, period start) -> windows counted
     # A unit's windows close in window order in its partition, so it is charged in that order.
     for (name, start, partition, unit) in sorted(contributions, key=lambda k: (k[1], k[0], k[2], k[3])):
         query = queries[name]
@@ -297,13 +324,29 @@ def _bound_and_charge(config: PipelineConfig, hashes: Hashes, contributions: dic
         key = (namespace, unit)
         costs, limits = truth.costs[name], truth.limits[namespace]
         before = spent.get(key, [0] * len(limits))
+        if query.continual is not None:  # charged once per period, counted in at most W of its windows
+            counted = periods.setdefault((name, unit, truth.period_start(name, start)), [])
+            if len(counted) >= query.continual.max_windows_per_unit:
+                partial.excluded.add(unit)
+                continue
+            if counted:
+                counted.append(start)
+                _add(partial, kept)
+                continue
+            truth.first_units.setdefault((name, start, partition), set()).add(unit)
         if any(s + c > limit for s, c, (_, limit) in zip(before, costs, limits)):
             partial.excluded.add(unit)
             continue
         spent[key] = [s + c for s, c in zip(before, costs)]
         truth.admitted.setdefault(key, []).append(f"{name}/{start}/{partition}")
-        for group, events in kept.items():
-            cell = partial.groups.setdefault(group, [0, 0.0, 0])
-            cell[0] += len(events)
-            cell[1] += sum(v for _, v in events)
-            cell[2] += 1
+        if query.continual is not None:
+            periods[(name, unit, truth.period_start(name, start))].append(start)
+        _add(partial, kept)
+
+
+def _add(partial: ModelPartial, kept: dict[tuple, list]) -> None:
+    for group, events in kept.items():
+        cell = partial.groups.setdefault(group, [0, 0.0, 0])
+        cell[0] += len(events)
+        cell[1] += sum(v for _, v in events)
+        cell[2] += 1

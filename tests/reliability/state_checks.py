@@ -43,6 +43,7 @@ class RedisEvidence:
     spend: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     charge_records: dict[str, set[str]] = field(default_factory=dict)  # namespace -> charge ids recorded
     charge_units: dict[str, set[str]] = field(default_factory=dict)  # charge id -> units its journal names
+    first_units: dict[str, set[str]] = field(default_factory=dict)  # continual charge id -> units charged the period
     ledger: dict[tuple[str, int], tuple[bytes | None, set[bytes]]] = field(default_factory=dict)
     # (query, window start) -> (state, the records stored: ``evidence.canonical`` texts)
     errors: list[str] = field(default_factory=list)  # what did not decode
@@ -63,15 +64,15 @@ def read_redis_evidence(client: redis.Redis, limits: dict[str, int], truth: Trut
             evidence.spend[(namespace, unit)] = stored.get(unit, [0] * limits[namespace])
         prefix = f"{BUDGET_PREFIX}:c:{namespace}:"
         # On a cluster a hash tag (``{...}:``) comes before the charge id.
-        evidence.charge_records[namespace] = {re.sub(r"^\{[^}]*\}:", "", k.decode()[len(prefix):])
+        evidence.charge_records[namespace] = {_window_charge(re.sub(r"^\{[^}]*\}:", "", k.decode()[len(prefix):]))[0]
                                               for k in client.scan_iter(match=f"{prefix}*", count=10_000)}
     journal = f"{LEDGER_PREFIX}:units:"
     for key in client.scan_iter(match=f"{journal}*", count=10_000):
         if not key.endswith(b"}"):
             continue  # a writer's staged chunks or a WAIT sync key, not a journal
-        charge_id = key.decode()[len(journal):].strip("{}")
+        charge_id, first = _window_charge(key.decode()[len(journal):].strip("{}"))
         text = zlib.decompress(_stored_payload(client, key)).decode()
-        evidence.charge_units[charge_id] = set(text.split("\0")) if text else set()
+        (evidence.first_units if first else evidence.charge_units)[charge_id] = set(text.split("\0")) if text else set()
     for query in truth.namespace:
         entry_prefix = f"{LEDGER_PREFIX}:{{{query}}}:"
         for key in client.scan_iter(match=f"{entry_prefix}*", count=10_000):
@@ -87,6 +88,16 @@ def read_redis_evidence(client: redis.Redis, limits: dict[str, int], truth: Trut
                 values = set()
             evidence.ledger[(query, int(suffix))] = (state, values)
     return evidence
+
+
+_CONTINUAL_CHARGE = re.compile(r"^(.+/-?\d+/\d+)/[0-9a-f]{16}(/first)?$")
+
+
+def _window_charge(charge_id: str) -> tuple[str, bool]:
+    """(query/window start/partition, whether it is a first-unit journal): a continual window's charge id
+    carries its settings' fingerprint, and its journal of the units charged the period ``/first``."""
+    match = _CONTINUAL_CHARGE.match(charge_id)
+    return (match.group(1), match.group(2) is not None) if match else (charge_id, False)
 
 
 def _stored_payload(client: redis.Redis, key: bytes) -> bytes:
@@ -131,6 +142,10 @@ def check_budgets(evidence: RedisEvidence, truth: Truth, report: CheckReport) ->
             if named is not None and named != truth.partials[(q, int(start), int(partition))].units:
                 report.fail("charged units differ", f"{charge_id}: the charge journal names {len(named)} units, "
                                                     "not the model's units of that window")
+            first = evidence.first_units.get(charge_id)
+            if query in truth.period_ms and first != truth.first_units.get((q, int(start), int(partition)), set()):
+                report.fail("charged units differ", f"{charge_id}: the journal of units charged the period names "
+                            f"{'none' if first is None else len(first)}, not the model's first units of the period")
 
 
 def check_ledger(evidence: RedisEvidence, outputs: dict[str, list[TopicRecord]], truth: Truth,

@@ -41,7 +41,8 @@ PARTITIONS = 3
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    spec = StreamSpec(seed=5, duration_s=6.0, rate_per_s=150.0, gaussian=True, selected=True, top_k=True)
+    spec = StreamSpec(seed=5, duration_s=12.0, rate_per_s=150.0, gaussian=True, selected=True, top_k=True,
+                      continual=True)
     path = tmp_path_factory.mktemp("checks") / "queries.yaml"
     write_config(path, "w", "in", spec)
     config = load_config(path)
@@ -63,11 +64,20 @@ def world(tmp_path_factory):
     outputs: dict[str, list[TopicRecord]] = {}
     for query in truth.namespace:
         for start in sorted(truth.windows(query)):
+            continual = None
+            if query in truth.period_ms:  # running totals; the tree starts at the query's first window of a period
+                period = truth.period_start(query, start)
+                first = min(w for w in truth.windows(query) if truth.period_start(query, w) == period)
+                continual = {"period_start": "2026-01-01T00:00:00.000Z", "period_start_ms": period,
+                             "period_end_ms": period + truth.period_ms[query],
+                             "window_index": (start - period) // 2000 + 1, "windows_per_period": 5,
+                             "max_windows_per_unit": 2, "tree_restarted_ms": None if first == period else first}
             for page in ("home", "search", "cart"):
-                count, total = truth.totals(query, start).get((page,), (0, 0.0))
+                count, total = (truth.running_totals(query, start, continual["tree_restarted_ms"]) if continual
+                                else truth.totals(query, start)).get((page,), (0, 0.0))
                 if query.endswith("_select") and not count:
                     continue  # selection never releases a group without data
-                outputs.setdefault(query, []).append(_release(query, start, page, count + 1, total))
+                outputs.setdefault(query, []).append(_release(query, start, page, count + 1, total, continual))
             if query.endswith("_top"):
                 outputs[query].append(_top_k(query, start, [("search",), ("home",)]))
     dead = []
@@ -90,10 +100,13 @@ def world(tmp_path_factory):
                                                               if orjson.loads(r.value)["window"]["start_ms"] == start})
     for (query, start, partition), p in truth.partials.items():
         evidence.charge_units[f"{query}/{start}/{partition}"] = set(p.units)
+    for (query, start, partition), units in truth.first_units.items():
+        evidence.first_units[f"{query}/{start}/{partition}"] = set(units)
     return observed, truth, evidence
 
 
-def _release(query: str, start: int, page: str, count: float, total: float) -> TopicRecord:
+def _release(query: str, start: int, page: str, count: float, total: float,
+             continual: dict | None = None) -> TopicRecord:
     record = {"release_id": f"{query}:{start}:{page}", "query": query,
               "window": {"start": "2026-01-01T00:00:00.000Z", "end": "2026-01-01T00:00:02.000Z",
                          "start_ms": start, "end_ms": start + 2000},
@@ -104,6 +117,8 @@ def _release(query: str, start: int, page: str, count: float, total: float) -> T
                           "max_groups_per_unit": MAX_GROUPS, "max_events_per_group": MAX_EVENTS, "clip": list(CLIP),
                           "charged": "per_window", "trust_model": "central"},
               "released_at_ms": 1, "released_at": "2026-01-01T00:00:03.000Z"}
+    if continual is not None:
+        record["continual"] = continual
     return TopicRecord(0, 0, None, orjson.dumps(record), {})
 
 
@@ -133,6 +148,70 @@ def test_the_clean_world_passes_every_check(world):
     assert not report.violations, report.violations
     assert truth.late and all(truth.late.values()), "the world must hold late events for the late-set checks"
     assert any(p.excluded for p in truth.partials.values()), "and excluded units for the budget checks"
+    cont = [p for (q, _, _), p in truth.partials.items() if q in truth.period_ms]
+    assert any(p.excluded for p in cont) and len({truth.period_start("w_cont", s) for s in truth.windows("w_cont")}) > 1
+
+
+def _doctor_continual(observed: Observed, nth: int, **block) -> Observed:
+    """The continual query's records of its ``nth`` window (from 0) with ``block`` in their continual block."""
+    doctored = copy.copy(observed)
+    starts = sorted({orjson.loads(r.value)["window"]["start_ms"] for r in observed.outputs["w_cont"]})
+    records = []
+    for record in observed.outputs["w_cont"]:
+        value = orjson.loads(record.value)
+        if value["window"]["start_ms"] == starts[nth]:
+            value["continual"] = {**value["continual"], **block}
+            record = TopicRecord(0, 0, None, orjson.dumps(value), {})
+        records.append(record)
+    doctored.outputs = {**observed.outputs, "w_cont": records}
+    return doctored
+
+
+def test_continual_checks_reject_a_restarted_tree_a_wrong_period_and_per_window_totals(world):
+    observed, truth, _ = world
+    starts = sorted(truth.windows("w_cont"))
+    later = next(i for i, s in enumerate(starts) if i and truth.period_start("w_cont", s) == truth.period_start(
+        "w_cont", starts[i - 1]) and truth.period_start("w_cont", s) != s)
+    # the tree restarted within a period whose windows were all released: fresh noise on published totals
+    for doctored in (_doctor_continual(observed, later, tree_restarted_ms=starts[later]),
+                     _doctor_continual(observed, 0, tree_restarted_ms=starts[0] - 2000)):
+        report = CheckReport()
+        check_outputs(doctored, truth, report)
+        assert report.kinds["tree restarted"] == 3, report.violations  # one per public group
+    report = CheckReport()
+    check_outputs(_doctor_continual(observed, later, window_index=1, period_start_ms=starts[later]), truth, report)
+    assert report.kinds == {"continual period": 3}, report.violations
+    # the window's own totals released as if they were the running ones
+    doctored = copy.copy(observed)
+    doctored.outputs = {**observed.outputs, "w_cont": [
+        _release("w_cont", s, page, *truth.totals("w_cont", s).get((page,), (0, 0.0)),
+                 orjson.loads(r.value)["continual"])
+        for r in observed.outputs["w_cont"] for s, page in [(orjson.loads(r.value)["window"]["start_ms"],
+                                                             orjson.loads(r.value)["group"]["page"])]]}
+    report = CheckReport()
+    check_outputs(doctored, truth, report)
+    assert report.kinds["noisy value off"] >= 1 and set(report.kinds) == {"noisy value off"}, report.violations
+
+
+def test_budget_check_rejects_a_continual_unit_charged_in_a_window_not_its_first_of_the_period(world):
+    observed, truth, evidence = world
+    (query, start, partition), units = next((k, u) for k, u in sorted(truth.first_units.items()) if u)
+    later = next(k for k in sorted(truth.partials) if k[0] == query and k[2] == partition and k[1] > start
+                 and truth.period_start(query, k[1]) == truth.period_start(query, start))
+    doctored = copy.deepcopy(evidence)
+    unit = sorted(units)[0]
+    doctored.first_units[f"{query}/{start}/{partition}"] -= {unit}
+    doctored.first_units.setdefault(f"{query}/{later[1]}/{partition}", set()).add(unit)
+    report = CheckReport()
+    check_budgets(doctored, truth, report)
+    assert report.kinds["charged units differ"] >= 1, report.violations
+    # a fingerprinted continual charge id is the window's; a journal of first units, its own
+    from tests.reliability.state_checks import _window_charge
+
+    assert _window_charge(f"{query}/{start}/{partition}/0123456789abcdef") == (f"{query}/{start}/{partition}", False)
+    assert _window_charge(f"{query}/{start}/{partition}/0123456789abcdef/first") == (
+        f"{query}/{start}/{partition}", True)
+    assert _window_charge(f"{query}/{start}/{partition}") == (f"{query}/{start}/{partition}", False)
 
 
 def _doctor_partial(observed: Observed, index: int, **changes) -> Observed:
@@ -340,18 +419,34 @@ def test_release_records_check_rejects_a_schema_breach_and_a_unit_id(world):
     assert report.kinds == {"schema": 1, "unit id in output": 1}, report.violations
 
 
-def test_a_few_events_accepted_by_the_coarser_clock_count_as_on_time_and_nothing_else_does():
+def test_events_accepted_by_the_coarser_clock_count_as_on_time_when_one_closure_explains_them():
     model = {"q": {(0, 1), (0, 2), (1, 5)}, "r": {(2, 7)}}
+    ends = {"q": {(0, 1): 2_000, (0, 2): 4_000, (1, 5): 2_000}, "r": {(2, 7): 2_000}}
     # the worker dead-lettered all but (1, 5): that one counts as on time
-    assert accepted_by_coarser_clock(model, {"q": {(0, 1), (0, 2)}, "r": {(2, 7)}}, {(0, 1)}, 10) == {"q": {(1, 5)}}
+    assert accepted_by_coarser_clock(model, {"q": {(0, 1), (0, 2)}, "r": {(2, 7)}}, {(0, 1)}, ends) == {"q": {(1, 5)}}
     # the model's late set holds: nothing to excuse
-    assert accepted_by_coarser_clock(model, {"q": {(0, 1), (0, 2), (1, 5)}, "r": {(2, 7)}}, set(), 10) == {}
+    assert accepted_by_coarser_clock(model, {"q": {(0, 1), (0, 2), (1, 5)}, "r": {(2, 7)}}, set(), ends) == {}
     # an event sent late on purpose was accepted: a clock that ignores lateness, not a coarser one
-    assert accepted_by_coarser_clock(model, {"q": {(0, 2)}, "r": {(2, 7)}}, {(0, 1)}, 10) == {}
+    assert accepted_by_coarser_clock(model, {"q": {(0, 2)}, "r": {(2, 7)}}, {(0, 1)}, ends) == {}
     # an on-time event was made late: never excused
-    assert accepted_by_coarser_clock(model, {"q": {(0, 1), (0, 2), (3, 3)}, "r": {(2, 7)}}, set(), 10) == {}
-    # more than the limit accepted
-    assert accepted_by_coarser_clock(model, {"q": set(), "r": set()}, set(), 3) == {}
+    assert accepted_by_coarser_clock(model, {"q": {(0, 1), (0, 2), (3, 3)}, "r": {(2, 7)}}, set(), ends) == {}
+
+
+def test_a_backlog_read_in_one_batch_may_be_accepted_whole_but_a_closed_window_never_reopens():
+    """After an outage the broker stamps a producer's buffer as it arrives: the model's per-record clock calls
+    most of it late, a worker reading it in one batch accepts it, however large."""
+    model = {"q": {(0, i) for i in range(10, 3_000)}}
+    ends = {"q": {(0, i): 2_000 * (1 + i // 1_000) for i in range(10, 3_000)}}
+    assert accepted_by_coarser_clock(model, {"q": set()}, set(), ends) == model
+    # the worker dead-lettered (0, 1999), the last event of window [2000, 4000): it had closed that window
+    # then, so what it accepted before it, or after it of later windows, fits one closure ...
+    late = {"q": {(0, 1_999)}}
+    assert accepted_by_coarser_clock(model, late, set(), ends) == {"q": model["q"] - late["q"]}
+    # ... but an event of that window accepted after it means a closed window reopened
+    assert accepted_by_coarser_clock(model, late, set(), {"q": {**ends["q"], (0, 2_500): 4_000}}) == {}
+    assert accepted_by_coarser_clock(model, {"q": {(0, 1_500)}}, set(), ends) == {}, "(0, 1600) reopened it"
+    # an event sent late on purpose among them: never excused
+    assert accepted_by_coarser_clock(model, {"q": set()}, {(0, 30)}, ends) == {}
 
 
 def test_outputs_check_rejects_a_window_released_twice_an_empty_window_not_released_and_an_unexpected_one(world):
@@ -478,17 +573,6 @@ def test_outputs_check_rejects_a_selected_group_without_data_and_a_selected_valu
             assert not report.violations, "a selected group left out is the noise's choice, not a loss"
         else:
             assert report.kinds[kind] == 1, (kind, report.violations)
-
-
-def test_events_late_only_by_their_own_batch_may_be_accepted_beyond_the_limit_and_nothing_else():
-    model = {"q": {(0, i) for i in range(40)} | {(1, 1)}}
-    burst = {"q": {(0, i) for i in range(40)}}
-    # the worker accepted a stalled producer's whole burst, and one more event the coarser clock let through
-    assert accepted_by_coarser_clock(model, {"q": set()}, set(), 10, burst) == {"q": model["q"]}
-    # without the burst the same acceptance is far over the limit
-    assert accepted_by_coarser_clock(model, {"q": set()}, set(), 10) == {}
-    # an event sent late on purpose among them: never excused
-    assert accepted_by_coarser_clock(model, {"q": set()}, {(0, 3)}, 10, burst) == {}
 
 
 def test_outputs_check_rejects_a_top_k_record_lost_twice_redrawn_or_ranking_what_it_may_not(world):

@@ -78,11 +78,12 @@ def test_the_model_and_the_engine_agree_on_a_seeded_stream(tmp_path, gaussian):
             ("home",), ("search",), ("cart",)}
 
 
-def test_an_event_late_only_by_its_own_batchs_stamp_is_told_apart(tmp_path):
-    """Records appended in one batch share the broker's stamp and mostly reach a worker together: the second
-    event of a stalled producer's burst is late by the per-record rule only because the first got the same
-    stamp (``burst_late``: the worker may accept it); an event of a later batch is late outright."""
+def test_the_per_record_clock_and_the_warm_up_records(tmp_path):
+    """An event is late by the newest record stamp before it, its own batch's stamp too (the strictest a
+    worker's clock can be); a warm-up record is no event (rejected) but moves the clock like any record."""
     import orjson
+
+    from tests.reliability.workload import WARM_UP_RECORD
 
     spec = StreamSpec(seed=3)
     write_config(tmp_path / "q.yaml", "b", "in", spec)
@@ -96,7 +97,10 @@ def test_an_event_late_only_by_its_own_batchs_stamp_is_told_apart(tmp_path):
     base = 1_800_000_000_000
     burst = base + 5 * window  # a stall: three events of window 1 all stamped in window 5
     records = [record(0, base + 10, base + 100), record(1, base + window + 10, burst),
-               record(2, base + window + 20, burst), record(3, base + window + 30, burst + 1)]
+               record(2, base + window + 20, burst), record(3, base + window + 30, burst + 1),
+               TopicRecord(0, 4, None, WARM_UP_RECORD, {}, base + 9 * window), record(5, base + 7 * window, burst + 2)]
     truth = compute_truth(config, SECRET, records)
-    assert truth.late["b_free"] == {(0, 2), (0, 3)}, truth.late  # by the per-record rule
-    assert truth.burst_late["b_free"] == {(0, 2)}, "late only by the stamp of its own batch"
+    assert truth.late["b_free"] == {(0, 2), (0, 3), (0, 5)}, truth.late
+    assert truth.late_ends["b_free"] == {(0, 2): base + 2 * window, (0, 3): base + 2 * window,
+                                         (0, 5): base + 8 * window}
+    assert truth.rejected["b_free"] == {(0, 4)}

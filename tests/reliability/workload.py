@@ -7,6 +7,16 @@ allow) and some values fall outside the clip range, so bounding and clipping
 are exercised; a few events are sent after everything else with times in the
 first window, so they are late for certain.
 
+Before the stream, ``LiveProducer.warm_up`` sends every input partition a
+record that is not an event (dead-lettered as malformed) twice a second,
+from before the workers start until the stream has run two seconds: every
+partition then has a record clock from the start and is never idle while
+the stream runs. Otherwise a partition with no record yet is idle from its
+assignment, other partitions' clocks close its windows, and on a starved
+machine its first events, delivered a second after the others', are late
+by the worker's clock and on time by the model's (which knows no wall
+clock).
+
 Two queries read the stream: ``*_free`` draws on a budget no unit can use up
 (so a unit's spend counts exactly the windows it was charged for) and
 ``*_capped`` on a budget of three windows (so exclusion happens). With
@@ -15,7 +25,10 @@ namespace of two horizons, a day's epsilon limit of five windows and an
 hour's delta limit of three: its units are excluded once their delta runs out;
 with ``selected`` ``*_select`` releases the groups partition selection picks;
 with ``top_k`` ``*_top`` releases counts and a top-2 record, on a budget of
-three windows.
+three windows; with ``continual`` ``*_cont`` releases running totals over
+periods of ``CONTINUAL_WINDOWS`` windows, a unit counted in at most
+``CONTINUAL_MAX_WINDOWS`` windows of a period and charged once per period,
+on a budget of two periods (units are left out from their third period on).
 """
 
 from __future__ import annotations
@@ -40,6 +53,9 @@ GAUSS_DELTA = 1e-7
 SELECT_DELTA = 1e-6  # partition selection's delta per window
 GAUSS_DELTA_WINDOWS = 3  # the hour's delta limit binds first: at the fourth window
 GAUSS_EPSILON_WINDOWS = 5  # the day's epsilon limit
+CONTINUAL_WINDOWS = 5  # windows per period of the continual query
+CONTINUAL_MAX_WINDOWS = 2  # in how many windows of a period a unit counts
+CONTINUAL_PERIODS = 2  # periods its budget holds
 
 
 @dataclass(frozen=True)
@@ -55,10 +71,12 @@ class StreamSpec:
     duration_s: float = 14.0
     rate_per_s: float = 250.0
     late_events: int = 4
+    warm_overlap_s: float = 2.0  # the warm-up goes on this long after the stream began
     jitter_ms: int = 300
     gaussian: bool = False  # a third query: Gaussian noise, (epsilon, delta) charged on two horizons
     selected: bool = False  # and one whose groups partition selection picks (its delta charged per window)
     top_k: bool = False  # and one releasing its counts and a top-2 record per window
+    continual: bool = False  # and one releasing running totals per period (continual release)
 
     def __post_init__(self) -> None:
         if self.jitter_ms >= self.lateness_ms:
@@ -104,6 +122,10 @@ def schedule(spec: StreamSpec) -> list[ScheduledEvent]:
     return events
 
 
+#: What the warm-up sends: not JSON, so dead-lettered as malformed; it counts for activity and moves the clock.
+WARM_UP_RECORD = b"warm-up: not an event"
+
+
 def encode_event(event: ScheduledEvent, start_ms: int) -> bytes:
     return orjson.dumps({"user_id": event.unit, "ts": start_ms + event.ts_offset_ms, "page": event.page,
                          "value": event.value})
@@ -131,6 +153,10 @@ def write_config(path: Path, name: str, input_topic: str, spec: StreamSpec) -> d
         namespaces[f"{name}-top"] = {"budgets": [{"horizon": "1h", "epsilon": EPSILON * CAPPED_WINDOWS}],
                                      "alert_at": [1.0]}
         outputs[f"{name}_top"] = f"{name}-out-top"
+    if spec.continual:
+        namespaces[f"{name}-cont"] = {"budgets": [{"horizon": "1h", "epsilon": EPSILON * CONTINUAL_PERIODS}],
+                                      "alert_at": [1.0]}
+        outputs[f"{name}_cont"] = f"{name}-out-cont"
     queries = []
     for query, output in outputs.items():
         gauss = {"mechanism": "gaussian", "delta": GAUSS_DELTA} if query.endswith("_gauss") else {}
@@ -152,6 +178,8 @@ def write_config(path: Path, name: str, input_topic: str, spec: StreamSpec) -> d
             # unit_partition places keys as librdkafka's default partitioner does
             "partitioner": "crc32",
             **gauss,
+            **({"continual": {"period": f"{spec.window_ms * CONTINUAL_WINDOWS}ms",
+                              "max_windows_per_unit": CONTINUAL_MAX_WINDOWS}} if query.endswith("_cont") else {}),
         })
     path.write_text(yaml.safe_dump({"namespaces": namespaces, "queries": queries}, sort_keys=False))
     return outputs
@@ -170,15 +198,51 @@ class LiveProducer:
     failed: int = 0
     error: str | None = None  # why the producer gave up, if it did
     done: threading.Event = field(default_factory=threading.Event)
+    warm_ups: int = 0  # warm-up records the broker acknowledged
     _thread: threading.Thread | None = None
+    _warm_thread: threading.Thread | None = None
+    _stream_started: float | None = None  # time.monotonic() when the stream began
+
+    def warm_up(self, partitions: int, overlap_s: float, every_s: float = 0.5) -> None:
+        """Send each of ``partitions`` a ``WARM_UP_RECORD`` every ``every_s`` from now until ``overlap_s``
+        after ``start`` (module docstring)."""
+        self._warm_thread = threading.Thread(target=self._warm, args=(partitions, overlap_s, every_s),
+                                             name="warm-up", daemon=True)
+        self._warm_thread.start()
+
+    def _warm(self, partitions: int, overlap_s: float, every_s: float) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "linger.ms": 0,
+                             "reconnect.backoff.max.ms": 250, "message.timeout.ms": 120_000,
+                             **self.client_options})
+
+        def delivered(err, _message) -> None:
+            if err is None:
+                self.warm_ups += 1
+
+        try:
+            while self._stream_started is None or time.monotonic() - self._stream_started < overlap_s:
+                for partition in range(partitions):
+                    producer.produce(self.topic, value=WARM_UP_RECORD, partition=partition, on_delivery=delivered)
+                next_at = time.monotonic() + every_s
+                while (left := next_at - time.monotonic()) > 0:
+                    producer.poll(left)  # returns early once it served a delivery report
+        except Exception as exc:  # reported by the harness; a thread must not die with an unhandled error
+            self.error = f"warm-up: {type(exc).__name__}: {exc}"
+        finally:
+            producer.flush(150)
 
     def start(self) -> None:
+        self._stream_started = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="live-producer", daemon=True)
         self._thread.start()
 
     def join(self, timeout_s: float) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        for thread in (self._thread, self._warm_thread):
+            if thread is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def _on_delivery(self, err, _message) -> None:
         if err is None:
