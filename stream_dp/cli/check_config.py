@@ -61,6 +61,7 @@ def _input_retention_ms(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from stream_dp.budget import StoreOptions
     from stream_dp.cli.plan_expected import expected_errors, warning_lines
+    from stream_dp.config.topic_roles import PREFIX_ENV, environment_prefix, internal_topics, topic_role_problems
     from stream_dp.worker.app import build_worker_parts
     from stream_dp.worker.kafka.input_clock import clock_summary
     from stream_dp.worker.query.costs import build_plan
@@ -70,8 +71,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"stream-dp check-config: {exc}", file=sys.stderr)
         return 2
+    prefix = environment_prefix(os.environ)
     try:
         config = load_config(args.config)
+        # a query topic named like an internal topic would get that role's ACLs (stream_dp.config.topic_roles)
+        problems = topic_role_problems(config.queries, prefix)
+        if problems:
+            raise ConfigError(f"{args.config}: " + "; and ".join(problems))
         build_worker_parts(
             config,
             source=args.config,
@@ -111,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             checks, _ = expected_errors(query, build_plan(query))
             for line in warning_lines(query, checks, build_plan):
                 print(f"  {line}")
+    print(f"internal topics ({PREFIX_ENV}={prefix!r}, none of them a query's): {', '.join(internal_topics(prefix))}")
     print(f"budget buckets checked for an input retention of {format_duration_ms(retention_ms)} (see --input-retention-ms)")
     print(f"{args.config}: OK ({len(config.queries)} queries)")
     return 0

@@ -20,6 +20,7 @@ from stream_dp.budget.redis_nodes import ping as redis_ping
 from stream_dp.budget.redis_url import client_from_url
 from stream_dp.config import ConfigError, PipelineConfig, QueryConfig, Settings
 from stream_dp.config.release_time import together_release_ms
+from stream_dp.config.topic_roles import deployment_problem, topic_role_problems
 from stream_dp.dp import noise_source
 from stream_dp.dp.local import REPORT_TAG_FIELD, report_tag
 from stream_dp.metrics.budget import BudgetMetrics
@@ -244,6 +245,12 @@ class Worker:
         self.client_id = client_id
         self.config_source = config_source
         self.metrics = WorkerMetrics(registry)
+        # before anything is built, created or read: a topic with two roles, or internal topics another
+        # deployment may share, would hand one role's data to another's readers (config.topic_roles)
+        problems = topic_role_problems(config.queries, settings.internal_topic_prefix)
+        shared = deployment_problem(settings.group_id, settings.internal_topic_prefix)
+        if problems or shared:
+            raise WorkerConfigError("; and ".join([*problems, *([shared] if shared else [])]))
         parts = build_worker_parts(
             config, source=config_source, secret=contribution_secret(settings),
             store_options=settings.budget_store_options(), clock_ms=clock_ms,
