@@ -61,7 +61,7 @@ def _input_retention_ms(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from stream_dp.budget import StoreOptions
     from stream_dp.cli.plan_expected import expected_errors, warning_lines
-    from stream_dp.config.topic_roles import PREFIX_ENV, environment_prefix, internal_topics, topic_role_problems
+    from stream_dp.config.topic_roles import PREFIX_ENV, environment_prefix, internal_topics
     from stream_dp.worker.app import build_worker_parts
     from stream_dp.worker.kafka.input_clock import clock_summary
     from stream_dp.worker.query.costs import build_plan
@@ -74,16 +74,13 @@ def run(args: argparse.Namespace) -> int:
     prefix = environment_prefix(os.environ)
     try:
         config = load_config(args.config)
-        # a query topic named like an internal topic would get that role's ACLs (stream_dp.config.topic_roles)
-        problems = topic_role_problems(config.queries, prefix)
-        if problems:
-            raise ConfigError(f"{args.config}: " + "; and ".join(problems))
         build_worker_parts(
             config,
             source=args.config,
             secret=STAND_IN_SECRET,
             store_options=StoreOptions.for_input_retention(retention_ms),
             clock_ms=lambda: 0,
+            internal_topic_prefix=prefix,  # as a worker run with this environment: no query topic may be one of them
         ).close()
     except ConfigError as exc:
         print(exc, file=sys.stderr)

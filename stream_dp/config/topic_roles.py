@@ -14,6 +14,7 @@ would share one partials topic, each combining the other's exact partials: :func
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 DEFAULT_GROUP_ID = "stream-dp"
@@ -21,10 +22,6 @@ DEFAULT_INTERNAL_TOPIC_PREFIX = "stream-dp."
 PREFIX_ENV = "STREAM_DP_INTERNAL_TOPIC_PREFIX"
 #: Every internal topic the worker uses, by role; its name is ``STREAM_DP_INTERNAL_TOPIC_PREFIX`` + role.
 INTERNAL_TOPIC_ROLES = ("partials", "alerts", "dead-letter")
-
-
-class TopicRoleError(ValueError):
-    """A topic has two roles, or two deployments would share internal topics; the message says how to fix it."""
 
 
 class _Query(Protocol):
@@ -38,50 +35,53 @@ def internal_topics(prefix: str) -> dict[str, str]:
     return {f"{prefix}{role}": role for role in INTERNAL_TOPIC_ROLES}
 
 
-def chain_problems(queries: Iterable[_Query]) -> list[str]:
-    """A query reading another query's output topic (the query file alone decides)."""
+@dataclass(frozen=True)
+class Clash:
+    """Query ``index``'s ``field`` (``input_topic`` or ``output_topic``) names a topic that has another role."""
+
+    index: int
+    query: str
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"query {self.query!r}: {self.message}"
+
+
+def topic_role_clashes(queries: Iterable[_Query], prefix: str | None) -> list[Clash]:
+    """Every query topic with a second role: an internal topic under ``prefix`` (the query's producers would get
+    Write, or its analysts Read, on it), or another query's output topic read as an input topic (a chain).
+    ``prefix`` None: chains only (what the query file alone decides)."""
     queries = list(queries)
+    internal = internal_topics(prefix) if prefix is not None else {}
     writers = {q.output_topic: q.name for q in queries}
-    problems = []
-    for query in queries:
-        writer = writers.get(query.input_topic)
-        if writer is not None and writer != query.name:
-            problems.append(
-                f"query {query.name!r} reads input_topic {query.input_topic!r}, which query {writer!r} writes its "
-                "releases to: producers of an input topic may write it (they could forge releases there) and "
-                "analysts of an output topic may read it (they would read raw events with unit ids); read the raw "
-                f"events' topic in {query.name!r} instead, and process releases outside stream-dp if you need to"
-            )
-    return problems
-
-
-def internal_clash_problems(queries: Iterable[_Query], prefix: str) -> list[str]:
-    """A query's input or output topic named like an internal topic under ``prefix``."""
-    internal = internal_topics(prefix)
-    problems = []
-    for query in queries:
+    clashes = []
+    for index, query in enumerate(queries):
         for field, topic in (("input_topic", query.input_topic), ("output_topic", query.output_topic)):
             role = internal.get(topic)
             if role is not None:
-                problems.append(
-                    f"query {query.name!r} has {field} {topic!r}, the worker's internal {role} topic "
-                    f"({PREFIX_ENV}={prefix!r} + {role!r}): its ACLs would give the query's "
-                    f"{'producers Write' if field == 'input_topic' else 'analysts Read'} on it; rename the "
-                    f"{field}, or set {PREFIX_ENV} to another prefix for every worker of the deployment"
-                )
-    return problems
+                who = "producers Write" if field == "input_topic" else "analysts Read"
+                clashes.append(Clash(index, query.name, field, (
+                    f"{field} {topic!r} is the worker's internal {role} topic ({PREFIX_ENV}={prefix!r} + {role!r}): "
+                    f"the ACL plan would give the query's {who} on it; rename the {field}, or set {PREFIX_ENV} to "
+                    "another prefix for every worker of the deployment and for `stream-dp acls`")))
+        writer = writers.get(query.input_topic)
+        if writer is not None and writer != query.name:
+            clashes.append(Clash(index, query.name, "input_topic", (
+                f"input_topic {query.input_topic!r} is where query {writer!r} writes its releases: producers of an "
+                "input topic may write it (they could forge releases there) and analysts of an output topic may "
+                "read it (they would read raw events with unit ids); read the raw events' topic instead, and "
+                "process releases outside stream-dp")))
+    return clashes
 
 
 def topic_role_problems(queries: Iterable[_Query], prefix: str) -> list[str]:
-    """Every topic with two roles: internal and a query's, or one query's output and another's input."""
-    queries = list(queries)
-    return internal_clash_problems(queries, prefix) + chain_problems(queries)
+    return [str(clash) for clash in topic_role_clashes(queries, prefix)]
 
 
-def check_topic_roles(queries: Iterable[_Query], prefix: str) -> None:
-    problems = topic_role_problems(queries, prefix)
-    if problems:
-        raise TopicRoleError("; and ".join(problems))
+def chain_problems(queries: Iterable[_Query]) -> list[str]:
+    """A query reading another query's output topic (the query file alone decides: config validation)."""
+    return [str(clash) for clash in topic_role_clashes(queries, None)]
 
 
 def deployment_problem(group_id: str, prefix: str) -> str | None:
