@@ -5,6 +5,9 @@ The topics and groups come from the query file and the worker's settings (``STRE
 ``STREAM_DP_INTERNAL_TOPIC_PREFIX``...), read from the environment as a worker reads them. ``--apply`` creates
 the Kafka ACLs through the admin API as the principal the KAFKA_* settings name (a super user, or one allowed
 to Alter the cluster); the Redis rule is for the operator to set (``redis-cli ACL SETUSER``, or the aclfile).
+``--check`` lists, as such an admin, the ACLs on the plan's topics and groups beyond the plan
+(``worker.access.audit``). A query topic with a second role (``config.topic_roles``), a group id of its own on
+the default internal topic prefix, or a wildcard or malformed principal is refused before anything is printed.
 """
 
 from __future__ import annotations
