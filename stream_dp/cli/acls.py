@@ -5,6 +5,9 @@ The topics and groups come from the query file and the worker's settings (``STRE
 ``STREAM_DP_INTERNAL_TOPIC_PREFIX``...), read from the environment as a worker reads them. ``--apply`` creates
 the Kafka ACLs through the admin API as the principal the KAFKA_* settings name (a super user, or one allowed
 to Alter the cluster); the Redis rule is for the operator to set (``redis-cli ACL SETUSER``, or the aclfile).
+``--check`` lists, as such an admin, the ACLs on the plan's topics and groups beyond the plan
+(``worker.access.audit``). A query topic with a second role (``config.topic_roles``), a group id of its own on
+the default internal topic prefix, or a wildcard or malformed principal is refused before anything is printed.
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--apply", action="store_true",
                         help="create the Kafka ACLs through the admin API, connecting with the KAFKA_* settings")
+    parser.add_argument("--check", action="store_true",
+                        help="list the ACLs on the worker's topics and groups beyond the plan, with the "
+                        "kafka-acls.sh --remove commands that drop them (as an admin, like --apply); exit 1 when "
+                        "one lets a principal other than the worker read or write input, partials, alerts or "
+                        "dead-letter records")
+    parser.add_argument("--custom-principal-types", action="store_true",
+                        help="accept principal types other than User (brokers with a custom principal builder)")
     parser.set_defaults(handler=run)
 
 
@@ -48,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from stream_dp.config import Settings
+    from stream_dp.config.topic_roles import deployment_problem
     from stream_dp.budget.redis_url import is_cluster_url
     from stream_dp.worker.access.kafka_plan import (
         DEFAULT_ANALYST_GROUP_PREFIX,
@@ -60,12 +71,18 @@ def run(args: argparse.Namespace) -> int:
     from stream_dp.worker.access.render import plan_json, plan_text
 
     try:
+        if args.apply and args.check:
+            raise ValueError("--apply and --check: run one, then the other")
         config = load_config(args.config)
         settings = Settings()
+        shared = deployment_problem(settings.group_id, settings.internal_topic_prefix)
+        if shared:
+            raise AclPlanError(shared)
         inputs = sorted({q.input_topic for q in config.queries})
+        custom = args.custom_principal_types
         principals = Principals(args.worker_principal, args.analyst_principal,
-                                producer_principals(inputs, args.producer_principal, DEFAULT_PRODUCER))
-        acls = kafka_acls(config, settings, principals,
+                                producer_principals(inputs, args.producer_principal, DEFAULT_PRODUCER, custom_types=custom))
+        acls = kafka_acls(config, settings, principals, custom_types=custom,
                           analyst_group_prefix=args.analyst_group_prefix or DEFAULT_ANALYST_GROUP_PREFIX)
         rule = worker_redis_rule(args.redis_user, cluster=is_cluster_url(settings.redis_url.get_secret_value()))
     except (ConfigError, AclPlanError, ValueError) as exc:
@@ -74,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"invalid environment settings:\n{exc}", file=sys.stderr)
         return 1
+    if args.check:
+        return _check(acls, config, settings, args.worker_principal)
     if args.json:
         print(json.dumps(plan_json(acls, rule), indent=2))
     else:
@@ -103,4 +122,30 @@ def _apply(acls: list, settings) -> int:
               + ("\n  ..." if len(refused) > 10 else ""), file=sys.stderr)
         return 1
     print(f"created {len(bindings)} ACLs on {settings.kafka_bootstrap_servers} (existing ones are kept)", file=sys.stderr)
+    return 0
+
+
+def _check(acls: list, config, settings, worker: str) -> int:
+    from kafka.errors import KafkaError
+
+    from stream_dp.worker.access.audit import Binding, audit, report
+    from stream_dp.worker.access.kafka_plan import GROUP, TOPIC, worker_groups, worker_topics
+    from stream_dp.worker.kafka.acl_admin import describe_acls
+
+    try:
+        existing = [Binding(*row) for row in describe_acls(settings.kafka_client_options())]
+    except KafkaError as exc:
+        print(f"could not list the ACLs on {settings.kafka_bootstrap_servers}: {type(exc).__name__}: {exc}; connect "
+              "as an admin (KAFKA_SASL_USERNAME/PASSWORD of a super user, or one allowed to Describe the cluster) on a "
+              "broker with an authorizer", file=sys.stderr)
+        return 1
+    roles = {**{(TOPIC, t): r for t, r in worker_topics(config, settings).items()},
+             **{(GROUP, g): ["worker group"] for g in worker_groups(settings)}}
+    findings = audit(existing, acls, roles, worker=worker)
+    sys.stdout.write(report(findings, settings.kafka_bootstrap_servers))
+    fatal = [f for f in findings if f.fatal]
+    if fatal:
+        print(f"{len(fatal)} ACL(s) let a principal other than the worker read or write records as sensitive as the "
+              "raw events; run the --remove commands printed above (after checking who holds them)", file=sys.stderr)
+        return 1
     return 0

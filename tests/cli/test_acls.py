@@ -51,3 +51,46 @@ def test_apply_on_a_broker_without_an_authorizer_says_so(kafka_bootstrap, monkey
     assert main(["acls", "--config", str(EXAMPLE), "--apply"]) == 1
     err = capsys.readouterr().err
     assert "SecurityDisabled" in err or "refused" in err, err
+
+
+def doctored(tmp_path, **update) -> Path:
+    import yaml
+
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["queries"][0].update(update)
+    path = tmp_path / "queries.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("field", ["input_topic", "output_topic"])
+def test_refuses_a_query_topic_named_like_an_internal_one_before_printing_or_applying(tmp_path, capsys, field):
+    path = doctored(tmp_path, **{field: "dp-internal.partials"})
+    assert main(["acls", "--config", str(path), "--apply"]) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert f"{field} 'dp-internal.partials' is the worker's internal partials topic" in out.err
+
+
+def test_refuses_a_group_of_its_own_on_the_default_topic_prefix(monkeypatch, capsys):
+    monkeypatch.delenv("STREAM_DP_INTERNAL_TOPIC_PREFIX")
+    assert main(["acls", "--config", str(EXAMPLE), "--apply"]) == 1
+    out = capsys.readouterr()
+    assert out.out == "" and "set STREAM_DP_INTERNAL_TOPIC_PREFIX='workers.'" in out.err
+
+
+def test_principals_must_name_one_user_unless_the_flag_says_otherwise(capsys):
+    assert main(["acls", "--config", str(EXAMPLE), "--analyst-principal", "User:*"]) == 1
+    assert "wildcard" in capsys.readouterr().err
+    assert main(["acls", "--config", str(EXAMPLE), "--producer-principal", "User:x,User:y"]) == 1
+    assert "whitespace or a comma" in capsys.readouterr().err
+    assert main(["acls", "--config", str(EXAMPLE), "--worker-principal", "Service:w"]) == 1
+    assert "--custom-principal-types" in capsys.readouterr().err
+    assert main(["acls", "--config", str(EXAMPLE), "--worker-principal", "Service:w", "--custom-principal-types"]) == 0
+    assert "--allow-principal Service:w" in capsys.readouterr().out
+
+
+def test_refuses_a_topic_given_two_producers(capsys):
+    args = ["--producer-principal", "events.visits=User:a", "--producer-principal", "events.visits=User:b"]
+    assert main(["acls", "--config", str(EXAMPLE), *args]) == 1
+    assert "names topic 'events.visits' twice" in capsys.readouterr().err

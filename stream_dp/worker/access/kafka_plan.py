@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stream_dp.config import PipelineConfig, Settings
+from stream_dp.config.topic_roles import topic_role_problems
 from stream_dp.worker.kafka.clients import release_group_id
 
 WORKER, PRODUCER, ANALYST = "worker", "producer", "analyst"
@@ -59,33 +60,53 @@ class Principals:
     producers: Mapping[str, str]
 
 
-def check_principal(principal: str) -> str:
+def check_principal(principal: str, *, custom_types: bool = False) -> str:
+    """``User:NAME`` with a NAME that names one principal: Kafka reads ``User:*`` as every user, a principal
+    type other than ``User`` matches nobody unless the cluster has a custom principal builder (``custom_types``),
+    and whitespace or a comma in the name is a typo or a list, never one SASL user."""
     kind, _, name = principal.partition(":")
-    if not kind or not name or kind != kind.strip() or name != name.strip():
+    if not kind or not name:
         raise AclPlanError(f"principal {principal!r} is not of the form User:NAME (Kafka's principal type and name)")
+    if "*" in principal:
+        raise AclPlanError(f"principal {principal!r} is a wildcard: Kafka would grant every principal; name one "
+                           "user, User:NAME")
+    if any(c.isspace() for c in principal) or "," in principal:
+        raise AclPlanError(f"principal {principal!r} holds whitespace or a comma: give one principal, User:NAME "
+                           "(repeat the option for a topic's own producer: TOPIC=User:NAME)")
+    if kind != "User" and not custom_types:
+        raise AclPlanError(f"principal {principal!r} has type {kind!r}: SASL and TLS clients are User principals "
+                           "(the type is case-sensitive), so it would match nobody; write User:NAME, or pass "
+                           "--custom-principal-types if the brokers run a principal builder that makes such types")
     return principal
 
 
-def producer_principals(inputs: list[str], given: list[str], default: str) -> dict[str, str]:
+def producer_principals(inputs: list[str], given: list[str], default: str, *,
+                        custom_types: bool = False) -> dict[str, str]:
     """Each input topic's producer: ``TOPIC=User:NAME`` entries of ``given``, a bare ``User:NAME`` for every
-    other topic, else ``default``."""
-    every = default
+    other topic, else ``default``. A topic named twice, or two bare principals, is refused: only one would win."""
+    every: str | None = None
     named: dict[str, str] = {}
     for entry in given:
         topic, sep, principal = entry.partition("=")
         if not sep:
-            every = check_principal(entry)
+            if every is not None:
+                raise AclPlanError(f"--producer-principal names two principals for every input topic ({every} and "
+                                   f"{entry}); give one, and TOPIC=User:NAME for a topic's own")
+            every = check_principal(entry, custom_types=custom_types)
         elif topic not in inputs:
             raise AclPlanError(f"--producer-principal {entry!r} names topic {topic!r}, which no query reads; "
                                f"the input topics are {', '.join(inputs)}")
+        elif topic in named:
+            raise AclPlanError(f"--producer-principal names topic {topic!r} twice ({named[topic]} and {principal}); "
+                               "one principal writes each input topic: keep one")
         else:
-            named[topic] = check_principal(principal)
-    return {topic: named.get(topic, every) for topic in inputs}
+            named[topic] = check_principal(principal, custom_types=custom_types)
+    return {topic: named.get(topic, every or default) for topic in inputs}
 
 
 def worker_topics(config: PipelineConfig, settings: Settings) -> dict[str, list[str]]:
-    """Every topic the worker uses, and its roles in the plan (input, partials, alerts, dead-letter, output):
-    one query's output topic may be another's input."""
+    """Every topic the worker uses, and its roles in the plan (input, partials, alerts, dead-letter, output);
+    a topic with two roles is refused before (``config.topic_roles``)."""
     roles: dict[str, list[str]] = {}
     named = [*((q.input_topic, "input") for q in config.queries),
              (settings.partials_topic, "partials"), (settings.alerts_topic, "alerts"),
@@ -124,9 +145,14 @@ def worker_groups(settings: Settings) -> dict[str, str]:
 
 
 def kafka_acls(config: PipelineConfig, settings: Settings, principals: Principals, *,
-               analyst_group_prefix: str = DEFAULT_ANALYST_GROUP_PREFIX) -> list[KafkaAcl]:
-    """Every ALLOW binding the three roles need, sorted by role, principal and resource."""
-    worker, analyst = check_principal(principals.worker), check_principal(principals.analyst)
+               analyst_group_prefix: str = DEFAULT_ANALYST_GROUP_PREFIX, custom_types: bool = False) -> list[KafkaAcl]:
+    """Every ALLOW binding the three roles need, sorted by role, principal and resource. Refuses a topic with two
+    roles (``config.topic_roles``): the plan grants by role."""
+    worker = check_principal(principals.worker, custom_types=custom_types)
+    analyst = check_principal(principals.analyst, custom_types=custom_types)
+    problems = topic_role_problems(config.queries, settings.internal_topic_prefix)
+    if problems:
+        raise AclPlanError("; and ".join(problems))
     if not analyst_group_prefix:
         raise AclPlanError("the analysts' consumer-group prefix is empty: it would let them join every group")
     groups = worker_groups(settings)
@@ -143,7 +169,7 @@ def kafka_acls(config: PipelineConfig, settings: Settings, principals: Principal
     topics = worker_topics(config, settings)
     for topic, roles in topics.items():
         if "input" in roles:
-            producer = check_principal(principals.producers[topic])
+            producer = check_principal(principals.producers[topic], custom_types=custom_types)
             acls += [KafkaAcl(PRODUCER, producer, TOPIC, topic, LITERAL, "Write", "produces the events"),
                      KafkaAcl(PRODUCER, producer, TOPIC, topic, LITERAL, "Describe", "partitions")]
         if "output" in roles:

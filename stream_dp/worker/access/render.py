@@ -47,9 +47,10 @@ def plan_json(acls: list[KafkaAcl], rule: RedisRule) -> dict[str, Any]:
 def plan_text(acls: list[KafkaAcl], rule: RedisRule, bootstrap: str) -> str:
     lines = ["# Kafka: every ACL is ALLOW from any host; everything else is denied "
              "(allow.everyone.if.no.acl.found=false)."]
-    for role, bindings in groupby(acls, key=lambda a: a.role):
+    # by role and principal: input topics may each have their own producer
+    for (role, principal), bindings in groupby(acls, key=lambda a: (a.role, a.principal)):
         listed = list(bindings)
-        lines.append(f"# {role} ({listed[0].principal}):")
+        lines.append(f"# {role} ({principal}):")
         for (kind, name, pattern), on_resource in groupby(listed,
                                                           key=lambda a: a.resource):
             ops = list(on_resource)

@@ -126,3 +126,27 @@ def _refusal(acl: Any, error: Any) -> str:
     pattern = acl.resource_pattern
     name = getattr(error, "__name__", None) or type(error).__name__
     return f"{acl.principal} {acl.operation.name} {pattern.resource_type.name} {pattern.resource_name}: {name}"
+
+
+def describe_acls(options: dict[str, Any]) -> list[tuple[str, str, str, str, str, str, str]]:
+    """Every ACL on the cluster as ``(principal, host, resource type, name, pattern type, operation, permission)``
+    in Kafka's names (``User:w``, ``*``, ``Topic``, ``events``, ``literal``, ``Read``, ``Allow``). Needs a
+    principal allowed to Describe the cluster (an admin); raises the broker's refusal as a ``KafkaError``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from kafka.admin import ACLFilter, ACLOperation, ACLPermissionType, ACLResourcePatternType, ResourcePatternFilter, ResourceType
+        from kafka.errors import NoError
+
+    every = ACLFilter(principal=None, host=None, operation=ACLOperation.ANY, permission_type=ACLPermissionType.ANY,
+                      resource_pattern=ResourcePatternFilter(ResourceType.ANY, None, ACLResourcePatternType.ANY))
+    admin = _admin(options)
+    try:
+        acls, error = admin.describe_acls(every)
+    finally:
+        admin.close()
+    if error is not NoError and not isinstance(error, NoError):
+        raise error() if isinstance(error, type) else error
+    return [(acl.principal, acl.host, kafka_operation_name(acl.resource_pattern.resource_type.name),
+             acl.resource_pattern.resource_name, acl.resource_pattern.pattern_type.name.lower(),
+             kafka_operation_name(acl.operation.name), kafka_operation_name(acl.permission_type.name))
+            for acl in acls]

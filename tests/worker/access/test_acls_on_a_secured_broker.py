@@ -10,7 +10,9 @@ users are an admin and the worker's user with the printed rule. After ``stream-d
   (and the check that says so fails for an analyst given more);
 * the producer writes its input topic and nothing else;
 * the worker's Redis user is refused on keys outside its prefixes and on commands outside its rule;
-* a worker missing one ACL of its plan refuses to start, naming the ACL and the command that grants it.
+* a worker missing one ACL of its plan refuses to start, naming the ACL and the command that grants it;
+* ``acls --check`` passes on the plan alone, fails once a stale user may read the partials, and the
+  ``--remove`` commands it prints drop exactly the stale bindings.
 """
 
 from __future__ import annotations
@@ -392,3 +394,77 @@ def test_a_worker_missing_one_acl_refuses_to_start_and_names_it(broker, running,
     finally:
         consumer.close()
     assert set(ends.values()) == {0}, ends
+
+
+def acls_check(pipeline: Pipeline, bootstrap: str, monkeypatch, capsys) -> tuple[int, str]:
+    """``stream-dp acls --check`` as an admin, in this process (a subprocess costs seconds of start-up)."""
+    from stream_dp.cli.main import main
+
+    for name in [n for n in os.environ if n.startswith(("KAFKA_", "STREAM_DP_", "REDIS_"))]:
+        monkeypatch.delenv(name)
+    for name, value in {**pipeline.settings, **kafka_env(bootstrap, "admin", ADMIN_PASSWORD, "SCRAM-SHA-256")}.items():
+        monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    status = main(["acls", "--config", str(pipeline.config), "--check", "--worker-principal", "User:worker",
+                   "--producer-principal", "User:producer", "--analyst-principal", "User:analyst",
+                   "--analyst-group-prefix", pipeline.analyst_groups])
+    out = capsys.readouterr()
+    return status, out.out + out.err
+
+
+def _drop_as_printed(bootstrap: str, command: str) -> int:
+    """Delete the ACLs a printed ``kafka-acls.sh --remove`` names, read from its own arguments (the broker
+    image has no kafka-acls.sh): proves the command names exactly the stale binding."""
+    import shlex
+
+    kafka = _kafka()
+    words = shlex.split(command)
+    arg = {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
+    side = "allow" if "--allow-principal" in arg else "deny"
+    kind, name = ("GROUP", arg["--group"]) if "--group" in arg else ("TOPIC", arg["--topic"])
+    enum = {"All": "ALL", "Read": "READ", "Write": "WRITE", "Describe": "DESCRIBE"}
+    acl_filter = kafka.admin.ACLFilter(
+        arg[f"--{side}-principal"], arg[f"--{side}-host"], kafka.admin.ACLOperation[enum[arg["--operation"]]],
+        kafka.admin.ACLPermissionType[side.upper()],
+        kafka.admin.ResourcePatternFilter(kafka.admin.ResourceType[kind], name,
+                                          kafka.admin.ACLResourcePatternType[arg["--resource-pattern-type"].upper()]))
+    client = admin(bootstrap)
+    try:
+        ((_, matched, error),) = client.delete_acls([acl_filter])
+    finally:
+        client.close()
+    assert error is kafka.errors.NoError or isinstance(error, kafka.errors.NoError), error
+    return len(matched)
+
+
+def test_acls_check_lists_grants_beyond_the_plan_and_fails_on_a_reader_of_the_partials(broker, running, tmp_path,
+                                                                                       monkeypatch, capsys):
+    """``--apply`` only adds: a stale grant stays until ``--check`` names it and its --remove drops it."""
+    pipeline = Pipeline(tmp_path)
+    acls(pipeline, broker, "--apply")
+    status, said = acls_check(pipeline, broker, monkeypatch, capsys)
+    assert status == 0 and "no ACL on the worker's topics and groups beyond the plan" in said, said
+    kafka = _kafka()
+    adm = kafka.admin
+
+    def binding(principal, name, operation, *, pattern="LITERAL", permission="ALLOW", host="*"):
+        return adm.ACL(principal, host, adm.ACLOperation[operation], adm.ACLPermissionType[permission],
+                       adm.ResourcePattern(adm.ResourceType.TOPIC, name, adm.ACLResourcePatternType[pattern]))
+
+    stale = [binding("User:greedy", pipeline.internal["partials"], "READ"),  # an old analyst on the partials
+             binding("User:greedy", pipeline.prefix, "ALL", pattern="PREFIXED"),  # every internal topic
+             binding("User:analyst", pipeline.input, "DESCRIBE", permission="DENY"),  # a DENY the plan does not hold
+             binding("User:bi", pipeline.output, "READ", host="10.0.0.1")]  # another reader of releases
+    client = admin(broker)
+    try:
+        assert not client.create_acls(stale)["failed"]
+    finally:
+        client.close()
+    status, said = acls_check(pipeline, broker, monkeypatch, capsys)
+    assert status == 1 and "2 letting a principal other than the worker read or write" in said, said
+    removes = [line for line in said.splitlines() if line.startswith("kafka-acls.sh")]
+    assert len(removes) == 4 and sum("DANGER Allow User:greedy" in line for line in said.splitlines()) == 2, said
+    for command in removes:
+        assert _drop_as_printed(broker, command) == 1, command
+    status, said = acls_check(pipeline, broker, monkeypatch, capsys)
+    assert status == 0, said

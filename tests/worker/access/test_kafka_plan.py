@@ -119,12 +119,67 @@ def test_kafka_acls_commands_group_operations_per_resource(config):
     assert len(document["kafka"]) == len(acls) and document["redis"]["user"] == "u"
 
 
-def test_a_topic_one_query_writes_and_another_reads_gets_both_roles(config):
+def test_a_topic_one_query_writes_and_another_reads_is_refused(config):
+    """A chain (built past the file's validation, which refuses it too) would give the second query's producers
+    Write on the first's releases and the first's analysts Read on the second's raw events."""
     first, second = config.queries[0], config.queries[1]
     chained = config.model_copy(update={"queries": [first, second.model_copy(update={"input_topic": first.output_topic})]})
     inputs = sorted({q.input_topic for q in chained.queries})
-    acls = kafka_acls(chained, settings(), Principals("User:w", "User:a", dict.fromkeys(inputs, "User:p")))
-    worker = granted(acls, "User:w")
-    assert {("Topic", first.output_topic, op) for op in ("Read", "Write")} <= worker
-    assert ("Topic", first.output_topic, "Write") in granted(acls, "User:p")
-    assert ("Topic", first.output_topic, "Read") in granted(acls, "User:a")
+    with pytest.raises(AclPlanError, match=f"input_topic '{first.output_topic}' is where query '{first.name}' writes"):
+        kafka_acls(chained, settings(), Principals("User:w", "User:a", dict.fromkeys(inputs, "User:p")))
+
+
+@pytest.mark.parametrize("role", ["partials", "alerts", "dead-letter"])
+@pytest.mark.parametrize("field", ["input_topic", "output_topic"])
+def test_a_query_topic_named_like_an_internal_topic_is_refused(config, role, field):
+    first = config.queries[0]
+    doctored = config.model_copy(update={"queries": [first.model_copy(update={field: f"int.{role}"}),
+                                                     *config.queries[1:]]})
+    inputs = sorted({q.input_topic for q in doctored.queries})
+    with pytest.raises(AclPlanError, match=f"{field} 'int.{role}' is the worker's internal {role} topic"):
+        kafka_acls(doctored, settings(), Principals("User:w", "User:a", dict.fromkeys(inputs, "User:p")))
+
+
+@pytest.mark.parametrize("principal, said", [
+    ("User:*", "wildcard"), ("User:a*", "wildcard"), ("Group:x", "type 'Group'"), ("user:stream-dp", "type 'user'"),
+    ("User:a b", "whitespace or a comma"), ("User:x,User:y", "whitespace or a comma"), ("User: a", "whitespace"),
+])
+def test_wildcard_and_malformed_principals_are_refused_for_every_role(config, principal, said):
+    inputs = sorted({q.input_topic for q in config.queries})
+    for principals in (Principals(principal, "User:a", dict.fromkeys(inputs, "User:p")),
+                       Principals("User:w", principal, dict.fromkeys(inputs, "User:p")),
+                       Principals("User:w", "User:a", dict.fromkeys(inputs, principal))):
+        with pytest.raises(AclPlanError, match=said):
+            kafka_acls(config, settings(), principals)
+    with pytest.raises(AclPlanError, match=said):
+        producer_principals(inputs, [f"{inputs[0]}={principal}"], "User:d")
+
+
+def test_other_principal_types_only_with_the_flag(config):
+    inputs = sorted({q.input_topic for q in config.queries})
+    acls = kafka_acls(config, settings(), Principals("Service:w", "User:a", dict.fromkeys(inputs, "User:p")),
+                      custom_types=True)
+    assert ("Topic", "int.partials", "Read") in granted(acls, "Service:w")
+    with pytest.raises(AclPlanError, match="wildcard"):  # never a wildcard, whatever the flag
+        kafka_acls(config, settings(), Principals("Service:*", "User:a", dict.fromkeys(inputs, "User:p")),
+                   custom_types=True)
+
+
+def test_a_producer_principal_given_twice_for_one_topic_is_refused():
+    with pytest.raises(AclPlanError, match="names topic 'a' twice"):
+        producer_principals(["a", "b"], ["a=User:one", "a=User:two"], "User:d")
+    with pytest.raises(AclPlanError, match="two principals for every input topic"):
+        producer_principals(["a", "b"], ["User:one", "User:two"], "User:d")
+
+
+def test_the_summary_names_each_topics_own_producer(config):
+    from stream_dp.worker.access.render import plan_text
+
+    inputs = sorted({q.input_topic for q in config.queries})
+    producers = {topic: f"User:p{i}" for i, topic in enumerate(inputs)}
+    text = plan_text(kafka_acls(config, settings(), Principals("User:w", "User:a", producers)), worker_redis_rule("u"),
+                     "b:9092")
+    summary = [line for line in text.splitlines() if line.startswith("#")]
+    for topic, principal in producers.items():
+        header = summary.index(f"# producer ({principal}):")
+        assert summary[header + 1].startswith(f"#   Topic {topic}: "), summary
