@@ -24,7 +24,6 @@ from stream_dp.config.release_time import together_release_ms
 from stream_dp.config.topic_roles import DEFAULT_INTERNAL_TOPIC_PREFIX, deployment_problem, topic_role_clashes
 from stream_dp.dp import noise_source
 from stream_dp.dp.local import REPORT_TAG_FIELD, report_tag
-from stream_dp.metrics.budget import BudgetMetrics
 from stream_dp.metrics.health import Health
 from stream_dp.metrics.health import watch as watch_health
 from stream_dp.metrics.http import serve as serve_http
@@ -52,6 +51,7 @@ from stream_dp.worker.release.build import privacy_statement
 from stream_dp.worker.release.partition_check import BrokerPartitions, committed_by
 from stream_dp.worker.release.stage import ReleaseStage
 from stream_dp.worker.sandbox.runner import FunctionSandbox
+from stream_dp.worker.store.budget_client import open_budget_store
 from stream_dp.worker.store.ledger import RedisReleaseLedger, ReleaseLedger
 from stream_dp.worker.store.period_register import MemoryPeriodRegister, PeriodRegister, RedisPeriodRegister
 
@@ -269,18 +269,7 @@ class Worker:
         if ledger is None:
             self._redis = client_from_url(url, timeout_s=settings.redis_timeout_s, **watched)
             self._markers_redis = client_from_url(url, timeout_s=settings.redis_timeout_s)
-        if budget is None:
-            # The store retries itself (safe: charges are idempotent); redis-py's own retries are off.
-            client = client_from_url(url, timeout_s=settings.redis_timeout_s, own_retries=False,
-                                     decode_responses=False, **watched)
-            budget = RedisBudgetStore(client, parts.policy, settings.budget_store_options(),
-                                      retries=settings.redis_retries, metrics=BudgetMetrics(registry=registry), wait=wait)
-            try:
-                for warning in budget.durability_warnings():
-                    log.warning("Redis durability: %s", warning)
-            except Exception as exc:  # the server may not be up yet; charges fail closed until it is
-                log.warning("could not check Redis durability settings: %s", exc)
-        self.budget = budget
+        self.budget = budget or open_budget_store(url, parts.policy, settings, registry, wait, **watched)
         self.ledger = ledger or RedisReleaseLedger(self._redis, ttl_s=settings.ledger_ttl_s, wait=wait)
         # Continual queries' registrations live beside the ledger, as long as the budget store accepts their charges.
         self.periods: PeriodRegister = (

@@ -43,3 +43,22 @@ def test_step_predicates_and_trigger_counting():
     trigger = Trigger(is_budget_charge, occurrence=2)
     assert not trigger.count(charge, 1) and trigger.count(charge, 2) and not trigger.count(charge, 3)
     assert trigger.fired_by == 2 and trigger.command == charge
+
+
+def test_the_skewed_clock_of_the_clock_skew_fault_is_ahead_and_sleeps_work():
+    """A process on ``faked_clock_env`` sees the wall clock ten minutes ahead, durations true, and can block in
+    ``time.sleep`` (the worker's retry loops do): with libfaketime's monotonic clock left alone, sleep failed
+    with EINVAL and crashed the skewed worker on its first retry."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.reliability.faults_hosts import SKEW_S, faked_clock_env
+
+    script = "import time; w, m = time.time(), time.monotonic(); time.sleep(0.2); print(w, time.monotonic() - m)"
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", script], env={**os.environ, **faked_clock_env()}, check=True,
+                         capture_output=True, text=True, timeout=60).stdout.split()
+    assert float(out[0]) - before > SKEW_S - 60, out
+    assert float(out[1]) >= 0.2, out
