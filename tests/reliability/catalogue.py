@@ -145,7 +145,7 @@ def ci_catalogue() -> list[PlannedRun]:
     or three at a time, at once (``Together``) or in turn in a longer stream (``Sequence``).
     ``test_ci_subset_covers_every_kind`` keeps it so."""
     return [
-        PlannedRun("worker kill at every stage (laplace, gaussian on two horizons, selected groups, top-k)",
+        PlannedRun("worker kill at every stage (laplace, gaussian on two horizons, selected groups, top-k, continual)",
                    EveryStage(), 11,
                    duration_s=40.0, gaussian=True),
         PlannedRun("redis down (kill -9, then shutdown), then cut off",

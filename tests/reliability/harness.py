@@ -291,7 +291,7 @@ class FaultRun:
         worker_bootstrap = getattr(self.kafka, "worker_bootstrap", None) or self.bootstrap
         env = _worker_env(worker_bootstrap, f"{self.name}-g", prefix, self.partials_partitions)
         events = schedule(spec)
-        producer = LiveProducer(self.bootstrap, input_topic, events)
+        producer = LiveProducer(self.bootstrap, input_topic, events, late_after_s=spec.duration_s)
         workers: list[WorkerProcess] = []
         proxies: list[FaultProxy] = []
 

@@ -5,7 +5,8 @@ jitter, well inside the allowed lateness), so windows close as they would on
 a live stream. Some units are heavy (more pages and events than the bounds
 allow) and some values fall outside the clip range, so bounding and clipping
 are exercised; a few events are sent after everything else with times in the
-first window, so they are late for certain.
+first window, once the broker acknowledged everything else and two seconds
+later, so they are late for certain.
 
 Before the stream, ``LiveProducer.warm_up`` sends every input partition a
 record that is not an event (dead-lettered as malformed) twice a second,
@@ -193,6 +194,12 @@ class LiveProducer:
     topic: str
     events: list[ScheduledEvent]
     client_options: dict = field(default_factory=dict)
+    #: Events scheduled after this (the ones late on purpose) wait until the broker acknowledged every earlier
+    #: one, then ``late_gap_s`` more: so they never share a broker batch, nor likely a worker's read, with a
+    #: backlog producers buffered through a broker outage, which a worker judges by the clock from before it
+    #: (and may then accept even these).
+    late_after_s: float | None = None
+    late_gap_s: float = 2.0
     start_ms: int = 0
     acknowledged: int = 0
     failed: int = 0
@@ -271,8 +278,16 @@ class LiveProducer:
                              "reconnect.backoff.max.ms": 250, **self.client_options})
         started = time.monotonic()
         self.start_ms = int(time.time() * 1000)
+        held_back = False
         for event in self.events:
-            delay = started + event.at_s - time.monotonic()
+            late = self.late_after_s is not None and event.at_s > self.late_after_s
+            if late and not held_back:
+                held_back = True
+                left = producer.flush(150)
+                if left:
+                    raise RuntimeError(f"{left} events still unacknowledged after 150 s")
+                time.sleep(self.late_gap_s)
+            delay = 0.0 if late else started + event.at_s - time.monotonic()
             while delay > 0:
                 producer.poll(min(delay, 0.05))  # serve delivery callbacks while waiting
                 delay = started + event.at_s - time.monotonic()
