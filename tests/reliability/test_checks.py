@@ -195,9 +195,11 @@ def test_continual_checks_reject_a_restarted_tree_a_wrong_period_and_per_window_
 
 def test_budget_check_rejects_a_continual_unit_charged_in_a_window_not_its_first_of_the_period(world):
     observed, truth, evidence = world
-    (query, start, partition), units = next((k, u) for k, u in sorted(truth.first_units.items()) if u)
-    later = next(k for k in sorted(truth.partials) if k[0] == query and k[2] == partition and k[1] > start
-                 and truth.period_start(query, k[1]) == truth.period_start(query, start))
+    # a window with units charged the period, and a later window of its partition in the same period
+    (query, start, partition), units, later = next(
+        (key, units, later) for key, units in sorted(truth.first_units.items()) if units
+        for later in sorted(truth.partials) if later[0] == key[0] and later[2] == key[2] and later[1] > key[1]
+        and truth.period_start(key[0], later[1]) == truth.period_start(key[0], key[1]))
     doctored = copy.deepcopy(evidence)
     unit = sorted(units)[0]
     doctored.first_units[f"{query}/{start}/{partition}"] -= {unit}
