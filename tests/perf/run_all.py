@@ -17,7 +17,8 @@ Needs the local services (``bash deploy/services.sh start all`` and
    --processes 2`` end to end (``bench_worker.py``). Drifting load thus hits
    every command alike, and each round gives a paired worker/raw ratio. Every
    figure is given as min / median / max over the rounds.
-2. **Peers** on the largest topic: faust-streaming and PipelineDP (``bench_peers.py``).
+2. **Peers** on the largest topic: faust-streaming, Kafka Streams 4.1 (``kstreams/``, built with
+   ``mvn -q package`` on first use) and PipelineDP (``bench_peers.py``).
 3. **Release latency** for 1k, 10k, 100k and 1M groups per window (``bench_release.py``).
 4. **Budget store** (``bench_budget.py``) and **noise** (``bench_noise.py``).
 5. **Memory** per open (unit, group) pair and per budgeted unit (``bench_memory.py``), and per
@@ -99,6 +100,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, help="rounds of the compared commands (default 3; --full 5)")
     parser.add_argument("--clients", default=",".join(bench_consume.CLIENTS))
     parser.add_argument("--faust-events", type=int, help="events the faust peer reads per run (default 10000; --full 50000)")
+    parser.add_argument("--no-kstreams", action="store_true", help="leave the Kafka Streams peer out (needs mvn, a JDK)")
     parser.add_argument("--pairs", type=int, help="open pairs of the engine memory run (default 1000000; --full 10000000)")
     parser.add_argument("--release-groups", default="1000,10000,100000,1000000")
     parser.add_argument("--latency-rate", type=float, help="events/s offered (default: half of one worker's median)")
@@ -153,7 +155,8 @@ def main() -> None:
             perfkit.create_topic(services.bootstrap, topic, args.partitions)
             perfkit.produce(services.bootstrap, topic, peer_events)
             peer_args = argparse.Namespace(units=args.units, groups=args.groups, partitions=args.partitions, seed=1,
-                                           repeat=3, faust_events=faust_n, no_pipelinedp=False)
+                                           repeat=3, faust_events=faust_n, no_pipelinedp=False,
+                                           no_kstreams=args.no_kstreams)
             part("peers", lambda: bench_peers.measure(services, topic, peer_events, peer_args))
         finally:
             perfkit.delete_topics(services.bootstrap, topic)
