@@ -34,6 +34,7 @@ from stream_dp.worker.guard.store import StoreGuard
 from stream_dp.worker.ingest.stage import IngestStage
 from stream_dp.worker.kafka.admin import read_commit_metadata, read_group_metadata
 from stream_dp.worker.kafka.clients import kafka_clients, release_poll_interval_ms
+from stream_dp.worker.kafka.output_producer import rdkafka_options
 from stream_dp.worker.kafka.topic_setup import TopicLimits, prepare_topics
 from stream_dp.worker.kafka.topics import TopicSettingsError, check_release_records
 from stream_dp.worker.process.tuning import tune_process
@@ -313,7 +314,8 @@ class Worker:
         if self.serve_metrics:
             self._metrics_server = serve_http(settings.metrics_port, settings.metrics_host, self.registry, self.health)
         together_ms = together_release_ms([runtime.config for runtime in self.runtimes])
-        clients = kafka_clients(settings.aiokafka_options(), client_id=self.client_id, group_id=settings.group_id,
+        clients = kafka_clients(settings.aiokafka_options(), rdkafka=rdkafka_options(settings.kafka_client_options()),
+                                client_id=self.client_id, group_id=settings.group_id,
                                 limits=limits, session_timeout_ms=settings.consumer_session_timeout_ms,
                                 max_poll_interval_ms=release_poll_interval_ms(together_ms))
         noise_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="noise")

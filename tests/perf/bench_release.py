@@ -41,21 +41,21 @@ PARTITIONS = 4
 
 
 def _send_closers(services: perfkit.Services, topic: str, ts_ms: int) -> float:
-    """``PRODUCER_QUORUM`` events at ``ts_ms`` on every partition, each of a unit of its own (as many units as
-    move a trusted producer clock);
-    returns the monotonic time just before sending."""
+    """``PRODUCER_QUORUM`` events at ``ts_ms`` on every partition, each of a unit of its own whose key murmur2
+    places on that partition (a unit on another partition is dead-lettered and moves no clock): as many units
+    as move a trusted producer clock; returns the monotonic time just before sending."""
     from confluent_kafka import Producer
 
+    units = perfkit._units_on_each_partition(PARTITIONS, first=2 * 10**9, per_partition=PRODUCER_QUORUM).tolist()
     producer = Producer({"bootstrap.servers": services.bootstrap, "acks": "all", "linger.ms": 0, "log_level": 3})
     producer.list_topics(topic, timeout=10)  # connect first: the clock should not count the handshake
     started = time.monotonic()
-    for partition in range(PARTITIONS):
+    for i, unit in enumerate(units):
+        partition = i // PRODUCER_QUORUM
         # Stamped with its event time as a live producer's record would be: a wall-clock stamp would move the
         # worker's record clock past every later (back-dated) window of the run and close them as they fill.
-        for i in range(PRODUCER_QUORUM):
-            unit = b"closer-%d-%d" % (partition, i)
-            value = b'{"user_id":"%s","ts":%d,"page":"/g0","value":1.0}' % (unit, ts_ms)
-            producer.produce(topic, value=value, key=unit, partition=partition, timestamp=ts_ms)
+        value = b'{"user_id":"u%d","ts":%d,"page":"/g0","value":1.0}' % (unit, ts_ms)
+        producer.produce(topic, value=value, key=b"u%d" % unit, partition=partition, timestamp=ts_ms)
     if producer.flush(30):
         raise RuntimeError(f"closing events to {topic} were not acknowledged")
     return started

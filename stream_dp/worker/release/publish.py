@@ -3,10 +3,14 @@
 Records are rendered from the release entry in slices (``release.entry``),
 their partitions computed for a whole slice with the vectorised murmur2 of
 ``stream_dp.windows.partitioning`` (the same partition Kafka's default
-partitioner gives the key), and appended to one open batch per partition,
-sent whenever it is full. At most ``max_pending_bytes`` of sent batches wait
-for acknowledgement before the next slice is rendered, so a window of a
-million groups is never all in memory.
+partitioner gives the key). The worker's output producer
+(``kafka.output_producer``, librdkafka) takes each record with its partition
+and batches and compresses in its own threads; its queue holds a bounded
+number of bytes, so a window of a million groups is never all in memory.
+With an aiokafka producer (tools, tests) the records are appended to one open
+batch per partition, sent whenever it is full, and at most
+``max_pending_bytes`` of sent batches wait for acknowledgement before the
+next slice is rendered.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2 as murmur2_one
 
 from stream_dp.windows.partitioning import expected_partitions
+from stream_dp.worker.kafka.output_producer import OutputProducer
 from stream_dp.worker.release.entry import Record, ReleaseEntry, StoredRecords, build_entry
 
 log = logging.getLogger(__name__)
@@ -59,7 +64,7 @@ class RecordTooLarge(ValueError):
 
 
 async def publish_release(
-    producer: AIOKafkaProducer,
+    producer: OutputProducer | AIOKafkaProducer,
     topic: str,
     release: ReleaseEntry | StoredRecords,
     *,
@@ -82,6 +87,8 @@ async def publish_release(
     """
     record_limit = max_batch_bytes if max_record_bytes is None else max_record_bytes
     partitions = sorted(await producer.partitions_for(topic))
+    if isinstance(producer, OutputProducer):
+        return await _publish_through(producer, topic, release, partitions, record_limit, on_too_large, slice_rows)
     open_batches: dict[int, object] = {}
     pending: list[tuple[asyncio.Future, int]] = []
     pending_bytes = 0
@@ -121,3 +128,27 @@ async def publish_release(
         await send(partition)
     await asyncio.gather(*(future for future, _ in pending))
     return published, rendering_s
+
+
+async def _publish_through(producer: OutputProducer, topic: str, release: ReleaseEntry | StoredRecords,
+                           partitions: list[int], record_limit: int, on_too_large: Callable[[int], None],
+                           slice_rows: int) -> tuple[int, float]:
+    """``publish_release`` through librdkafka: each record handed over with its partition; batches are built
+    and compressed in librdkafka's threads."""
+    sender = producer.records_to(topic)
+    rendering_s = 0.0
+    for start in range(0, release.total, slice_rows):
+        started = time.perf_counter()
+        records = release.render(start, start + slice_rows)
+        targets = [partitions[i] for i in output_partitions([key for key, _ in records], len(partitions)).tolist()]
+        rendering_s += time.perf_counter() - started
+        send_now = sender.send_now
+        for (key, value), partition in zip(records, targets):
+            if len(key) + len(value) + RECORD_OVERHEAD > record_limit:
+                on_too_large(len(key) + len(value))
+            elif not send_now(key, value, partition):
+                await sender.send(key, value, partition)  # the queue is full: waits for the broker
+        sender.serve()
+        await asyncio.sleep(0)  # heartbeats and fetches between slices
+    await sender.wait()
+    return sender.sent, rendering_s

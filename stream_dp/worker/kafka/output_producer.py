@@ -1,0 +1,156 @@
+"""The producer of release records: librdkafka (confluent-kafka) behind a small asyncio face.
+
+A window of a million groups is a million records of ~800 bytes. Through
+aiokafka every record was appended to its batch in Python and every batch
+compressed with lz4 at level 9 on the event loop; librdkafka batches and
+compresses (lz4, its fast default level) in its own threads, outside the GIL,
+so the event loop only renders records and hands them over
+(``release.publish``). Everything else of the worker stays on aiokafka.
+
+Delivery reports (of failed records only) are served by ``poll`` and
+``flush``, run in a thread so the event loop keeps both consumers' heartbeats
+going while the broker acknowledges. The producer is idempotent with
+``acks=all``, as aiokafka's was.
+
+``rdkafka_options`` maps the worker's connection settings (``Settings.kafka_client_options``:
+bootstrap servers, security protocol, SASL, TLS files) to librdkafka's names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+
+#: Bytes of records waiting in librdkafka's queue before ``produce`` refuses more (``BufferError``):
+#: a window of a million groups is never all in memory.
+QUEUE_KBYTES = 64 * 1024
+_FLUSH_STEP_S = 0.5
+
+
+def rdkafka_options(client_options: dict[str, Any]) -> dict[str, Any]:
+    """``Settings.kafka_client_options`` (kafka-python names) in librdkafka's names."""
+    names = {
+        "bootstrap_servers": "bootstrap.servers", "security_protocol": "security.protocol",
+        "sasl_mechanism": "sasl.mechanism", "sasl_plain_username": "sasl.username",
+        "sasl_plain_password": "sasl.password", "ssl_cafile": "ssl.ca.location",
+        "ssl_certfile": "ssl.certificate.location", "ssl_keyfile": "ssl.key.location",
+    }
+    unknown = set(client_options) - set(names)
+    if unknown:
+        raise ValueError(f"Kafka client options {sorted(unknown)} have no librdkafka name; add them to rdkafka_options")
+    out = {names[key]: value for key, value in client_options.items() if value is not None}
+    if isinstance(out.get("bootstrap.servers"), list):
+        out["bootstrap.servers"] = ",".join(out["bootstrap.servers"])
+    return out
+
+
+class OutputPublishFailed(RuntimeError):
+    """The broker did not take a release record; the window stays unpublished and is published again from
+    the ledger by the next attempt (the same records)."""
+
+
+class OutputProducer:
+    """An idempotent librdkafka producer of release records (see the module docstring)."""
+
+    def __init__(self, options: dict[str, Any], *, client_id: str, batch_bytes: int, max_record_bytes: int,
+                 linger_ms: int = 5) -> None:
+        """``options``: connection settings in librdkafka's names (``rdkafka_options``); ``batch_bytes``: the most
+        one record batch holds, within what the output topics take; ``max_record_bytes``: the largest record
+        the producer accepts (the largest output topic record limit, with framing)."""
+        self._config = {
+            **options, "client.id": client_id, "acks": "all", "enable.idempotence": True,
+            "linger.ms": linger_ms, "compression.type": "lz4", "batch.size": batch_bytes,
+            "message.max.bytes": max(max_record_bytes, batch_bytes) + 16_384,
+            "queue.buffering.max.kbytes": QUEUE_KBYTES, "queue.buffering.max.messages": 2_000_000,
+            "log_level": 4,  # warnings and errors, through librdkafka's own log lines
+            # Only failed records come back through a callback: a Python call per acknowledged record cost
+            # a sixth of the publish's CPU; ``flush`` still waits for every acknowledgement.
+            "delivery.report.only.error": True, "on_delivery": self._failed,
+        }
+        self._producer: Producer | None = None
+        self._failures: list[Any] = []
+
+    def _failed(self, error: Any, _message: Any) -> None:
+        if error is not None:  # reported only for failures (``delivery.report.only.error``), checked anyway
+            self._failures.append(error)
+
+    async def start(self) -> None:
+        self._producer = Producer(self._config)
+        # Connect now, as aiokafka's start does: a broker that cannot be reached fails the start, not a release.
+        await asyncio.to_thread(self._producer.list_topics, timeout=30)
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await asyncio.to_thread(self._producer.flush, 30)
+            self._producer = None
+
+    @property
+    def _client(self) -> Producer:
+        if self._producer is None:
+            raise RuntimeError("the output producer is not started")
+        return self._producer
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        metadata = await asyncio.to_thread(self._client.list_topics, topic, 10)
+        described = metadata.topics.get(topic)
+        if described is None or described.error is not None:
+            raise KafkaException(described.error if described is not None else f"topic {topic} not in metadata")
+        return set(described.partitions)
+
+    def records_to(self, topic: str) -> RecordSender:
+        """A sender of records to ``topic`` that tells, at ``wait``, whether the broker took every one. One
+        sender at a time: the release stage publishes one window after the other."""
+        self._failures.clear()
+        return RecordSender(self._client, topic, self._failures)
+
+    async def send_and_wait(self, topic: str, *, key: bytes | None, value: bytes, partition: int | None = None) -> None:
+        """One record, acknowledged (tools and tests)."""
+        sender = self.records_to(topic)
+        if partition is None:
+            partition = min(await self.partitions_for(topic))
+        await sender.send(key, value, partition)
+        await sender.wait()
+
+
+class RecordSender:
+    """Hands records of one topic to librdkafka and collects their delivery reports."""
+
+    def __init__(self, producer: Producer, topic: str, failures: list[Any]) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._failures = failures  # filled by the producer's delivery reports, served by poll and flush
+        self.sent = 0
+
+    def send_now(self, key: bytes, value: bytes, partition: int) -> bool:
+        """Queue one record; False if librdkafka's queue is full (then ``await send`` it)."""
+        try:
+            self._producer.produce(self._topic, value, key, partition)
+        except BufferError:
+            return False
+        self.sent += 1
+        return True
+
+    async def send(self, key: bytes, value: bytes, partition: int) -> None:
+        """Queue one record, waiting (in a thread, serving delivery reports) while the queue is full."""
+        while not self.send_now(key, value, partition):
+            await asyncio.to_thread(self._producer.poll, 0.05)
+        self._raise_failures()
+
+    def serve(self) -> None:
+        """Delivery reports that have come, without waiting; raises on a failed record."""
+        self._producer.poll(0)
+        self._raise_failures()
+
+    async def wait(self) -> None:
+        """Until the broker acknowledged every queued record (librdkafka reports each, delivered or failed,
+        within its ``message.timeout.ms``); raises ``OutputPublishFailed`` if any failed."""
+        while await asyncio.to_thread(self._producer.flush, _FLUSH_STEP_S):
+            self._raise_failures()
+        self._raise_failures()
+
+    def _raise_failures(self) -> None:
+        if self._failures:
+            raise OutputPublishFailed(f"{len(self._failures)} release record(s) to {self._topic} were not "
+                                      f"acknowledged, the first: {self._failures[0]}")
