@@ -83,7 +83,7 @@ class WindowEngine(EngineState):
         self._compact_min_rows = compact_min_rows
         self._decoder = BulkEventDecoder(schema)
         self._hasher = ContributionHasher(bounding.secret)
-        self._groups = GroupTable(self._hasher)
+        self._groups = GroupTable(self._hasher, public=self._public_positions(schema, public_groups))
         self._windows: dict[int, OpenWindow] = {}
         self._progress: dict[int, PartitionProgress] = {}
         self._watermark_ms: int | None = None  # the latest computed; informational
@@ -100,6 +100,15 @@ class WindowEngine(EngineState):
             if any(len(key) != len(schema.group_by) for key in keys):
                 raise ValueError(f"each public group needs one value per group_by field {list(schema.group_by)}")
             self._public = frozenset(key[0] if len(key) == 1 else key for key in keys)
+
+    @staticmethod
+    def _public_positions(schema: EventSchema, public_groups: Iterable[tuple[str | int, ...]] | None) -> dict | None:
+        """Each public group's position in the query's list, keyed as decoded (a one-field key is its value):
+        partials name their groups' positions, so the release adds them up without a lookup per group."""
+        if public_groups is None or not schema.group_by:
+            return None
+        keys = [tuple(key) for key in public_groups]
+        return {key[0] if len(key) == 1 else key: i for i, key in enumerate(keys)}
 
     # -- partitions ---------------------------------------------------------------
 

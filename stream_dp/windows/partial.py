@@ -46,6 +46,8 @@ class GroupTotals:
     features: np.ndarray | None = None
     #: Sample-and-aggregate queries: every kept event's (group, block of its unit, value), in pair order.
     blocks: BlockValues | None = None
+    #: Each group's position in the query's public list (int64, -1: not public); None without one.
+    positions: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,8 @@ class WindowPartial:
     partition_count_changed: bool = False
     row_value: np.ndarray | None = None  # float64, one per kept event
     unit_hash: np.ndarray | None = None  # uint64, the keyed hash of each unit (sample-and-aggregate blocks)
+    #: int64, each group's position in the query's public list (-1: not public); None without a public list.
+    group_positions: np.ndarray | None = None
 
     def __eq__(self, other: object) -> bool:
         """Field-by-field equality, arrays compared bit for bit (dtype included)."""
@@ -157,6 +161,7 @@ class WindowPartial:
             histogram=None if histogram is None else self._histogram(keep, histogram),
             features=None if features is None else self._features(keep, features),
             blocks=None if blocks is None else self._block_values(keep, blocks),
+            positions=self.group_positions,
         )
         if keep is None:
             return totals  # every group has at least one pair
@@ -174,6 +179,7 @@ class WindowPartial:
             features=None if totals.features is None else totals.features[present],
             blocks=None if totals.blocks is None else BlockValues(
                 position[totals.blocks.group].astype(np.int32), totals.blocks.block, totals.blocks.value),
+            positions=None if self.group_positions is None else self.group_positions[present],
         )
 
     def _histogram(self, keep: np.ndarray | None, spec: HistogramSpec) -> SparseHistogram:
@@ -322,6 +328,7 @@ def build_partial(
         # rows are pair by pair already: the value column is kept as it is (no copy, no work)
         row_value=rows.value if keep_values else None,
         unit_hash=rows.unit[new_unit] if keep_values else None,
+        group_positions=groups.public_positions(group_ids),
     )
 
 

@@ -76,7 +76,7 @@ def _partials(runtime: Any, groups: int, window_ms: int, seed: int) -> list[Part
             input_partitions=PARTITIONS, groups=[names[i] for i in present.tolist()], count=counts.astype(np.int64),
             sum=counts * 40.0, distinct_units=counts.astype(np.int64), units_charged=int(counts.sum()),
             units_excluded=0, closed_at_ms=window_ms + perfkit.WINDOW_MS, placement_partitions=PARTITIONS,
-            settings=runtime.combiner.settings,
+            settings=runtime.combiner.settings, public_positions=present.astype(np.int64),
         ))
     return out
 

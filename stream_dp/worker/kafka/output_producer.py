@@ -27,6 +27,7 @@ from confluent_kafka import KafkaException, Producer
 #: a window of a million groups is never all in memory.
 QUEUE_KBYTES = 64 * 1024
 _FLUSH_STEP_S = 0.5
+_ROOM_POLL_S = 0.002
 
 
 def rdkafka_options(client_options: dict[str, Any]) -> dict[str, Any]:
@@ -135,8 +136,15 @@ class RecordSender:
     async def send(self, key: bytes, value: bytes, partition: int) -> None:
         """Queue one record, waiting (in a thread, serving delivery reports) while the queue is full."""
         while not self.send_now(key, value, partition):
-            await asyncio.to_thread(self._producer.poll, 0.05)
+            await asyncio.to_thread(self._make_room)
         self._raise_failures()
+
+    def _make_room(self) -> None:
+        """Until the broker has taken half of what the full queue held. ``poll`` alone would wait out its whole
+        timeout: with reports of failures only, an acknowledgement wakes nobody."""
+        target = len(self._producer) // 2
+        while len(self._producer) > target:
+            self._producer.poll(_ROOM_POLL_S)
 
     def serve(self) -> None:
         """Delivery reports that have come, without waiting; raises on a failed record."""
