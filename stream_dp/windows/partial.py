@@ -1,7 +1,8 @@
 """What a closed window hands to the release step: one ``WindowPartial`` per (window, partition).
 
 A partial holds the bounded per-(unit, group) contributions in columns, in a
-canonical order -- units and pairs by keyed hash, groups by their type-tagged
+canonical order -- units and pairs by keyed hash, groups by their position in
+the query's public list (a query with one) or else by their type-tagged
 encoding, each pair's events summed in event-hash order -- so the same input
 gives bit-identical partials however it arrived.
 
@@ -287,8 +288,9 @@ def build_partial(
 
     ``rows`` must be in ``prune``'s canonical order (by unit hash, pair rank,
     event hash), which becomes the order of units and pairs: it depends only
-    on the rows, never on how they arrived. Groups are listed by their
-    canonical encoding. ``offsets`` is (first offset, last offset, accepted events).
+    on the rows, never on how they arrived. Groups are listed in the order of
+    the query's public list when they are all in it, else by their canonical
+    encoding. ``offsets`` is (first offset, last offset, accepted events).
     ``keep_values=False`` (a query without a value field) leaves ``row_value`` out.
     ``pair_sums``: the grid of the query's pair sums (``BoundingSpec.pair_sums``); each pair's sum is
     put on it, within what its clipped values can add up to (:mod:`stream_dp.windows.exact_sums`), so
@@ -303,7 +305,12 @@ def build_partial(
     present = np.zeros(len(groups), dtype=bool)
     present[rows.group] = True
     group_ids = np.flatnonzero(present)
-    group_ids = group_ids[np.argsort(groups.canonical_ranks()[group_ids], kind="stable")]
+    positions = groups.public_positions(group_ids)
+    if positions is not None and bool((positions >= 0).all()):
+        # The public list orders groups as canonically as their encodings, without sorting a million strings.
+        group_ids = group_ids[np.argsort(positions, kind="stable")]
+    else:
+        group_ids = group_ids[np.argsort(groups.canonical_ranks()[group_ids], kind="stable")]
     group_index = np.zeros(len(groups), dtype=np.int64)
     group_index[group_ids] = np.arange(len(group_ids))
     pair_count = np.diff(np.append(starts, n)).astype(np.int64)
@@ -328,7 +335,7 @@ def build_partial(
         # rows are pair by pair already: the value column is kept as it is (no copy, no work)
         row_value=rows.value if keep_values else None,
         unit_hash=rows.unit[new_unit] if keep_values else None,
-        group_positions=groups.public_positions(group_ids),
+        group_positions=groups.public_positions(group_ids),  # in the order just chosen
     )
 
 

@@ -58,3 +58,16 @@ def test_positions_follow_their_keys_when_the_table_forgets_keys():
     again = table.ids_for(["/a", "/b"])
     assert table.public_positions(again).tolist() == [0, 1]
     assert GroupTable(ContributionHasher(SECRET)).public_positions(np.array([0])) is None
+
+
+def test_groups_are_listed_in_the_public_lists_order_however_events_arrive():
+    public = [("/z",), ("/a",), ("/m",)]  # not the order of their encodings
+    pages = ["/m", "/a", "/z", "/a"]
+    partials = []
+    for order in (pages, pages[::-1]):
+        engine = _engine(public_groups=public)
+        engine.process(batch_of([event(f"u{i}", W0 + i, page=p) for i, p in enumerate(order)]))
+        (partial,) = engine.process(batch_of([event("u9", W0 + MIN + 1, page="/z")], first_offset=4)).partials
+        partials.append(partial)
+    assert partials[0].groups == public and partials[0].group_positions.tolist() == [0, 1, 2]
+    assert partials[0].groups == partials[1].groups
