@@ -9,7 +9,9 @@ runs them one after the other:
 
 * ``partials``: each partial encoded to its chunk records and decoded again (the partials topic's trip,
   less Kafka's);
-* ``combine``: the four partials added up into the window (``combine.totals.merge_partials``);
+* ``combine``: the four partials added up into the window (``combine.totals.merge_partials``) by the
+  public positions they name; ``combine by key`` is the same without them, as partials of earlier versions
+  are added up (a dict lookup per group);
 * ``draw``: selection and noise, the ledger entry encoded and read back (``release.draw``);
 * ``ledger``: the entry claimed in Redis (``RedisReleaseLedger.claim``, a key of this run's own);
 * ``publish``: every record rendered and sent to a fresh output topic and acknowledged, through the
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import dataclasses
 import io
 import pstats
 import sys
@@ -108,6 +111,10 @@ async def _round(runtime: Any, groups: int, window_ms: int, ledger: Any, noise: 
     started = time.perf_counter()
     window = _combine(runtime, decoded)
     times["combine"] = time.perf_counter() - started
+    started = time.perf_counter()
+    by_key = _combine(runtime, [dataclasses.replace(p, public_positions=None) for p in decoded])
+    times["combine by key"] = time.perf_counter() - started
+    assert by_key.count.tolist() == window.count.tolist()
     started = time.perf_counter()
     drawn = await draw_payload(runtime, window, noise, metrics, int(time.time() * 1000))
     times["draw"] = time.perf_counter() - started
