@@ -11,10 +11,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from stream_dp.cli import budget, check_config, plan, produce, run, schema, tail
+from stream_dp.cli import budget, check_config, export, plan, produce, run, schema, tail
 from stream_dp.worker.guard.process import make_undumpable
 
-SUBCOMMANDS = ("run", "check-config", "plan", "produce", "tail", "budget", "schema")
+SUBCOMMANDS = ("run", "check-config", "plan", "produce", "tail", "export", "budget", "schema")
 
 
 def _not_implemented(args: argparse.Namespace) -> int:
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         "plan": "show noise scales, accuracy and budget use of each query",
         "produce": "publish events (from a file or synthetic) keyed by privacy unit",
         "tail": "print released aggregates from an output topic",
+        "export": "serve the latest releases of each query as Prometheus metrics",
         "budget": "inspect or reset per-unit privacy budgets",
         "schema": "print the query file's JSON Schema (or its reference page)",
     }
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         "plan": plan.register,
         "produce": produce.register,
         "tail": tail.register,
+        "export": export.register,
         "budget": budget.register,
         "schema": schema.register,
     }

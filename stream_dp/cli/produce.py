@@ -10,7 +10,9 @@ broker stamps each record and its windows close by the broker's clock
 is, by default, the event's own time (``--record-time event``): a backfill read
 by queries with ``trust_producer_timestamps: true`` then closes windows as its
 times advance. ``--record-time now`` leaves the timestamp to the client (the
-send time).
+send time). Topic creation, the partitioners and the local-DP reports are those of
+``stream_dp.producer`` (``EventProducer``, for applications); unlike ``EventProducer.send``, a ``--file``
+line is sent as it is, for the worker to dead-letter if it is not a valid event.
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ import argparse
 import math
 import sys
 import time
-import warnings
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +29,7 @@ import orjson
 
 from stream_dp.cli.local_reports import chosen_query, local_reports
 from stream_dp.config import ConfigError, QueryConfig, Settings, load_config
+from stream_dp.producer.topic import KeyedSender
 from stream_dp.windows.timestamps import to_epoch_ms
 
 
@@ -188,19 +189,6 @@ def _event_ms(ts: object, timestamp_format: str) -> int | None:
     return None if problems else int(ms[0])
 
 
-def _partitioner(name: str):
-    """A kafka-python partitioner callable; kafka-python's default is already murmur2."""
-    if name == "murmur2":
-        return None
-
-    def crc32_partitioner(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
-        if key is None:
-            return (available or all_partitions)[0]
-        return all_partitions[zlib.crc32(key) % len(all_partitions)]
-
-    return crc32_partitioner
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         fields = _fields(args)
@@ -239,16 +227,17 @@ def run(args: argparse.Namespace) -> int:
                  backfill=args.synthetic is not None and not live)  # event times spread back from now
 
 
-def _prepare_topic(topic: str, client_options: dict, *, backfill: bool) -> None:
-    """Create ``topic`` as an input topic if it does not exist, and say what stamps its records."""
-    from stream_dp.worker.kafka.admin import create_input_topic, read_topic_config
-    from stream_dp.worker.kafka.input_clock import INPUT_TOPIC_CONFIGS, LOG_APPEND_TIME, TIMESTAMP_TYPE
+def _prepare_topic(sender: KeyedSender, *, backfill: bool) -> None:
+    """Create the topic as an input topic if it does not exist, and say what stamps its records."""
+    from stream_dp.worker.kafka.input_clock import LOG_APPEND_TIME, TIMESTAMP_TYPE
 
-    if create_input_topic(client_options, topic, INPUT_TOPIC_CONFIGS):
+    topic = sender.topic
+    created, configs = sender.ensure_topic()
+    if created:
         print(f"created topic {topic} with {TIMESTAMP_TYPE}={LOG_APPEND_TIME} and the broker's default partition "
               f"count: the broker stamps its records, and windows close by its clock (create it yourself beforehand "
               f"to choose its partitions)", file=sys.stderr)
-    kind = read_topic_config(client_options, topic, (TIMESTAMP_TYPE,)).get(TIMESTAMP_TYPE)
+    kind = configs.get(TIMESTAMP_TYPE)
     if backfill and kind == LOG_APPEND_TIME:
         print(f"{topic} has {TIMESTAMP_TYPE}={LOG_APPEND_TIME}: the broker stamps each record when it arrives, and "
               f"windows close by those stamps, so synthetic events dated back from now (no --rate) in windows that "
@@ -258,15 +247,12 @@ def _prepare_topic(topic: str, client_options: dict, *, backfill: bool) -> None:
 
 def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool, record_time: str = "event",
           partitioner: str = "murmur2", live: bool = False, backfill: bool = False) -> int:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # kafka-python 3.x import-time warnings
-        from kafka import KafkaProducer
-
-    client_options = Settings().kafka_client_options()
-    _prepare_topic(topic, client_options, backfill=backfill)
-    options = {} if _partitioner(partitioner) is None else {"partitioner": _partitioner(partitioner)}
-    producer = KafkaProducer(**client_options, acks="all", linger_ms=20,
-                             batch_size=512 * 1024, compression_type=None, **options)
+    sender = KeyedSender(Settings(), topic, partitioner)
+    try:
+        _prepare_topic(sender, backfill=backfill)
+    except ValueError as exc:  # replication settings the cluster cannot meet, named with their fix
+        print(exc, file=sys.stderr)
+        return 1
     stamp_event_time = record_time == "event"
     sent = 0
     started = time.monotonic()
@@ -275,8 +261,7 @@ def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool, re
         for key, value, event_ms in events:
             if live and event_ms is not None and (ahead := event_ms / 1000 - time.time()) > 0:
                 time.sleep(ahead)  # not before its time: the event's time is the wall clock's when it is sent
-            # No explicit partition: the partitioner places the key, as the worker checks.
-            producer.send(topic, key=key, value=value, timestamp_ms=event_ms if stamp_event_time else None)
+            sender.send(key, value, event_ms if stamp_event_time else None)
             sent += 1
             if rate > 0 and not live:
                 ahead = sent / rate - (time.monotonic() - started)
@@ -286,11 +271,11 @@ def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool, re
             if not quiet and now - last_report > 0.5:
                 last_report = now
                 _progress(sent, total, now - started)
-        producer.flush()
+        sender.flush()
     except KeyboardInterrupt:
-        producer.flush()
+        sender.flush()
     finally:
-        producer.close()
+        sender.close()
     if not quiet:
         _progress(sent, total, time.monotonic() - started)
         print(file=sys.stderr)

@@ -2,11 +2,10 @@
 
 from stream_dp.config.durations import format_duration_ms, parse_duration_ms
 from stream_dp.config.loader import ConfigError, load_config, parse_config
+from stream_dp.config.namespaces import HorizonBudget, NamespaceConfig
 from stream_dp.config.queries import (
     Aggregations,
     BoundsConfig,
-    HorizonBudget,
-    NamespaceConfig,
     PipelineConfig,
     QueryConfig,
     WindowConfig,

@@ -28,7 +28,7 @@ def test_help_lists_the_seven_subcommands():
     out = subprocess.run([sys.executable, "-m", "stream_dp.cli.main", "--help"], capture_output=True, text=True, check=True)
     for name in ("run", "check-config", "plan", "produce", "tail", "budget", "schema"):
         assert name in out.stdout
-    assert set(SUBCOMMANDS) == {"run", "check-config", "plan", "produce", "tail", "budget", "schema"}
+    assert set(SUBCOMMANDS) == {"run", "check-config", "plan", "produce", "tail", "export", "budget", "schema"}
     assert build_parser().parse_args(["check-config", "x.yaml"]).config == "x.yaml"
 
 

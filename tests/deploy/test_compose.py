@@ -17,7 +17,20 @@ def _compose() -> dict:
 
 
 def test_services_present():
-    assert {"kafka", "redis", "prometheus", "grafana", "worker", "producer"} <= set(_compose()["services"])
+    assert {"kafka", "redis", "prometheus", "grafana", "worker", "exporter", "producer"} <= set(_compose()["services"])
+
+
+def test_the_exporter_reads_the_workers_query_file_and_serves_where_prometheus_scrapes():
+    exporter = _compose()["services"]["exporter"]
+    worker = _compose()["services"]["worker"]
+    assert exporter["volumes"] == worker["volumes"]
+    command = exporter["command"]
+    assert command[0] == "export" and command[command.index("--config") + 1] == worker["command"][-1]
+    port = command[command.index("--port") + 1]
+    assert exporter["expose"] == [port]
+    prometheus = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
+    targets = [t for job in prometheus["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]]
+    assert f"exporter:{port}" in targets
 
 
 def test_every_referenced_file_exists():

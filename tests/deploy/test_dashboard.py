@@ -135,7 +135,7 @@ def test_the_heatmap_reads_the_spend_fraction_histogram_by_bucket():
     assert heatmap["options"]["calculate"] is False  # the buckets are Prometheus'
 
 
-def test_dashboard_file_is_the_only_one_provisioned():
+def test_the_operations_and_releases_dashboards_are_the_ones_provisioned():
     files = sorted(Path(DASHBOARD_JSON.parent).glob("*.json"))
-    assert files == [DASHBOARD_JSON]
+    assert [f.name for f in files] == ["stream-dp-releases.json", "stream-dp.json"]  # tests/deploy/test_releases_dashboard.py
     assert load_dashboard()["uid"] == "stream-dp"

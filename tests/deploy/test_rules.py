@@ -103,9 +103,15 @@ def test_compose_mounts_the_config_and_rules_where_prometheus_reads_them():
 
 
 def test_both_configs_scrape_the_job_the_rules_and_dashboard_name():
-    for name in ("prometheus.yml", "prometheus.local.yml"):
+    from stream_dp.cli.export import DEFAULT_PORT
+
+    for name, exporter in (("prometheus.yml", "exporter"), ("prometheus.local.yml", "127.0.0.1")):
         config = yaml.safe_load((PROMETHEUS_DIR / name).read_text())
-        assert [job["job_name"] for job in config["scrape_configs"]] == ["stream-dp"], name
+        jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+        assert list(jobs) == ["stream-dp", "stream-dp-releases"], name
+        # stream-dp export, for the releases dashboard, on its default port
+        (targets,) = [c["targets"] for c in jobs["stream-dp-releases"]["static_configs"]]
+        assert targets == [f"{exporter}:{DEFAULT_PORT}"], name
     assert any('job="stream-dp"' in rule["expr"] for rule in alert_rules())
 
 

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from tests.reliability.topics import delete_topics
+from tests.deploy.stack import scrape, wait_for
 from tests.worker._support import free_port
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -40,6 +41,19 @@ def tour_commands() -> list[str]:
             if line:
                 commands.append(line)
     return commands
+
+
+def tour_python() -> list[str]:
+    """The tour's Python blocks, in order."""
+    readme = (ROOT / "README.md").read_text()
+    tour = readme.split("## A five-minute tour", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", tour, flags=re.S)
+
+
+def _python_as_run_here(code: str, config: Path, tag: str) -> str:
+    """A tour Python block on this run's copy of the example (its file and query names)."""
+    code = code.replace(f'"{EXAMPLE}"', repr(str(config)))
+    return re.sub(r'\.query\("(\w+)"\)', rf'.query("{tag}_\1")', code)
 
 
 def _renamed_example(path: Path, tag: str) -> dict:
@@ -75,14 +89,19 @@ def test_the_tour_runs_as_the_readme_writes_it(tmp_path, kafka_bootstrap, redis_
     # the first lines set the environment the fixtures give here; every other line is a stream-dp command
     assert [c.split()[0] for c in commands[:2]] == ["eval", "export"], commands[:2]
     worker = None
+    background: list[subprocess.Popen] = []
     outputs: dict[str, str] = {}
+    export_port = free_port()
     log = (tmp_path / "worker.log").open("w")
     try:
         for command in commands[2:]:
-            if command.endswith("&"):  # the worker, in the background
-                assert " run " in command, command
+            if command.endswith("&"):  # the worker and the exporter, in the background
                 argv = _as_run_here(command.split(">", 1)[0].rstrip(" &"), config, tag)
-                worker = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                assert argv[3] in ("run", "export"), command
+                if argv[3] == "export":  # on a port of its own: other runs may use the default
+                    argv += ["--port", str(export_port)]
+                background.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+                worker = worker or background[-1]
                 continue
             done = subprocess.run(_as_run_here(command, config, tag), env=env, cwd=ROOT, capture_output=True,
                                   text=True, timeout=300)
@@ -101,10 +120,19 @@ def test_the_tour_runs_as_the_readme_writes_it(tmp_path, kafka_bootstrap, redis_
         assert records and all(r["query"] == f"{tag}_top_pages" for r in records), tail_json
         show = next(out for c, out in outputs.items() if " budget show " in c)
         assert "unit u0" in show and "epsilon" in show, show
+        # the Python block publishes one event through stream_dp.producer
+        (code,) = tour_python()
+        done = subprocess.run([sys.executable, "-c", _python_as_run_here(code, config, tag)], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.strip() == "1", done.stdout + done.stderr
+        # the exporter shows the releases the tour's tail printed
+        assert len(background) == 2, "the tour starts a worker and an exporter"
+        series = f'stream_dp_release_value{{group="/docs",query="{tag}_pageviews_by_page",statistic="count"}}'
+        wait_for(lambda: series in (scrape(export_port) or ""), timeout_s=60, what=f"{series} on the exporter")
     finally:
-        if worker is not None:
-            worker.terminate()
-            worker.wait(timeout=60)
+        for process in reversed(background):
+            process.terminate()
+            process.wait(timeout=60)
         log.close()
         topics = [q[k] for q in document["queries"] for k in ("input_topic", "output_topic")]
         delete_topics(kafka_bootstrap, sorted(set(topics)) + [f"{tag}.{t}" for t in ("partials", "alerts", "dead-letter")])

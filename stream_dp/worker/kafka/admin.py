@@ -70,9 +70,10 @@ def ensure_topics(
         admin.close()
 
 
-def create_input_topic(options: dict[str, Any], topic: str, configs: Mapping[str, str]) -> bool:
-    """Create ``topic`` with ``configs``, the broker's default partition count and replicas, unless it exists
-    (``stream-dp produce``; the worker plans its replicas, ``kafka.topic_setup``). True when it was created here."""
+def create_input_topic(options: dict[str, Any], topic: str, configs: Mapping[str, str], replication_factor: int = -1) -> bool:
+    """Create ``topic`` with ``configs``, the broker's default partition count and ``replication_factor`` replicas
+    (-1: the broker's default), unless it exists (``stream_dp.producer``; the worker creates its own in
+    ``kafka.topic_setup``). True when it was created here."""
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
@@ -81,7 +82,7 @@ def create_input_topic(options: dict[str, Any], topic: str, configs: Mapping[str
         if topic in set(admin.list_topics()):
             return False
         try:
-            admin.create_topics([NewTopic(topic, -1, -1, topic_configs=dict(configs))])
+            admin.create_topics([NewTopic(topic, -1, replication_factor, topic_configs=dict(configs))])
         except TopicAlreadyExistsError:
             return False  # created meanwhile, by someone else
         return True
