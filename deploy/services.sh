@@ -2,14 +2,18 @@
 # Local services on loopback, without Docker: Apache Kafka (KRaft, Maven jars),
 # Redis and Prometheus (Debian packages).
 #
-#   deploy/services.sh start [kafka|redis|redis-cluster|prometheus|all]   idempotent: finds running ones
-#   deploy/services.sh stop  [kafka|redis|redis-cluster|prometheus|all]
+#   deploy/services.sh start [kafka|kafka-secure|redis|redis-cluster|prometheus|all]   idempotent: finds running ones
+#   deploy/services.sh stop  [kafka|kafka-secure|redis|redis-cluster|prometheus|all]
 #   deploy/services.sh status
 #   deploy/services.sh env        print the variables clients need (eval "$(deploy/services.sh env)")
 #
 # Ports: KAFKA_PORT (9092), REDIS_PORT (6379), PROMETHEUS_PORT (9090); the Redis Cluster
 # (3 masters + 3 replicas, Debian's redis-server) takes REDIS_CLUSTER_PORT (7300) to +5,
 # and those plus 10000 for its cluster bus.
+# kafka-secure (not in "all") is a second, separate broker that authenticates (SASL/SCRAM) and authorizes
+# (StandardAuthorizer, allow.everyone.if.no.acl.found=false) every client, on KAFKA_SECURE_PORT (9192) and
+# KAFKA_SECURE_CONTROLLER_PORT (9193) with its own data directory; KAFKA_SCRAM_USERS ("worker=pw,...")
+# are its users, KAFKA_ADMIN_PASSWORD its super user's password (else generated: see deploy/kafka/broker.sh).
 # State, logs and pid files live under STREAM_DP_RUN_DIR (default: repo/.run, git-ignored).
 set -euo pipefail
 
@@ -20,6 +24,9 @@ redis_port="${REDIS_PORT:-6379}"
 prom_port="${PROMETHEUS_PORT:-9090}"
 cluster_port="${REDIS_CLUSTER_PORT:-7300}"
 cluster_ports=$(seq "$cluster_port" $((cluster_port + 5)))
+secure_port="${KAFKA_SECURE_PORT:-9192}"
+secure_controller_port="${KAFKA_SECURE_CONTROLLER_PORT:-9193}"
+secure_kafka() { KAFKA_AUTH=scram KAFKA_PORT="$secure_port" KAFKA_CONTROLLER_PORT="$secure_controller_port" "$here/kafka/broker.sh" "$@"; }
 export STREAM_DP_RUN_DIR="$run_dir"
 
 log() { echo "[services] $*" >&2; }
@@ -162,20 +169,22 @@ case "${1:-}" in
   start)
     case "$what" in
       kafka) "$here/kafka/broker.sh" start ;;
+      kafka-secure) secure_kafka start ;;
       redis) start_redis ;;
       redis-cluster) start_redis_cluster ;;
       prometheus) start_prometheus ;;
       all) start_redis; start_redis_cluster; start_prometheus; "$here/kafka/broker.sh" start ;;
-      *) log "unknown service '$what': use kafka, redis, redis-cluster, prometheus or all"; exit 2 ;;
+      *) log "unknown service '$what': use kafka, kafka-secure, redis, redis-cluster, prometheus or all"; exit 2 ;;
     esac ;;
   stop)
     case "$what" in
       kafka) "$here/kafka/broker.sh" stop ;;
+      kafka-secure) secure_kafka stop ;;
       redis) stop_redis ;;
       redis-cluster) stop_redis_cluster ;;
       prometheus) stop_prometheus ;;
       all) "$here/kafka/broker.sh" stop; stop_prometheus; stop_redis_cluster; stop_redis ;;
-      *) log "unknown service '$what': use kafka, redis, redis-cluster, prometheus or all"; exit 2 ;;
+      *) log "unknown service '$what': use kafka, kafka-secure, redis, redis-cluster, prometheus or all"; exit 2 ;;
     esac ;;
   status)
     rc=0
@@ -186,10 +195,11 @@ case "${1:-}" in
     exit $rc ;;
   env)
     echo "export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:${KAFKA_PORT:-9092}"
+    echo "export KAFKA_SECURE_BOOTSTRAP_SERVERS=127.0.0.1:$secure_port"
     echo "export REDIS_URL=redis://127.0.0.1:$redis_port/0"
     echo "export REDIS_CLUSTER_URL=redis+cluster://127.0.0.1:$cluster_port,127.0.0.1:$((cluster_port + 1)),127.0.0.1:$((cluster_port + 2))"
     echo "export PROMETHEUS_URL=http://127.0.0.1:$prom_port"
     echo "export PROMTOOL=$(command -v promtool || echo promtool)"
     echo "export PROMETHEUS=$(command -v prometheus || echo prometheus)" ;;
-  *) echo "usage: $0 {start|stop|status|env} [kafka|redis|redis-cluster|prometheus|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 {start|stop|status|env} [kafka|kafka-secure|redis|redis-cluster|prometheus|all]" >&2; exit 2 ;;
 esac

@@ -13,6 +13,14 @@
 # KAFKA_CONTROLLER_PORT (9093, likewise), KAFKA_HEAP (512m per node),
 # STREAM_DP_RUN_DIR (repo/.run: data, logs, pid), STREAM_DP_CACHE (~/.cache/stream-dp: jars),
 # PYTHON (the project's venv python, used for the readiness check).
+#
+# KAFKA_AUTH=scram starts a broker that authenticates and authorizes every client, in a data directory of
+# its own (kafka-scram): clients connect over SASL_PLAINTEXT with SCRAM-SHA-256 or SCRAM-SHA-512, KRaft's
+# StandardAuthorizer allows only what an ACL grants (allow.everyone.if.no.acl.found=false), and the admin
+# user (KAFKA_ADMIN_USER, default admin; KAFKA_ADMIN_PASSWORD, else one generated into the data directory's
+# admin.password) is the only super user, also for the controller listener (SASL/PLAIN). KAFKA_SCRAM_USERS
+# ("worker=pw,producer=pw") are the users whose SCRAM credentials are written when the storage is formatted
+# (kafka-storage format --add-scram), before the broker first starts. docs/operations/security.md
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,9 +29,14 @@ nodes="${KAFKA_NODES:-1}"
 base_port="${KAFKA_PORT:-9092}"
 base_controller_port="${KAFKA_CONTROLLER_PORT:-9093}"
 heap="${KAFKA_HEAP:-512m}"
-# One node keeps the historical layout (.run/kafka); a cluster gets a directory per node.
-if [ "$nodes" = 1 ]; then cluster_dir="${STREAM_DP_RUN_DIR:-$repo/.run}/kafka"
-else cluster_dir="${STREAM_DP_RUN_DIR:-$repo/.run}/kafka-$nodes-nodes"; fi
+auth="${KAFKA_AUTH:-none}"
+case "$auth" in none) flavour="" ;; scram) flavour="-scram" ;;
+  *) echo "[kafka] KAFKA_AUTH=$auth: use none (the default) or scram" >&2; exit 2 ;; esac
+# One node keeps the historical layout (.run/kafka); a cluster gets a directory per node; a broker with
+# an authorizer never shares a data directory with one without.
+if [ "$nodes" = 1 ]; then cluster_dir="${STREAM_DP_RUN_DIR:-$repo/.run}/kafka$flavour"
+else cluster_dir="${STREAM_DP_RUN_DIR:-$repo/.run}/kafka$flavour-$nodes-nodes"; fi
+admin_user="${KAFKA_ADMIN_USER:-admin}"
 version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")"
 cache="${STREAM_DP_CACHE:-$HOME/.cache/stream-dp}/kafka-$version"
 python="${PYTHON:-$repo/.venv/bin/python}"
@@ -51,7 +64,23 @@ fetch() {
   touch "$cache/lib/.complete"
 }
 
-ready() { "$python" "$here/wait_ready.py" "$bootstrap" "${1:-2}" 2>/dev/null; }
+# The admin's password: KAFKA_ADMIN_PASSWORD, else the one generated (once) into the data directory.
+admin_password() {
+  if [ -n "${KAFKA_ADMIN_PASSWORD:-}" ]; then echo "$KAFKA_ADMIN_PASSWORD"; return 0; fi
+  local file="$cluster_dir/admin.password"
+  if [ ! -s "$file" ]; then
+    mkdir -p "$cluster_dir"
+    (umask 077; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$file")
+  fi
+  cat "$file"
+}
+
+ready() {
+  if [ "$auth" = scram ]; then
+    WAIT_READY_SASL_USERNAME="$admin_user" WAIT_READY_SASL_PASSWORD="$(admin_password)" \
+      "$python" "$here/wait_ready.py" "$bootstrap" "${1:-2}" 2>/dev/null
+  else "$python" "$here/wait_ready.py" "$bootstrap" "${1:-2}" 2>/dev/null; fi
+}
 
 running_pid() {
   local pid_file; pid_file="$(node_dir "${1:-1}")/kafka.pid"
@@ -65,15 +94,41 @@ write_properties() {
   local port; port="$(node_port "$n")"
   local controller_port; controller_port="$(node_controller_port "$n")"
   mkdir -p "$dir/data"
-  cat > "$dir/server.properties" <<PROPS
+  (umask 077; : > "$dir/server.properties")  # with an authorizer it holds the admin's password
+  {
+  if [ "$auth" = scram ]; then
+    local password; password="$(admin_password)"
+    cat <<PROPS
+listeners=SASL_PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
+advertised.listeners=SASL_PLAINTEXT://127.0.0.1:$port
+listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT
+inter.broker.listener.name=SASL_PLAINTEXT
+sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="$admin_user" password="$password";
+listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="$admin_user" password="$password";
+# SCRAM credentials live in the metadata log, which a controller reads only once it runs: the controller
+# listener takes PLAIN with the admin alone
+sasl.mechanism.controller.protocol=PLAIN
+listener.name.controller.sasl.enabled.mechanisms=PLAIN
+listener.name.controller.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="$admin_user" password="$password" user_$admin_user="$password";
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:$admin_user
+PROPS
+  else
+    cat <<PROPS
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+PROPS
+  fi
+  cat <<PROPS
 process.roles=broker,controller
 node.id=$n
 controller.quorum.voters=$voters
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-inter.broker.listener.name=PLAINTEXT
 log.dirs=$dir/data
 num.partitions=1
 default.replication.factor=$replication
@@ -91,6 +146,28 @@ delete.topic.enable=true
 log.retention.hours=24
 log.segment.bytes=67108864
 PROPS
+  } >> "$dir/server.properties"
+}
+
+scram_users() { echo "$admin_user=$(admin_password)" $(tr ',' ' ' <<<"${KAFKA_SCRAM_USERS:-}"); }
+
+check_scram_users() {
+  local entry
+  for entry in $(scram_users); do
+    if [ -z "${entry%%=*}" ] || [ "${entry%%=*}" = "$entry" ] || [ -z "${entry#*=}" ]; then
+      log "KAFKA_SCRAM_USERS takes name=password pairs separated by commas, got '$entry'"; exit 2
+    fi
+  done
+}
+
+# --add-scram arguments of kafka-storage format: the admin and every KAFKA_SCRAM_USERS user, both mechanisms.
+scram_arguments() {
+  local entry name password
+  for entry in $(scram_users); do
+    name="${entry%%=*}"; password="${entry#*=}"
+    printf -- '--add-scram\nSCRAM-SHA-256=[name=%s,password=%s]\n--add-scram\nSCRAM-SHA-512=[name=%s,password=%s]\n' \
+      "$name" "$password" "$name" "$password"
+  done
 }
 
 jvm=(java "-Xmx$heap" "-Xms128m" -XX:+UseG1GC -Djava.awt.headless=true
@@ -111,7 +188,9 @@ prepare() {
         mkdir -p "$cluster_dir" && echo "$cluster_id" > "$cluster_dir/cluster.id"
       fi
     fi
-    "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" \
+    local scram=()
+    if [ "$auth" = scram ]; then check_scram_users; mapfile -t scram < <(scram_arguments); fi
+    "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" "${scram[@]}" \
       > "$dir/format.log" 2>&1 || { log "formatting storage failed: see $dir/format.log"; exit 1; }
   done
 }

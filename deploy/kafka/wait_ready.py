@@ -3,14 +3,25 @@
 Used by broker.sh: a listening port is not enough -- a KRaft broker accepts
 connections before its metadata is loaded and would then fail topic creation;
 a cluster is ready when all its brokers are (replicated topics need them).
+A broker that authenticates its clients (``broker.sh`` with ``KAFKA_AUTH=scram``) is asked as the user
+WAIT_READY_SASL_USERNAME with WAIT_READY_SASL_PASSWORD, over SASL_PLAINTEXT with SCRAM-SHA-512.
 """
 
+import os
 import socket
 import sys
 import time
 import warnings
 
 DEADLINE_S = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
+
+
+def _security() -> dict:
+    user = os.environ.get("WAIT_READY_SASL_USERNAME")
+    if not user:
+        return {}
+    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": user,
+            "sasl_plain_password": os.environ.get("WAIT_READY_SASL_PASSWORD", "")}
 
 
 def main() -> int:
@@ -32,7 +43,7 @@ def main() -> int:
             time.sleep(0.3)
             continue
         try:
-            admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000, **_security())
             try:
                 brokers = admin.describe_cluster()["brokers"]
             finally:

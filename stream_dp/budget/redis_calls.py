@@ -36,6 +36,10 @@ def error_kind(error: BaseException) -> str:
     return "script"
 
 
+_UNCHECKED = ("{setting} could not be read (CONFIG GET refused for this user): check that it is {want} on the "
+              "server yourself")
+
+
 class Script:
     """A Lua script shipped with the package, run by SHA (EVALSHA)."""
 
@@ -146,7 +150,10 @@ class RedisCaller:
                 f"{where}maxmemory-policy is {info['maxmemory_policy']}: Redis may evict budget keys, which forgets "
                 "spending; set maxmemory-policy noeviction"
             )
-        if self._config_value(client, "lazyfree-lazy-expire") not in ("", "yes"):
+        lazyfree = self._config_value(client, "lazyfree-lazy-expire")
+        if lazyfree is None:
+            warnings.append(f"{where}{_UNCHECKED.format(setting='lazyfree-lazy-expire', want='yes')}")
+        elif lazyfree not in ("", "yes"):
             warnings.append(
                 f"{where}lazyfree-lazy-expire is off: expiring a generation's shard hashes frees them in the main "
                 "thread; set lazyfree-lazy-expire yes"
@@ -155,7 +162,9 @@ class RedisCaller:
             warnings.append(f"{where}appendonly is off: a Redis restart forgets all spending; set appendonly yes")
         else:
             fsync = self._config_value(client, "appendfsync")
-            if fsync not in ("", "always"):
+            if fsync is None:
+                warnings.append(f"{where}{_UNCHECKED.format(setting='appendfsync', want='always')}")
+            elif fsync not in ("", "always"):
                 warnings.append(
                     f"{where}appendfsync is {fsync}: a Redis crash can forget charges already acknowledged; "
                     "set appendfsync always"
@@ -163,12 +172,13 @@ class RedisCaller:
         return warnings
 
     @staticmethod
-    def _config_value(client: redis.Redis, name: str) -> str:
-        """A server setting, or "" where CONFIG is not allowed (e.g. managed Redis)."""
+    def _config_value(client: redis.Redis, name: str) -> str | None:
+        """A server setting ("" if the server does not know it), or None where CONFIG is refused (a Redis ACL
+        user with only the worker's commands, a managed Redis)."""
         try:
             values = client.config_get(name)
         except RedisError:
-            return ""
+            return None
         for key, value in values.items():
             if (key.decode() if isinstance(key, bytes) else key) == name:
                 return value.decode() if isinstance(value, bytes) else str(value)

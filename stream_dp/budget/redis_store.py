@@ -67,6 +67,10 @@ DEFAULT_SHARDS = 64
 """Hashes per namespace and generation (see ``RedisBudgetStore``)."""
 
 
+DEFAULT_KEY_PREFIX = "dp:"
+"""Where the worker's budget keys live (every key of every namespace starts with it)."""
+
+
 class RedisBudgetStore:
     """Budget store backed by a real Redis server or Redis Cluster (the default backend).
 
@@ -95,7 +99,7 @@ class RedisBudgetStore:
         policy: BudgetPolicy,
         options: StoreOptions | None = None,
         *,
-        key_prefix: str = "dp:",
+        key_prefix: str = DEFAULT_KEY_PREFIX,
         retries: int = 2,
         backoff_s: float = 0.05,
         max_units_per_call: int = 20_000,

@@ -61,6 +61,7 @@ def _input_retention_ms(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from stream_dp.budget import StoreOptions
     from stream_dp.cli.plan_expected import expected_errors, warning_lines
+    from stream_dp.config.topic_roles import PREFIX_ENV, environment_prefix, internal_topics
     from stream_dp.worker.app import build_worker_parts
     from stream_dp.worker.kafka.input_clock import clock_summary
     from stream_dp.worker.query.costs import build_plan
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"stream-dp check-config: {exc}", file=sys.stderr)
         return 2
+    prefix = environment_prefix(os.environ)
     try:
         config = load_config(args.config)
         build_worker_parts(
@@ -78,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
             secret=STAND_IN_SECRET,
             store_options=StoreOptions.for_input_retention(retention_ms),
             clock_ms=lambda: 0,
+            internal_topic_prefix=prefix,  # as a worker run with this environment: no query topic may be one of them
         ).close()
     except ConfigError as exc:
         print(exc, file=sys.stderr)
@@ -111,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             checks, _ = expected_errors(query, build_plan(query))
             for line in warning_lines(query, checks, build_plan):
                 print(f"  {line}")
+    print(f"internal topics ({PREFIX_ENV}={prefix!r}, none of them a query's): {', '.join(internal_topics(prefix))}")
     print(f"budget buckets checked for an input retention of {format_duration_ms(retention_ms)} (see --input-retention-ms)")
     print(f"{args.config}: OK ({len(config.queries)} queries)")
     return 0

@@ -11,10 +11,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from stream_dp.cli import budget, check_config, export, plan, produce, run, schema, tail
+from stream_dp.cli import acls, budget, check_config, export, plan, produce, run, schema, tail
 from stream_dp.worker.guard.process import make_undumpable
 
-SUBCOMMANDS = ("run", "check-config", "plan", "produce", "tail", "export", "budget", "schema")
+SUBCOMMANDS = ("run", "check-config", "plan", "produce", "tail", "export", "budget", "schema", "acls")
 
 
 def _not_implemented(args: argparse.Namespace) -> int:
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         "export": "serve the latest releases of each query as Prometheus metrics",
         "budget": "inspect or reset per-unit privacy budgets",
         "schema": "print the query file's JSON Schema (or its reference page)",
+        "acls": "print (or apply) the Kafka and Redis ACLs of the worker, producers and analysts",
     }
     registered = {
         "run": run.register,
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         "export": export.register,
         "budget": budget.register,
         "schema": schema.register,
+        "acls": acls.register,
     }
     for name in SUBCOMMANDS:
         if name in registered:

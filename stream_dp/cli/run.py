@@ -47,12 +47,17 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         settings = Settings()
         if args.processes > 1:
+            from stream_dp.config.topic_roles import deployment_problem
             from stream_dp.worker.app import build_worker_parts, contribution_secret
             from stream_dp.worker.supervisor import supervise
 
             # Refuse a bad file or environment once, here, rather than N times in the children.
+            shared = deployment_problem(settings.group_id, settings.internal_topic_prefix)
+            if shared:
+                raise WorkerConfigError(shared)
             build_worker_parts(config, source=args.config, secret=contribution_secret(settings),
-                               store_options=settings.budget_store_options(), clock_ms=lambda: 0)
+                               store_options=settings.budget_store_options(), clock_ms=lambda: 0,
+                               internal_topic_prefix=settings.internal_topic_prefix)
             return supervise(["--config", args.config, "--log-level", args.log_level], args.processes,
                              host=settings.metrics_host, port=settings.metrics_port)
         return run_worker(config, settings, config_source=args.config)

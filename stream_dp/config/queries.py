@@ -38,6 +38,7 @@ from stream_dp.config.query_options import (
     PublicGroups,
 )
 from stream_dp.config.shared_topics import check_shared_topics
+from stream_dp.config.topic_roles import chain_problems
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -337,6 +338,9 @@ class PipelineConfig(_Strict):
         outputs = [q.output_topic for q in self.queries]
         if len(set(outputs)) != len(outputs):
             raise ValueError("two queries write the same output_topic; give each query its own output topic")
+        chains = chain_problems(self.queries)
+        if chains:
+            raise ValueError("; and ".join(chains))
         for query in self.queries:
             if query.privacy_unit.namespace not in self.namespaces:
                 raise ValueError(

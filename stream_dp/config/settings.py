@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from stream_dp.budget.redis_nodes import ReplicaWait
 from stream_dp.budget.redis_url import check_redis_url, is_cluster_url
 from stream_dp.budget.store import DEFAULT_INPUT_RETENTION_MS, StoreOptions
+from stream_dp.config.topic_roles import DEFAULT_GROUP_ID, DEFAULT_INTERNAL_TOPIC_PREFIX
 from stream_dp.dp.vectorised_noise import NOISE_SAMPLERS
 
 HOUR_MS = 3_600_000
@@ -49,8 +50,10 @@ class Settings(BaseSettings):
     """Serves ``/metrics``, ``/healthz`` (liveness) and ``/readyz`` (readiness)."""
     health_stall_s: float = Field(60.0, alias="STREAM_DP_HEALTH_STALL_S", gt=0)
     """``/healthz`` fails once the worker's event loop has not run for this long."""
-    group_id: str = Field("stream-dp", alias="STREAM_DP_GROUP_ID", min_length=1)
-    internal_topic_prefix: str = Field("stream-dp.", alias="STREAM_DP_INTERNAL_TOPIC_PREFIX")
+    group_id: str = Field(DEFAULT_GROUP_ID, alias="STREAM_DP_GROUP_ID", min_length=1)
+    internal_topic_prefix: str = Field(DEFAULT_INTERNAL_TOPIC_PREFIX, alias="STREAM_DP_INTERNAL_TOPIC_PREFIX")
+    """One per deployment: a group id other than the default with the default prefix is refused by the worker
+    and ``stream-dp acls`` (``config.topic_roles.deployment_problem``)."""
     contribution_secret: SecretStr | None = Field(None, alias="STREAM_DP_CONTRIBUTION_SECRET")
     partials_partitions: int = Field(4, alias="STREAM_DP_PARTIALS_PARTITIONS", ge=1, le=1000)
     output_partitions: int = Field(3, alias="STREAM_DP_OUTPUT_PARTITIONS", ge=1, le=1000)

@@ -4,7 +4,7 @@ Owns: ``app`` (one worker process: builds every query's runtime, connects Kafka,
 endpoint, runs both stages) and ``supervisor`` (``stream-dp run --processes N``). Every other module
 belongs to a package, one per stage or shared concern. A package may import only those before it:
 
-    partials < combine < query < kafka < guard < store < ingest, release, sandbox, process < app
+    partials < combine < query < kafka < guard < store < access < ingest, release, sandbox, process < app
 
 ``ingest`` and ``release`` never import each other: they meet only on the partials topic
 (``partials``) and in the stores (``store``). ``supervisor`` imports no worker package.

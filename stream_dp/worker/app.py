@@ -20,6 +20,7 @@ from stream_dp.budget.redis_nodes import ping as redis_ping
 from stream_dp.budget.redis_url import client_from_url
 from stream_dp.config import ConfigError, PipelineConfig, QueryConfig, Settings
 from stream_dp.config.release_time import together_release_ms
+from stream_dp.config.topic_roles import DEFAULT_INTERNAL_TOPIC_PREFIX, deployment_problem, topic_role_clashes
 from stream_dp.dp import noise_source
 from stream_dp.dp.local import REPORT_TAG_FIELD, report_tag
 from stream_dp.metrics.budget import BudgetMetrics
@@ -29,6 +30,7 @@ from stream_dp.metrics.http import serve as serve_http
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import BoundingSpec, EventSchema, WindowEngine, WindowSpec
 from stream_dp.windows.record_clock import ClockRule
+from stream_dp.worker.access.check import check_kafka_access, worker_needs
 from stream_dp.worker.combine.combiner import WindowCombiner
 from stream_dp.worker.guard.store import StoreGuard
 from stream_dp.worker.ingest.stage import IngestStage
@@ -150,6 +152,7 @@ def build_worker_parts(
     secret: bytes,
     store_options: StoreOptions,
     clock_ms: Callable[[], int],
+    internal_topic_prefix: str = DEFAULT_INTERNAL_TOPIC_PREFIX,
 ) -> WorkerParts:
     """The budget policy and every query's runtime, or ``ConfigError`` listing every problem.
 
@@ -158,9 +161,12 @@ def build_worker_parts(
     start with. No connection, no secret beyond ``secret`` (a sample-and-aggregate query's function
     is loaded once, in the sandbox process it will run in, to prove it loads); each namespace and query is
     built on its own so that one bad part does not hide the problems of the others. Every line
-    of the error names ``source`` and the namespace or query.
+    of the error names ``source`` and the namespace or query. A query topic with a second role
+    (``config.topic_roles``) is refused before anything is built.
     """
-    problems: list[str] = []
+    if problems := [f"{source}: queries[{c.index}] ({c.query}).{c.field}: {c.message}"
+                    for c in topic_role_clashes(config.queries, internal_topic_prefix)]:
+        raise ConfigError("\n".join(problems))
 
     def attempt(where: str, build: Callable[..., _Built], *args: Any) -> _Built | None:
         try:
@@ -242,10 +248,14 @@ class Worker:
         self.clock_ms = clock_ms
         self.serve_metrics = serve_metrics
         self.client_id = client_id
+        self.config_source = config_source
         self.metrics = WorkerMetrics(registry)
+        if shared := deployment_problem(settings.group_id, settings.internal_topic_prefix):  # before anything is built
+            raise WorkerConfigError(shared)
         parts = build_worker_parts(
             config, source=config_source, secret=contribution_secret(settings),
             store_options=settings.budget_store_options(), clock_ms=clock_ms,
+            internal_topic_prefix=settings.internal_topic_prefix,
         )
         self.runtimes = parts.runtimes
         self._redis: Any = None
@@ -300,8 +310,12 @@ class Worker:
     async def run(self) -> None:
         settings = self.settings
         options = settings.kafka_client_options()
-        try:
+        try:  # what the broker lets the worker do, before it creates, reads or writes anything (AccessError)
+            needs, access = worker_needs(self.config, settings), {"settings": settings, "config_source": self.config_source}
+            absent = await check_kafka_access(options, needs, **access)
             limits = await self._prepare_topics(options)
+            if absent:  # created just now: only now does the broker say what the worker may do on them
+                await check_kafka_access(options, needs, **access, only_topics=absent)
         except BaseException:
             self._close_stores()
             for runtime in self.runtimes:

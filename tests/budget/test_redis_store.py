@@ -144,6 +144,24 @@ def test_durability_warnings(redis_server: RedisServer) -> None:
     store.close()
 
 
+def test_durability_settings_a_user_may_not_read_are_said_unchecked(redis_server: RedisServer) -> None:
+    """A worker's Redis user with only the commands it needs (``stream-dp acls``) may not run CONFIG GET: the
+    fsync and lazyfree settings then go unchecked, and the warnings say so instead of passing in silence."""
+    admin = redis.Redis.from_url(redis_server.url)
+    user = f"worker-{uuid.uuid4().hex[:8]}"
+    admin.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-config"])
+    try:
+        url = redis_server.url.replace("redis://", f"redis://{user}:pw@")
+        store = RedisBudgetStore.from_url(url, standard_policy())
+        warnings = store.durability_warnings()
+        store.close()
+        assert any("appendfsync could not be read" in w and "always" in w for w in warnings), warnings
+        assert any("lazyfree-lazy-expire could not be read" in w for w in warnings), warnings
+    finally:
+        admin.acl_deluser(user)
+        admin.close()
+
+
 def test_redis_restart_fails_closed_then_recovers_without_double_charges(redis_server: RedisServer) -> None:
     store = RedisBudgetStore.from_url(
         redis_server.url, standard_policy(), socket_timeout_s=0.5, retries=1, backoff_s=0.01

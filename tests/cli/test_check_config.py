@@ -213,3 +213,29 @@ def test_geometric_is_named_as_written(tmp_path, capsys):
     assert main(["check-config", str(path)]) == 0
     first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("query pageviews_by_page:"))
     assert first.endswith(", geometric (the discrete Laplace, released as laplace) epsilon=0.5"), first
+
+
+def test_a_custom_internal_prefix_is_checked_by_check_config_and_run_alike(worker_env, tmp_path, monkeypatch, capsys):
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["queries"][0]["output_topic"] = "team-b.alerts"
+    path = tmp_path / "queries.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["check-config", str(path)]) == 0  # under the default prefix it is just a topic name
+    capsys.readouterr()
+    monkeypatch.setenv("STREAM_DP_INTERNAL_TOPIC_PREFIX", "team-b.")
+    monkeypatch.setenv("STREAM_DP_GROUP_ID", "team-b")
+    assert main(["check-config", str(path)]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"{path}: queries[0] ({data['queries'][0]['name']}).output_topic: output_topic "
+                           "'team-b.alerts' is the worker's internal alerts topic")
+    assert run_until_kafka(path, monkeypatch) == (1, None)
+    assert line in capsys.readouterr().err
+
+
+def test_run_refuses_a_group_of_its_own_on_the_default_topic_prefix(worker_env, monkeypatch, capsys):
+    monkeypatch.setenv("STREAM_DP_GROUP_ID", "team-b")
+    monkeypatch.delenv("STREAM_DP_INTERNAL_TOPIC_PREFIX", raising=False)
+    assert run_until_kafka(EXAMPLE, monkeypatch) == (1, None)
+    assert "set STREAM_DP_INTERNAL_TOPIC_PREFIX='team-b.'" in capsys.readouterr().err
+    monkeypatch.setenv("STREAM_DP_INTERNAL_TOPIC_PREFIX", "team-b.")
+    assert run_until_kafka(EXAMPLE, monkeypatch) == (0, None)

@@ -24,11 +24,12 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "queries.example.yaml"
 
 
-def test_help_lists_the_seven_subcommands():
+def test_help_lists_the_nine_subcommands():
     out = subprocess.run([sys.executable, "-m", "stream_dp.cli.main", "--help"], capture_output=True, text=True, check=True)
-    for name in ("run", "check-config", "plan", "produce", "tail", "budget", "schema"):
+    for name in ("run", "check-config", "plan", "produce", "tail", "export", "budget", "schema", "acls"):
         assert name in out.stdout
-    assert set(SUBCOMMANDS) == {"run", "check-config", "plan", "produce", "tail", "export", "budget", "schema"}
+    assert set(SUBCOMMANDS) == {"run", "check-config", "plan", "produce", "tail", "export", "budget", "schema",
+                                "acls"}
     assert build_parser().parse_args(["check-config", "x.yaml"]).config == "x.yaml"
 
 

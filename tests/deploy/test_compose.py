@@ -79,3 +79,12 @@ def test_mounted_query_file_is_valid_and_producer_topic_matches():
     command = compose["services"]["producer"]["command"]
     topic = command[command.index("--topic") + 1]
     assert topic in {q.input_topic for q in config.queries}
+
+
+def test_the_acls_step_plans_for_the_workers_settings_and_query_file():
+    compose = _compose()
+    acls, worker = compose["services"]["acls"], compose["services"]["worker"]
+    assert acls["profiles"] == ["secured"], "applying ACLs fails on the demo broker, which has no authorizer"
+    assert set(acls["environment"]) <= settings_env_names()
+    assert acls["environment"]["STREAM_DP_GROUP_ID"] == worker["environment"]["STREAM_DP_GROUP_ID"]
+    assert acls["volumes"] == worker["volumes"] and "--apply" in acls["command"]

@@ -108,3 +108,17 @@ def test_probes_and_the_pod_monitor_reach_the_endpoints_the_worker_serves():
     assert monitor["selector"]["matchLabels"].items() <= labels.items()
     assert {e["port"] for e in monitor["podMetricsEndpoints"]} <= set(ports)
     assert resources["Deployment"]["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_the_acls_job_grants_the_principal_the_workers_log_in_as_from_their_query_file():
+    job, deployment = _resources()["Job"], _resources()["Deployment"]
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:3] == ["acls", "--config", "/etc/stream-dp/queries.yaml"] and "--apply" in args
+    worker_args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert worker_args[worker_args.index("--config") + 1] == args[2]
+    username = _resources()["Secret"]["stringData"]["KAFKA_SASL_USERNAME"]
+    assert args[args.index("--worker-principal") + 1] == f"User:{username}"
+    from stream_dp.cli.main import build_parser
+
+    parsed = build_parser().parse_args(args)
+    assert parsed.apply and parsed.analyst_principal != parsed.worker_principal

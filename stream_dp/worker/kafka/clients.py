@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import GroupAuthorizationFailedError
 
 from stream_dp.worker.kafka.columnar_consumer import ColumnarConsumer
 from stream_dp.worker.kafka.output_producer import OutputProducer
 
 from stream_dp.worker.kafka.topic_setup import PRODUCER_MAX_REQUEST_BYTES, TopicLimits
 from stream_dp.worker.kafka.topics import RECORD_HEADROOM
+from stream_dp.worker.query.costs import WorkerConfigError
 
 FETCH_PARTITION_BYTES = 8 * 1024 * 1024
 #: How old the consumers' topic metadata may grow (aiokafka's default is 5 minutes): partitions added to
@@ -30,12 +32,27 @@ class KafkaClients:
     release_consumer: AIOKafkaConsumer
 
     async def start(self) -> None:
-        for client in (self.producer, self.output_producer, self.ingest_consumer, self.release_consumer):
-            await client.start()
+        """Start every client; a consumer group the broker refuses stops the worker with the ACL it lacks (the
+        start check, ``stream_dp.worker.access.check``, can see only Describe on a group not created yet)."""
+        try:
+            for client in (self.producer, self.output_producer, self.ingest_consumer, self.release_consumer):
+                await client.start()
+        except GroupAuthorizationFailedError as exc:
+            await self.stop()
+            raise WorkerConfigError(
+                f"the broker refuses the worker's Kafka principal the consumer group {exc.args[0] if exc.args else ''!s}"
+                " (it needs Read and Describe on it): grant them with `stream-dp acls --config FILE --worker-principal "
+                "User:NAME --apply` (docs/operations/security.md)"
+            ) from None
 
     async def stop(self) -> None:
         for client in (self.ingest_consumer, self.release_consumer, self.producer, self.output_producer):
             await client.stop()
+
+
+def release_group_id(group_id: str) -> str:
+    """The release stage's consumer group (partials topic), beside the ingest stage's ``group_id`` (input topics)."""
+    return f"{group_id}-release"
 
 
 #: The most the internal producer puts in one record batch (aiokafka's default is 16 KiB).
@@ -86,7 +103,7 @@ def kafka_clients(aio: dict[str, Any], *, rdkafka: dict[str, Any], client_id: st
         ),
         # Partial chunks are up to the partials topic's record limit: a fetch takes several.
         release_consumer=AIOKafkaConsumer(
-            **aio, client_id=f"{client_id}-release", group_id=f"{group_id}-release", enable_auto_commit=False,
+            **aio, client_id=f"{client_id}-release", group_id=release_group_id(group_id), enable_auto_commit=False,
             auto_offset_reset="earliest", max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
             max_poll_interval_ms=max_poll_interval_ms, **group,
         ),

@@ -147,6 +147,10 @@ def split_chunks(payload: bytes, chunk_bytes: int) -> list[bytes]:
     return [payload[i:i + chunk_bytes] for i in range(0, len(payload), chunk_bytes)] or [b""]
 
 
+LEDGER_PREFIX = "stream-dp:ledger"
+"""The release ledger's keys (entries, charge journals, store markers) start with it and a colon."""
+
+
 class RedisReleaseLedger:
     """The ledger on one Redis or a Redis Cluster: each key carries its query's (or charge's) hash tag.
 
@@ -162,7 +166,7 @@ class RedisReleaseLedger:
     """
 
     def __init__(
-        self, client: redis.Redis, *, prefix: str = "stream-dp:ledger", ttl_s: int = 7 * 86_400, journal_ttl_s: int = 7_200,
+        self, client: redis.Redis, *, prefix: str = LEDGER_PREFIX, ttl_s: int = 7 * 86_400, journal_ttl_s: int = 7_200,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         wait: ReplicaWait | None = None,
     ) -> None:

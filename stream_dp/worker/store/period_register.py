@@ -185,6 +185,10 @@ def _decode_codes(reply: bytes, count: int) -> np.ndarray:
     return np.fromiter((_CODES[reply[i:i + 1]] for i in range(count)), dtype=np.uint8, count=count)
 
 
+PERIODS_PREFIX = "stream-dp:periods"
+"""The period register's keys start with it and a colon."""
+
+
 class RedisPeriodRegister:
     """The register on one Redis or a Redis Cluster: one hash per (query, period, partition, settings), its own slot.
 
@@ -196,7 +200,7 @@ class RedisPeriodRegister:
     """
 
     def __init__(
-        self, client: redis.Redis, *, options: StoreOptions, prefix: str = "stream-dp:periods",
+        self, client: redis.Redis, *, options: StoreOptions, prefix: str = PERIODS_PREFIX,
         wait: ReplicaWait | None = None, units_per_call: int = DEFAULT_UNITS_PER_CALL,
     ) -> None:
         if units_per_call < 1:
