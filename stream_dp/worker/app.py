@@ -1,6 +1,5 @@
-"""The worker process: builds every query's runtime, connects Kafka, Redis and
-the metrics endpoint, and runs the ingest and release stages until stopped.
-"""
+"""The worker process: builds every query's runtime, connects Kafka, Redis and the metrics endpoint, and
+runs the ingest and release stages until stopped."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ from stream_dp.worker.combine.combiner import WindowCombiner
 from stream_dp.worker.guard.store import StoreGuard
 from stream_dp.worker.ingest.stage import IngestStage
 from stream_dp.worker.kafka.admin import read_commit_metadata, read_group_metadata
-from stream_dp.worker.kafka.clients import kafka_clients, release_poll_interval_ms
-from stream_dp.worker.kafka.output_producer import rdkafka_options
+from stream_dp.worker.kafka.clients import kafka_clients, rdkafka_options, release_poll_interval_ms
 from stream_dp.worker.kafka.topic_setup import TopicLimits, prepare_topics
 from stream_dp.worker.kafka.topics import TopicSettingsError, check_release_records
 from stream_dp.worker.process.tuning import tune_process

@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import GroupAuthorizationFailedError
 
 from stream_dp.worker.kafka.columnar_consumer import ColumnarConsumer
-from stream_dp.worker.kafka.output_producer import OutputProducer
+from stream_dp.worker.kafka.output_producer import OutputProducer, rdkafka_options  # noqa: F401 (the app imports it here)
 
 from stream_dp.worker.kafka.topic_setup import PRODUCER_MAX_REQUEST_BYTES, TopicLimits
 from stream_dp.worker.kafka.topics import RECORD_HEADROOM
@@ -94,7 +94,7 @@ def kafka_clients(aio: dict[str, Any], *, rdkafka: dict[str, Any], client_id: st
         # shrinks a batch several times over for the broker, and consumers decompress on their own.
         output_producer=OutputProducer(
             rdkafka, client_id=f"{client_id}-output", batch_bytes=limits.output_batch_bytes,
-            max_record_bytes=max(limits.output_batch_bytes, *limits.output_record_bytes.values()) + RECORD_HEADROOM,
+            max_record_bytes=max([limits.output_batch_bytes, *limits.output_record_bytes.values()]) + RECORD_HEADROOM,
         ),
         ingest_consumer=ColumnarConsumer(
             **aio, client_id=f"{client_id}-ingest", group_id=group_id, enable_auto_commit=False,
