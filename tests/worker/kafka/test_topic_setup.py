@@ -25,7 +25,7 @@ from stream_dp.config import Settings, load_config
 from stream_dp.wire import is_binary, read_prefix
 from stream_dp.wire.chunks import payload_digest
 from stream_dp.wire.letters import DEAD_LETTER_HEAD_BYTES, reassemble
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.kafka.admin import describe_topics
 from stream_dp.worker.kafka.clients import kafka_clients
 from stream_dp.worker.kafka.output_producer import rdkafka_options

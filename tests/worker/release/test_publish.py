@@ -17,7 +17,7 @@ from aiokafka.partitioner import murmur2
 
 from stream_dp.config import parse_config
 from stream_dp.dp import OpenDPNoise
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.combine.combiner import CombinedWindow
 from stream_dp.worker.kafka.output_producer import OutputProducer, OutputPublishFailed
 from stream_dp.worker.release.entry import build_entry
