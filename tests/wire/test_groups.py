@@ -71,7 +71,7 @@ def test_json_values_are_orjsons_exactly(column):
     assert json_values(column) == [orjson.dumps(v) for v in column]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.integers(0, 3).flatmap(lambda w: st.tuples(st.just(w), st.lists(st.tuples(*[VALUE] * w), max_size=12))),
        st.integers(-15, 15), st.integers(-15, 15), st.integers(-3, 3).filter(bool))
 def test_key_rows_read_as_the_list_of_tuples_they_hold(case, start, stop, step):
