@@ -62,10 +62,16 @@ def _send_closers(services: perfkit.Services, topic: str, ts_ms: int) -> float:
     return started
 
 
-def _worker_latency(port: int, name: str) -> tuple[float, float]:
+STAGES = ("charge", "partial_send", "decode", "combine", "noise", "encode", "ledger", "render", "publish")
+
+
+def _worker_latency(port: int, name: str) -> tuple[float, float, dict[str, float]]:
+    """The worker's release latency histogram (sum, count) and its seconds so far in each release stage."""
     text = watch.scrape(port)
+    stages = {stage: watch.metric_sum(text, "stream_dp_release_stage_seconds_sum", query=name, operation=stage)
+              for stage in STAGES}
     return (watch.metric_sum(text, "stream_dp_release_latency_seconds_sum", query=name),
-            watch.metric_sum(text, "stream_dp_release_latency_seconds_count", query=name))
+            watch.metric_sum(text, "stream_dp_release_latency_seconds_count", query=name), stages)
 
 
 def run_groups(services: perfkit.Services, groups: int, *, windows: int, events_per_window: int,
@@ -124,8 +130,10 @@ def run_groups(services: perfkit.Services, groups: int, *, windows: int, events_
                 time.sleep(0.05)
                 after = _worker_latency(worker.port, name)
             inside.append((after[0] - before[0]) / max(1.0, after[1] - before[1]))
+            stages = {stage: after[2][stage] - before[2][stage] for stage in STAGES}
             print(f"  release {groups:>7,} groups, window {k + 1}: {latencies[-1]:6.3f} s "
-                  f"(worker's own measure {inside[-1]:.3f} s)", flush=True)
+                  f"(worker's own measure {inside[-1]:.3f} s; stages "
+                  + ", ".join(f"{stage} {seconds:.3f}" for stage, seconds in stages.items()) + ")", flush=True)
         return {"groups": groups, "events_per_window": n_events, "latency_s": perfkit.summarize(latencies),
                 "worker_latency_s": perfkit.summarize(inside)}
     finally:

@@ -44,7 +44,7 @@ import perfkit  # noqa: E402
 from stream_dp.config import parse_config  # noqa: E402
 from stream_dp.dp.vectorised_noise import noise_source  # noqa: E402
 from stream_dp.metrics.worker import WorkerMetrics  # noqa: E402
-from stream_dp.worker.app import build_runtimes  # noqa: E402
+from stream_dp.worker.assemble.runtimes import build_runtimes  # noqa: E402
 from stream_dp.worker.combine.combiner import CombinedWindow  # noqa: E402
 from stream_dp.worker.combine.totals import merge_partials  # noqa: E402
 from stream_dp.worker.kafka.output_producer import OutputProducer  # noqa: E402

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from itertools import islice
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -163,6 +164,27 @@ class RecordSender:
             return False
         self.sent += 1
         return True
+
+    def send_many(self, keys: list[bytes], values: list[bytes], partitions: list[int], start: int = 0) -> int:
+        """Queue records ``start`` .. of the three aligned lists until librdkafka's queue is full; returns the
+        index of the first record not queued (``len(keys)`` when all were). One loop of ``produce`` calls:
+        no Python call of this module per record."""
+        produce, topic = self._producer.produce, self._topic
+        done = start
+        try:
+            for key, value, partition in zip(islice(keys, start, None), islice(values, start, None),
+                                             islice(partitions, start, None)):
+                produce(topic, value, key, partition)
+                done += 1
+        except BufferError:
+            pass
+        self.sent += done - start
+        return done
+
+    async def make_room(self) -> None:
+        """Until the broker has taken half of what the full queue held (in a thread, serving delivery reports)."""
+        await asyncio.to_thread(self._make_room)
+        self._raise_failures()
 
     async def send(self, key: bytes, value: bytes, partition: int) -> None:
         """Queue one record, waiting (in a thread, serving delivery reports) while the queue is full."""

@@ -64,10 +64,10 @@ from stream_dp.wire.frame import (
     read_prefix,
 )
 from stream_dp.wire.groups import (
+    KeyRows,
     decode_columns,
     encode_columns,
     key_columns,
-    keys_from_columns,
 )
 
 WIRE_VERSION = 1  # JSON records: progress markers, and the partials of earlier versions
@@ -238,7 +238,7 @@ def decode_partial_payload(payload: bytes) -> PartialAggregate:
         if data.get("type") != "partial":
             raise WireFormatError(f"expected a partial frame, got type {data.get('type')!r}")
         rows = int(data["rows"])
-        groups = keys_from_columns(decode_columns(data["groups"], sections, rows), rows)
+        groups = KeyRows(decode_columns(data["groups"], sections, rows), rows)  # tuples built when read
         arrays = [sections["count"], sections["distinct_units"], sections.get("sum")]
         if any(a is not None and len(a) != rows for a in arrays):
             raise WireFormatError(f"a partial's columns are not all {rows} long")

@@ -133,22 +133,40 @@ async def publish_release(
 async def _publish_through(producer: OutputProducer, topic: str, release: ReleaseEntry | StoredRecords,
                            partitions: list[int], record_limit: int, on_too_large: Callable[[int], None],
                            slice_rows: int) -> tuple[int, float]:
-    """``publish_release`` through librdkafka: each record handed over with its partition; batches are built
-    and compressed in librdkafka's threads."""
+    """``publish_release`` through librdkafka: each slice's keys, values and partitions handed over in one loop
+    of ``produce`` calls (``RecordSender.send_many``); batches are built and compressed in librdkafka's threads."""
     sender = producer.records_to(topic)
     rendering_s = 0.0
+    identity = partitions == list(range(len(partitions)))
     for start in range(0, release.total, slice_rows):
         started = time.perf_counter()
-        records = release.render(start, start + slice_rows)
-        targets = [partitions[i] for i in output_partitions([key for key, _ in records], len(partitions)).tolist()]
+        keys, values = release.render_columns(start, start + slice_rows)
+        targets = output_partitions(keys, len(partitions)).tolist()
+        if not identity:
+            targets = [partitions[i] for i in targets]
+        if keys and max(map(len, keys)) + max(map(len, values)) + RECORD_OVERHEAD > record_limit:
+            keys, values, targets = _within_limit(keys, values, targets, record_limit, on_too_large)
         rendering_s += time.perf_counter() - started
-        send_now = sender.send_now
-        for (key, value), partition in zip(records, targets):
-            if len(key) + len(value) + RECORD_OVERHEAD > record_limit:
-                on_too_large(len(key) + len(value))
-            elif not send_now(key, value, partition):
-                await sender.send(key, value, partition)  # the queue is full: waits for the broker
+        done = 0
+        while done < len(keys):
+            done = sender.send_many(keys, values, targets, done)
+            if done < len(keys):
+                await sender.make_room()  # the queue is full: waits for the broker
         sender.serve()
         await asyncio.sleep(0)  # heartbeats and fetches between slices
     await sender.wait()
     return sender.sent, rendering_s
+
+
+def _within_limit(keys: list[bytes], values: list[bytes], targets: list[int], record_limit: int,
+                  on_too_large: Callable[[int], None]) -> tuple[list[bytes], list[bytes], list[int]]:
+    """The records that fit ``record_limit``; each other one's size goes to ``on_too_large``."""
+    kept: tuple[list[bytes], list[bytes], list[int]] = ([], [], [])
+    for key, value, target in zip(keys, values, targets):
+        if len(key) + len(value) + RECORD_OVERHEAD > record_limit:
+            on_too_large(len(key) + len(value))
+        else:
+            kept[0].append(key)
+            kept[1].append(value)
+            kept[2].append(target)
+    return kept
