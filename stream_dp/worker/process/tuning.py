@@ -28,6 +28,8 @@ import ctypes
 import gc
 import logging
 
+from stream_dp.worker.process.memory_trace import start_from_env as start_memory_trace
+
 log = logging.getLogger(__name__)
 
 GEN0_THRESHOLD = 50_000
@@ -64,6 +66,8 @@ def tune_allocator(mmap_threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
 
 
 def tune_process() -> None:
-    """Both, as the worker process runs them (call once, after start-up)."""
+    """Both, as the worker process runs them (call once, after start-up); and the memory report
+    if ``STREAM_DP_MEMORY_TRACE`` asks for one (``memory_trace``)."""
     tune_allocator()
     tune_garbage_collector()
+    start_memory_trace()
