@@ -49,16 +49,25 @@ def heap_info() -> dict[str, int] | None:
     return {"in_use": info.uordblks, "free": info.fordblks, "mapped": info.hblkhd, "arena": info.arena}
 
 
-def rss_bytes() -> int:
-    """This process's resident set size (Linux; 0 elsewhere)."""
+def resident() -> dict[str, int]:
+    """This process's resident memory in bytes (Linux; empty elsewhere): ``rss``, and its ``anonymous`` part
+    (heaps, Python's object arenas, numpy arrays) and ``file`` part (mapped libraries)."""
+    names = {"VmRSS:": "rss", "RssAnon:": "anonymous", "RssFile:": "file"}
+    out: dict[str, int] = {}
     try:
         with open("/proc/self/status") as handle:
             for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
+                key = line.split(None, 1)[0] if line.strip() else ""
+                if key in names:
+                    out[names[key]] = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return out
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (Linux; 0 elsewhere)."""
+    return resident().get("rss", 0)
 
 
 def settings_from(environ: Mapping[str, str]) -> tuple[float, int] | None:
@@ -78,11 +87,12 @@ def settings_from(environ: Mapping[str, str]) -> tuple[float, int] | None:
 
 
 def _site(trace_frames: Any) -> str:
-    """Where an allocation was made: its innermost frame, and the innermost frame of stream_dp above it."""
-    innermost = trace_frames[0]
-    own = next((f for f in trace_frames if "stream_dp" in f.filename), None)
+    """Where an allocation was made: its innermost frame, and the innermost frame of stream_dp above it
+    (tracemalloc lists a traceback's frames oldest first)."""
+    innermost = trace_frames[-1]
+    own = next((f for f in reversed(trace_frames) if "stream_dp" in f.filename), None)
     where = f"{innermost.filename}:{innermost.lineno}"
-    if own is not None and own is not innermost:
+    if own is not None and (own.filename, own.lineno) != (innermost.filename, innermost.lineno):
         where += f" (from {own.filename.rsplit('stream_dp', 1)[-1]}:{own.lineno})"
     return where
 
@@ -96,7 +106,9 @@ def report(previous: Any, top: int = TOP_SITES) -> tuple[Any, list[str]]:
     traced, peak = tracemalloc.get_traced_memory()
     heap = heap_info()
     mb = 1 / 2**20
-    totals = f"memory: RSS {rss_bytes() * mb:.1f} MB, traced {traced * mb:.1f} MB (peak {peak * mb:.1f})"
+    held = resident()
+    totals = (f"memory: RSS {held.get('rss', 0) * mb:.1f} MB ({held.get('anonymous', 0) * mb:.1f} anonymous), "
+              f"traced {traced * mb:.1f} MB (peak {peak * mb:.1f})")
     if heap is not None:
         totals += (f", C heap in use {heap['in_use'] * mb:.1f} MB, free in heap {heap['free'] * mb:.1f} MB, "
                    f"mapped blocks {heap['mapped'] * mb:.1f} MB")
@@ -117,7 +129,8 @@ def start_from_env(environ: Mapping[str, str] | None = None) -> threading.Thread
 
     interval, frames = settings
     tracemalloc.start(frames)
-    log.warning("tracing allocations (%s=%g s, %d frames): the worker runs slower; never in production",
+    log.warning("tracing allocations (%s=%g s, %d frames): the worker runs slower and pauses at each report "
+                "(raise STREAM_DP_CONSUMER_SESSION_TIMEOUT_MS); never in production",
                 TRACE_ENV, interval, frames)
 
     def run() -> None:
