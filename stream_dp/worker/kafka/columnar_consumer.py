@@ -50,10 +50,10 @@ class _Parsed:
     plus at most ``max_records`` records and one record batch as columns.
     """
 
-    __slots__ = ("records", "columns", "cursor", "end_offset", "error", "exhausted")
+    __slots__ = ("columns", "cursor", "end_offset", "error", "exhausted")
 
     def __init__(self, records: PartitionRecords) -> None:
-        self.records = records
+        # ``records`` itself is not kept: it holds this object, and a cycle would keep the fetch until a collection
         self.columns = RecordColumns.empty()
         self.cursor = 0  # records of ``columns`` already returned
         self.end_offset = records.next_fetch_offset  # the fetch position once every record read is returned
@@ -81,8 +81,8 @@ def check_compatible() -> None:
                            "uses; install a supported aiokafka (see pyproject.toml)")
 
 
-def parse_partition(parsed: _Parsed, wanted: int | None) -> None:
-    """Read record batches of one fetch response for one partition into ``parsed.columns`` until at least
+def parse_partition(records: PartitionRecords, parsed: _Parsed, wanted: int | None) -> None:
+    """Read record batches of ``records`` (one fetch response for one partition) into ``parsed.columns`` until at least
     ``wanted`` records (None: all) wait to be returned, the fetch is read to its end, or a batch is corrupt.
 
     The same rules as ``PartitionRecords._unpack_records``: records below the fetch
@@ -90,7 +90,6 @@ def parse_partition(parsed: _Parsed, wanted: int | None) -> None:
     are skipped, the position after a batch is its ``next_offset``, and a batch whose
     CRC does not match ends the reading with ``CorruptRecordException``.
     """
-    records = parsed.records
     memory = records._records
     position = parsed.end_offset
     parts: list[RecordColumns] = [parsed.columns[parsed.cursor:]] if parsed.waiting else []
@@ -207,7 +206,7 @@ def _take(result: FetchResult, max_records: int | None) -> RecordColumns:
         parsed = _Parsed(records)
         setattr(records, _PARSED, parsed)
     if max_records is None or parsed.waiting < max_records:
-        parse_partition(parsed, max_records)
+        parse_partition(records, parsed, max_records)
     columns = parsed.columns
     total, start = len(columns), parsed.cursor
     if start == total and parsed.error is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import pytest
@@ -123,6 +124,8 @@ async def _held_while_reading(bootstrap: str, topic: str, *, records: int, max_r
             parsed = getattr(partition_records, "_stream_dp_columns", None)
             if parsed is not None:
                 held = max(held, len(parsed.columns))
+                # no cycle back to the fetch: reference counting frees it once returned, without a collection
+                assert not any(ref is partition_records for ref in gc.get_referents(parsed))
         return read, held
     finally:
         await consumer.stop()
