@@ -16,7 +16,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 OUTPUT = Path(__file__).resolve().parent / "dashboards" / "stream-dp.json"
 DATASOURCE = {"type": "prometheus", "uid": "prometheus"}  # provisioning/datasources/prometheus.yml
@@ -386,19 +386,25 @@ def render() -> str:
     return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def write_or_check(render_json: Callable[[], str], output: Path, script: str, description: str,
+                   argv: list[str] | None = None) -> int:
+    """The command line of a dashboard generator: rewrite ``output``, or with ``--check`` exit 1 if it is stale."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--check", action="store_true", help="only compare with the committed JSON")
     args = parser.parse_args(argv)
-    text = render()
+    text = render_json()
     if args.check:
-        if not OUTPUT.is_file() or OUTPUT.read_text() != text:
-            print(f"{OUTPUT} is stale: run python {Path(__file__).name} and commit the result", file=sys.stderr)
+        if not output.is_file() or output.read_text() != text:
+            print(f"{output} is stale: run python {script} and commit the result", file=sys.stderr)
             return 1
         return 0
-    OUTPUT.write_text(text)
-    print(f"wrote {OUTPUT}")
+    output.write_text(text)
+    print(f"wrote {output}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return write_or_check(render, OUTPUT, Path(__file__).name, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ reports. Panels are built as in ``dashboard.py``
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import sys
@@ -171,18 +170,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only compare with the committed JSON")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if not OUTPUT.is_file() or OUTPUT.read_text() != text:
-            print(f"{OUTPUT} is stale: run python {Path(__file__).name} and commit the result", file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.write_text(text)
-    print(f"wrote {OUTPUT}")
-    return 0
+    return ops.write_or_check(render, OUTPUT, Path(__file__).name, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

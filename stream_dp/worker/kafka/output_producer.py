@@ -7,6 +7,11 @@ compresses (lz4, its fast default level) in its own threads, outside the GIL,
 so the event loop only renders records and hands them over
 (``release.publish``). Everything else of the worker stays on aiokafka.
 
+A topic that is missing or has no leader yet is waited for, as aiokafka's
+``partitions_for`` waits: an output topic deleted while the worker runs is
+created again by the broker on the first request for it
+(``auto.create.topics.enable``), and the window publishes into it.
+
 Delivery reports (of failed records only) are served by ``poll`` and
 ``flush``, run in a thread so the event loop keeps both consumers' heartbeats
 going while the broker acknowledges. The producer is idempotent with
@@ -19,15 +24,24 @@ bootstrap servers, security protocol, SASL, TLS files) to librdkafka's names.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 #: Bytes of records waiting in librdkafka's queue before ``produce`` refuses more (``BufferError``):
 #: a window of a million groups is never all in memory.
 QUEUE_KBYTES = 64 * 1024
 _FLUSH_STEP_S = 0.5
 _ROOM_POLL_S = 0.002
+#: How long ``partitions_for`` waits for a topic to exist with partitions (aiokafka's default request timeout,
+#: which bounded the same wait of the aiokafka producer before).
+TOPIC_WAIT_S = 40.0
+_TOPIC_RETRY_S = 0.25
+#: Metadata errors of a topic that is not there yet: deleted (the request asks the broker to create it again)
+#: or being created. Any other error (e.g. not authorised) is raised at once.
+_TOPIC_COMING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.LEADER_NOT_AVAILABLE,
+                           KafkaError._UNKNOWN_TOPIC})
 
 
 def rdkafka_options(client_options: dict[str, Any]) -> dict[str, Any]:
@@ -52,11 +66,15 @@ class OutputPublishFailed(RuntimeError):
     the ledger by the next attempt (the same records)."""
 
 
+class OutputTopicUnavailable(KafkaException):
+    """An output topic did not exist (with partitions) within ``TOPIC_WAIT_S``."""
+
+
 class OutputProducer:
     """An idempotent librdkafka producer of release records (see the module docstring)."""
 
     def __init__(self, options: dict[str, Any], *, client_id: str, batch_bytes: int, max_record_bytes: int,
-                 linger_ms: int = 5) -> None:
+                 linger_ms: int = 5, topic_wait_s: float = TOPIC_WAIT_S) -> None:
         """``options``: connection settings in librdkafka's names (``rdkafka_options``); ``batch_bytes``: the most
         one record batch holds, within what the output topics take; ``max_record_bytes``: the largest record
         the producer accepts (the largest output topic record limit, with framing)."""
@@ -70,6 +88,7 @@ class OutputProducer:
             # a sixth of the publish's CPU; ``flush`` still waits for every acknowledgement.
             "delivery.report.only.error": True, "on_delivery": self._failed,
         }
+        self._topic_wait_s = topic_wait_s
         self._producer: Producer | None = None
         self._failures: list[Any] = []
 
@@ -94,11 +113,23 @@ class OutputProducer:
         return self._producer
 
     async def partitions_for(self, topic: str) -> set[int]:
-        metadata = await asyncio.to_thread(self._client.list_topics, topic, 10)
-        described = metadata.topics.get(topic)
-        if described is None or described.error is not None:
-            raise KafkaException(described.error if described is not None else f"topic {topic} not in metadata")
-        return set(described.partitions)
+        """The topic's partitions, once it exists with some (see the module docstring); raises
+        ``OutputTopicUnavailable`` after ``topic_wait_s``, at once on any other metadata error."""
+        deadline = time.monotonic() + self._topic_wait_s
+        while True:
+            metadata = await asyncio.to_thread(self._client.list_topics, topic, 10)
+            described = metadata.topics.get(topic)
+            error = None if described is None else described.error
+            if described is not None and error is None and described.partitions:
+                return set(described.partitions)
+            if error is not None and error.code() not in _TOPIC_COMING:
+                raise KafkaException(error)
+            if time.monotonic() >= deadline:
+                raise OutputTopicUnavailable(
+                    f"output topic {topic} has not existed with partitions for {self._topic_wait_s:.0f}s "
+                    f"({error or 'not in the metadata'}): create it, or let the broker create topics on use "
+                    f"(auto.create.topics.enable)")
+            await asyncio.sleep(_TOPIC_RETRY_S)
 
     def records_to(self, topic: str) -> RecordSender:
         """A sender of records to ``topic`` that tells, at ``wait``, whether the broker took every one. One
