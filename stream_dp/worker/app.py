@@ -216,7 +216,7 @@ class Worker:
 def run_worker(config: PipelineConfig, settings: Settings, *, config_source: str = "query configuration") -> int:
     """Run until SIGINT/SIGTERM; returns the process exit code. ``config_source`` names the file in errors."""
     worker = Worker(config, settings, registry=CollectorRegistry(), config_source=config_source)
-    tune_process()  # after start-up built its objects: garbage collector and C heap (see process_tuning)
+    tune_process(settings.heap_trim_s)  # after start-up built its objects: garbage collector, C heap (process.tuning)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -21,6 +21,8 @@ GOALS = {
     "release_100k_s": (1.0, "at_most"),
     "release_1m_s": (6.0, "at_most"),
     "engine_bytes_per_pair": (64.0, "at_most"),
+    # the soak's RSS after the third window vs every later window's: within +-10%
+    "soak_rss_deviation": (0.10, "at_most"),
 }
 
 
@@ -131,6 +133,9 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
         ratios["release_1m_s"] = result["release"]["1000000"]["latency_s"]["median"]
     if "memory" in result:
         ratios["engine_bytes_per_pair"] = result["memory"]["engine"]["rss_bytes_per_pair"]
+    soak = result.get("latency", {}).get("rss_mb", {})
+    if soak.get("max_deviation_from_third") == soak.get("max_deviation_from_third"):  # absent or NaN: too few windows
+        ratios["soak_rss_deviation"] = soak["max_deviation_from_third"]
     goals = {key: goal(ratios[key], *GOALS[key]) for key in GOALS if key in ratios}
     return {"ratios": ratios, "goals": goals}
 
@@ -198,8 +203,15 @@ def print_report(result: dict[str, Any], out=sys.stdout) -> None:
           f"{lat['latency_s']['max']:.2f} s; window close to release median {lat['close_to_release_s']['p50']:.2f} s, "
           f"max {lat['close_to_release_s']['max']:.2f} s")
         rss = lat["rss_mb"]
-        w(f"  soak: worker RSS {rss['start']:.0f} MB at the first measured window, {rss['end']:.0f} MB after the last, "
-          f"max {rss['max']:.0f} MB; {lat['cpu_s_per_million']:.2f} CPU-s per million events")
+        if "after_third" in rss:
+            from bench_latency import soak_line
+
+            w(f"  {soak_line(rss)}; goal within 10%: {goals.get('soak_rss_deviation', 'n/a (under 4 windows)')}; "
+              f"{lat['cpu_s_per_million']:.2f} CPU-s per million events")
+            w("  RSS per window (MB): " + " ".join(f"{r:.0f}" for r in rss["windows"]))
+        else:  # a result file written before the per-window figures
+            w(f"  soak: worker RSS {rss['start']:.0f} MB at the first measured window, {rss['end']:.0f} MB after the "
+              f"last, max {rss['max']:.0f} MB; {lat['cpu_s_per_million']:.2f} CPU-s per million events")
     budget = result.get("budget")
     if budget:
         w()

@@ -1,7 +1,7 @@
 """Every stream-dp benchmark in one run, on one machine: a table and a JSON file.
 
     .venv/bin/python tests/perf/run_all.py                                  # 200k events, ~10 minutes
-    .venv/bin/python tests/perf/run_all.py --full --json out.json           # the RESULTS.md run, ~45 minutes
+    .venv/bin/python tests/perf/run_all.py --full --json out.json           # the RESULTS.md run, ~95 minutes
 
 Needs the local services (``bash deploy/services.sh start all`` and
 ``eval "$(bash deploy/services.sh env)"``) and the bench extra
@@ -25,8 +25,9 @@ Needs the local services (``bash deploy/services.sh start all`` and
    local-DP report of either mechanism in one window (``bench_local_dp.py``).
 6. **Latency at a fixed offered rate** (``bench_latency.py``): half the median
    end-to-end rate of one worker on the largest topic (``--latency-rate``
-   overrides), for ``--latency-minutes`` one-minute windows (``--full``: 10),
-   with the worker's RSS and CPU over that soak.
+   overrides), for ``--latency-minutes`` one-minute windows (``--full``: 60, the
+   one-hour soak), with the worker's RSS per window (after the third, after the
+   last, their ratio, the largest deviation from the third, the maximum) and CPU.
 
 The 1-minute load average is sampled every 5 s and reported. Everything the
 run creates (topics, consumer groups, Redis keys, processes) is removed.
@@ -104,7 +105,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, help="open pairs of the engine memory run (default 1000000; --full 10000000)")
     parser.add_argument("--release-groups", default="1000,10000,100000,1000000")
     parser.add_argument("--latency-rate", type=float, help="events/s offered (default: half of one worker's median)")
-    parser.add_argument("--latency-minutes", type=int, help="windows measured (default 2; --full 10)")
+    parser.add_argument("--latency-minutes", type=int, help="windows measured (default 2; --full 60)")
     parser.add_argument("--skip", default="", help=f"comma-separated parts to leave out: {', '.join(PARTS)}")
     parser.add_argument("--profile", action="store_true", help="also sample a worker run and the largest release with py-spy")
     parser.add_argument("--json", type=Path, help="write every number to this file")
@@ -116,7 +117,7 @@ def main() -> None:
     repeat = args.repeat or (5 if args.full else 3)
     faust_n = args.faust_events if args.faust_events is not None else (50_000 if args.full else 10_000)
     pairs = args.pairs or (10_000_000 if args.full else 1_000_000)
-    minutes = args.latency_minutes or (10 if args.full else 2)
+    minutes = args.latency_minutes or (60 if args.full else 2)
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]
 
     services = perfkit.Services.from_env()
