@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from stream_dp.budget import StoreOptions
     from stream_dp.cli.plan_expected import expected_errors, warning_lines
     from stream_dp.config.topic_roles import PREFIX_ENV, environment_prefix, internal_topics
-    from stream_dp.worker.app import build_worker_parts
+    from stream_dp.worker.assemble.runtimes import build_worker_parts
     from stream_dp.worker.kafka.input_clock import clock_summary
     from stream_dp.worker.query.costs import build_plan
 

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         settings = Settings()
         if args.processes > 1:
             from stream_dp.config.topic_roles import deployment_problem
-            from stream_dp.worker.app import build_worker_parts, contribution_secret
+            from stream_dp.worker.assemble.runtimes import build_worker_parts, contribution_secret
             from stream_dp.worker.supervisor import supervise
 
             # Refuse a bad file or environment once, here, rather than N times in the children.

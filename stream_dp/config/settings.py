@@ -50,6 +50,8 @@ class Settings(BaseSettings):
     """Serves ``/metrics``, ``/healthz`` (liveness) and ``/readyz`` (readiness)."""
     health_stall_s: float = Field(60.0, alias="STREAM_DP_HEALTH_STALL_S", gt=0)
     """``/healthz`` fails once the worker's event loop has not run for this long."""
+    heap_trim_s: float = Field(30.0, alias="STREAM_DP_HEAP_TRIM_S", ge=0)
+    """How often the worker hands the C heap's free pages back to the system (glibc's ``malloc_trim``); 0: never."""
     group_id: str = Field(DEFAULT_GROUP_ID, alias="STREAM_DP_GROUP_ID", min_length=1)
     internal_topic_prefix: str = Field(DEFAULT_INTERNAL_TOPIC_PREFIX, alias="STREAM_DP_INTERNAL_TOPIC_PREFIX")
     """One per deployment: a group id other than the default with the default prefix is refused by the worker

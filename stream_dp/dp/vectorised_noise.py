@@ -20,6 +20,11 @@ What "the same" means, from OpenDP 0.16's source (``measurements/noise``):
   index times ``2^k`` is rounded to the nearest float, ties to even (dashu's
   ``to_f64``; overflow gives +-infinity).
 
+With an executor, a long vector's draws are split in two halves drawn on two of
+its threads at once: the draws are independent and identically distributed, so
+which thread draws which coordinate changes nothing of their law; most of the
+sampler's time is in numpy operations and ``os.urandom``, which release the GIL.
+
 Discrete Gaussian noise, noisy top-k, and scales whose exact fraction would
 overflow uint64 are delegated to an :class:`~stream_dp.dp.noise.OpenDPNoise`.
 """
@@ -51,6 +56,8 @@ _FLOAT64_MAX = float(np.finfo(np.float64).max)
 _SMALLEST_NORMAL = float(np.finfo(np.float64).tiny)
 # OpenDP refuses grids finer than the smallest subnormal step 2^-1074 (get_min_k).
 _FINEST_GRID_K = -1074
+#: Vectors at least this long are drawn in two halves on two executor threads.
+SPLIT_DRAW_MIN = 1 << 16
 
 
 class VectorisedExactNoise:
@@ -60,7 +67,8 @@ class VectorisedExactNoise:
         (``os.urandom``). Tests may inject deterministic words.
     :param fallback: serves Gaussian noise, top-k and out-of-range scales;
         defaults to ``OpenDPNoise(executor=executor)``.
-    :param executor: handed to the default fallback (OpenDP's FFI releases the GIL).
+    :param executor: handed to the default fallback (OpenDP's FFI releases the GIL), and draws the two
+        halves of a long vector at once (at least two threads; see the module docstring).
     """
 
     def __init__(
@@ -72,13 +80,14 @@ class VectorisedExactNoise:
     ) -> None:
         self._bits: BitSource = bits if bits is not None else UrandomBits()
         self._fallback: NoiseSource = fallback if fallback is not None else OpenDPNoise(executor=executor)
+        self._executor = executor
 
     def integers(self, values: NDArray[np.int64], *, kind: NoiseKind, scale: float) -> NDArray[np.int64]:
         values = _one_dimensional(np.ascontiguousarray(values, dtype=np.int64))
         fraction = self._laplace_fraction(kind, scale, 0)
         if fraction is None:
             return self._fallback.integers(values, kind=kind, scale=scale)
-        noise, huge = discrete_laplace(values.size, *fraction, self._bits)
+        noise, huge = self._laplace(values.size, fraction)
         return add_integer_noise(values, noise, huge)
 
     def floats(
@@ -88,8 +97,18 @@ class VectorisedExactNoise:
         fraction = self._laplace_fraction(kind, scale, k) if k >= _FINEST_GRID_K else None
         if fraction is None:
             return self._fallback.floats(values, kind=kind, scale=scale, k=k)
-        noise, huge = discrete_laplace(values.size, *fraction, self._bits)
+        noise, huge = self._laplace(values.size, fraction)
         return add_grid_noise(values, k, noise, huge)
+
+    def _laplace(self, n: int, fraction: tuple[int, int]) -> tuple[NDArray[np.int64], dict[int, int]]:
+        """``n`` discrete Laplace draws of scale ``t / s``, in two halves on the executor when ``n`` is large."""
+        t, s = fraction
+        if self._executor is None or n < SPLIT_DRAW_MIN:
+            return discrete_laplace(n, t, s, self._bits)
+        half = n // 2
+        first, second = self._executor.map(lambda size: discrete_laplace(size, t, s, self._bits), (half, n - half))
+        huge = {**first[1], **{half + index: draw for index, draw in second[1].items()}}
+        return np.concatenate([first[0], second[0]]), huge
 
     def top_k(self, scores: NDArray[np.int64], *, k: int, scale: float) -> NDArray[np.int64]:
         return self._fallback.top_k(scores, k=k, scale=scale)

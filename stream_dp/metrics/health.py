@@ -11,8 +11,9 @@ them once a second into a :class:`Health`, and the answers are read from it.
   and a restart would not help.
 * **Ready** once the ingest consumer has joined its group (an assignment,
   possibly empty when there are more workers than partitions) and Redis
-  answered the last ping: a worker that cannot charge budgets releases
-  nothing, which an operator should see as not ready.
+  answered the last ping (and its user may run what the worker runs): a
+  worker that cannot charge budgets releases nothing, which an operator
+  should see as not ready.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Health:
         if not started or assigned is None:
             return Verdict(False, "the ingest consumer has not joined its group yet")
         if redis_error is not None:
-            return Verdict(False, f"Redis does not answer: {redis_error}")
+            return Verdict(False, f"Redis cannot be used: {redis_error}")
         return Verdict(True, f"ok: {assigned} input partitions assigned")
 
 

@@ -83,7 +83,6 @@ class WindowEngine(EngineState):
         self._compact_min_rows = compact_min_rows
         self._decoder = BulkEventDecoder(schema)
         self._hasher = ContributionHasher(bounding.secret)
-        self._groups = GroupTable(self._hasher)
         self._windows: dict[int, OpenWindow] = {}
         self._progress: dict[int, PartitionProgress] = {}
         self._watermark_ms: int | None = None  # the latest computed; informational
@@ -91,15 +90,20 @@ class WindowEngine(EngineState):
         # partition that partitioner gives its key, so that each unit is bounded in one place.
         self._partitioner = partitioner
         self._partition_count: int | None = None
-        # The groups a query with public groups releases, as decoded keys (a one-field key is its value).
+        # The groups a query with public groups releases, as decoded keys (a one-field key is its value), with
+        # their positions in its list: partials name their groups' positions, so the release adds them up
+        # without a lookup per group.
         self._public: frozenset[Hashable] | None = None
+        positions: dict[Hashable, int] | None = None
         if public_groups is not None:
             if not schema.group_by:
                 raise ValueError("public_groups need group_by fields to read each event's group from")
             keys = [tuple(key) for key in public_groups]
             if any(len(key) != len(schema.group_by) for key in keys):
                 raise ValueError(f"each public group needs one value per group_by field {list(schema.group_by)}")
-            self._public = frozenset(key[0] if len(key) == 1 else key for key in keys)
+            positions = {key[0] if len(key) == 1 else key: i for i, key in enumerate(keys)}
+            self._public = frozenset(positions)
+        self._groups = GroupTable(self._hasher, public=positions)
 
     # -- partitions ---------------------------------------------------------------
 

@@ -9,6 +9,7 @@ their canonical encoding, never by id.
 from __future__ import annotations
 
 from collections.abc import Hashable
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -39,13 +40,17 @@ def encode_group_key(key: Hashable) -> bytes:
 class GroupTable:
     """Group keys -> dense ids, keyed BLAKE2b hashes and canonical encodings."""
 
-    def __init__(self, hasher: ContributionHasher) -> None:
+    def __init__(self, hasher: ContributionHasher, public: dict[Hashable, int] | None = None) -> None:
+        """``public``: a query's public groups (as decoded keys) and their positions in its public list; each key
+        added then keeps its position (-1: not public), looked up once, when the key is first seen."""
         self._hasher = hasher
         self._ids: dict[Hashable, int] = {}
         self.keys: list[Hashable] = []
         self.encoded: list[bytes] = []
         self._hashes = np.zeros(64, dtype=np.uint64)
         self._ranks: np.ndarray | None = None
+        self._public = public
+        self._positions = np.full(64, -1, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -75,6 +80,10 @@ class GroupTable:
             self._ranks = ranks
         return self._ranks
 
+    def public_positions(self, ids: np.ndarray) -> np.ndarray | None:
+        """Each id's position in the public list (-1: not public); None without a public list."""
+        return None if self._public is None else self._positions[ids]
+
     def as_tuples(self, ids: np.ndarray) -> list[tuple[Any, ...]]:
         keys = self.keys
         return [k if type(k) is tuple else (k,) for k in map(keys.__getitem__, ids.tolist())]
@@ -93,6 +102,13 @@ class GroupTable:
             grown[:first] = self._hashes[:first]
             self._hashes = grown
         self._hashes[first:needed] = self._hasher.group_hashes(encoded)
+        if self._public is not None:
+            if needed > len(self._positions):
+                grown_positions = np.full(max(needed, 2 * len(self._positions)), -1, dtype=np.int64)
+                grown_positions[:first] = self._positions[:first]
+                self._positions = grown_positions
+            self._positions[first:needed] = np.fromiter(map(self._public.get, fresh, repeat(-1)), dtype=np.int64,
+                                                        count=len(fresh))
 
     def retain(self, live_ids: np.ndarray) -> np.ndarray:
         """Forget every id not in ``live_ids``; returns the map old id -> new id (-1 if forgotten)."""
@@ -107,6 +123,10 @@ class GroupTable:
         hashes = np.zeros(max(64, 2 * len(keep)), dtype=np.uint64)
         hashes[: len(keep)] = self._hashes[live]
         self._hashes = hashes
+        if self._public is not None:
+            positions = np.full(len(hashes), -1, dtype=np.int64)
+            positions[: len(keep)] = self._positions[live]
+            self._positions = positions
         return remap
 
     def nbytes(self) -> int:

@@ -1,7 +1,8 @@
 """What a closed window hands to the release step: one ``WindowPartial`` per (window, partition).
 
 A partial holds the bounded per-(unit, group) contributions in columns, in a
-canonical order -- units and pairs by keyed hash, groups by their type-tagged
+canonical order -- units and pairs by keyed hash, groups by their position in
+the query's public list (a query with one) or else by their type-tagged
 encoding, each pair's events summed in event-hash order -- so the same input
 gives bit-identical partials however it arrived.
 
@@ -46,6 +47,8 @@ class GroupTotals:
     features: np.ndarray | None = None
     #: Sample-and-aggregate queries: every kept event's (group, block of its unit, value), in pair order.
     blocks: BlockValues | None = None
+    #: Each group's position in the query's public list (int64, -1: not public); None without one.
+    positions: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,8 @@ class WindowPartial:
     partition_count_changed: bool = False
     row_value: np.ndarray | None = None  # float64, one per kept event
     unit_hash: np.ndarray | None = None  # uint64, the keyed hash of each unit (sample-and-aggregate blocks)
+    #: int64, each group's position in the query's public list (-1: not public); None without a public list.
+    group_positions: np.ndarray | None = None
 
     def __eq__(self, other: object) -> bool:
         """Field-by-field equality, arrays compared bit for bit (dtype included)."""
@@ -157,6 +162,7 @@ class WindowPartial:
             histogram=None if histogram is None else self._histogram(keep, histogram),
             features=None if features is None else self._features(keep, features),
             blocks=None if blocks is None else self._block_values(keep, blocks),
+            positions=self.group_positions,
         )
         if keep is None:
             return totals  # every group has at least one pair
@@ -174,6 +180,7 @@ class WindowPartial:
             features=None if totals.features is None else totals.features[present],
             blocks=None if totals.blocks is None else BlockValues(
                 position[totals.blocks.group].astype(np.int32), totals.blocks.block, totals.blocks.value),
+            positions=None if self.group_positions is None else self.group_positions[present],
         )
 
     def _histogram(self, keep: np.ndarray | None, spec: HistogramSpec) -> SparseHistogram:
@@ -281,8 +288,9 @@ def build_partial(
 
     ``rows`` must be in ``prune``'s canonical order (by unit hash, pair rank,
     event hash), which becomes the order of units and pairs: it depends only
-    on the rows, never on how they arrived. Groups are listed by their
-    canonical encoding. ``offsets`` is (first offset, last offset, accepted events).
+    on the rows, never on how they arrived. Groups are listed in the order of
+    the query's public list when they are all in it, else by their canonical
+    encoding. ``offsets`` is (first offset, last offset, accepted events).
     ``keep_values=False`` (a query without a value field) leaves ``row_value`` out.
     ``pair_sums``: the grid of the query's pair sums (``BoundingSpec.pair_sums``); each pair's sum is
     put on it, within what its clipped values can add up to (:mod:`stream_dp.windows.exact_sums`), so
@@ -297,7 +305,12 @@ def build_partial(
     present = np.zeros(len(groups), dtype=bool)
     present[rows.group] = True
     group_ids = np.flatnonzero(present)
-    group_ids = group_ids[np.argsort(groups.canonical_ranks()[group_ids], kind="stable")]
+    positions = groups.public_positions(group_ids)
+    if positions is not None and bool((positions >= 0).all()):
+        # The public list orders groups as canonically as their encodings, without sorting a million strings.
+        group_ids = group_ids[np.argsort(positions, kind="stable")]
+    else:
+        group_ids = group_ids[np.argsort(groups.canonical_ranks()[group_ids], kind="stable")]
     group_index = np.zeros(len(groups), dtype=np.int64)
     group_index[group_ids] = np.arange(len(group_ids))
     pair_count = np.diff(np.append(starts, n)).astype(np.int64)
@@ -322,6 +335,7 @@ def build_partial(
         # rows are pair by pair already: the value column is kept as it is (no copy, no work)
         row_value=rows.value if keep_values else None,
         unit_hash=rows.unit[new_unit] if keep_values else None,
+        group_positions=groups.public_positions(group_ids),  # in the order just chosen
     )
 
 

@@ -19,9 +19,10 @@ Pure functions, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import repeat
 from operator import itemgetter
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import orjson
@@ -49,6 +50,52 @@ def keys_from_columns(columns: Sequence[Column], rows: int) -> list[GroupKey]:
     if not columns:
         return [()] * rows
     return list(zip(*columns, strict=True))
+
+
+class KeyRows(Sequence[GroupKey]):
+    """Group keys kept as their columns: a row's tuple is built only when it is read (``rows[i]``, iteration).
+
+    A partial of a million groups that names each group's public position is added up by position, and
+    reads a few of its keys only to check them: decoding it builds no million tuples. Equal to any sequence
+    holding the same tuples in the same order (``decoded.groups == [("/a",), ...]``).
+    """
+
+    __slots__ = ("_columns", "_rows")
+
+    def __init__(self, columns: Sequence[Column], rows: int) -> None:
+        if any(len(column) != rows for column in columns):
+            raise ValueError(f"group columns of {[len(c) for c in columns]} values for {rows} rows")
+        self._columns = list(columns)
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return self._rows
+
+    @overload
+    def __getitem__(self, index: int) -> GroupKey: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[GroupKey]: ...
+
+    def __getitem__(self, index: int | slice) -> GroupKey | list[GroupKey]:
+        if isinstance(index, slice):
+            return keys_from_columns([column[index] for column in self._columns], len(range(self._rows)[index]))
+        if not -self._rows <= index < self._rows:
+            raise IndexError(f"group row {index} of {self._rows}")
+        return tuple(column[index] for column in self._columns)
+
+    def __iter__(self) -> Iterator[GroupKey]:
+        return zip(*self._columns) if self._columns else repeat((), self._rows)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(other) == self._rows and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are unhashable
+
+    def __repr__(self) -> str:
+        return f"KeyRows({self._rows} rows)"
 
 
 def _kind(column: Column) -> str:

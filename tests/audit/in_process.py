@@ -27,6 +27,7 @@ from stream_dp.budget import MemoryBudgetStore, policy_from_config
 from stream_dp.config import parse_config
 from stream_dp.windows import RawBatch
 from stream_dp.worker import app
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.ingest.charge import charge_in_order, excluded_units
 from stream_dp.worker.ingest.closed_windows import window_charge
 from stream_dp.worker.ingest.partials_out import partial_message
@@ -93,7 +94,7 @@ def combine(scenario: Scenario, windows: int, *, with_target: bool, doctoring: s
     # The wall clock stands past every window (none waits for it, none is too old to release).
     now_ms = start_ms + (windows + 10) * 1000 + 10 * 60_000
     clock = lambda: now_ms  # noqa: E731
-    (runtime,) = app.build_runtimes(parsed, secret=SECRET.encode(), clock_ms=clock)
+    (runtime,) = build_runtimes(parsed, secret=SECRET.encode(), clock_ms=clock)
     window = parsed.queries[0].window
     if runtime.public_groups is not None:  # as the release stage learns it: the file's publish_from, the backlog's start
         runtime.combiner.query_start_ms = first_window_start(window.publish_from_ms, window.size_ms, window.offset_ms)

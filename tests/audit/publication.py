@@ -33,7 +33,7 @@ from stream_dp.dp.local import REPORT_TAG_FIELD, LocalRandomizer, report_tag
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows import RawBatch
 from stream_dp.windows.partitioning import expected_partitions
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.ingest.partials_out import partial_message
 from stream_dp.worker.partials.wire import Progress, decode_partial_payload, encode_partial_payload
 from stream_dp.worker.release.draw import draw_payload

@@ -34,7 +34,7 @@ def test_local_scenarios_send_reports_their_worker_takes(scenario):
 
     from stream_dp.config.loader import parse_config
     from stream_dp.windows import RawBatch
-    from stream_dp.worker.app import build_runtimes
+    from stream_dp.worker.assemble.runtimes import build_runtimes
 
     start_ms = 1_795_438_896_000
     config = _config("run", {s.topic: f"in-{s.topic}" for s in SCENARIOS}, {s.name: f"out-{s.name}" for s in SCENARIOS},

@@ -140,12 +140,12 @@ def test_bucket_layout_is_checked_for_the_workers_input_retention(worker_env, mo
 
 
 def test_an_unexpected_failure_while_building_is_named_not_raised(monkeypatch, capsys):
-    from stream_dp.worker import app
+    from stream_dp.worker.assemble import runtimes
 
     def overflowing_plan(query):
         raise OverflowError("cannot convert float infinity to integer")
 
-    monkeypatch.setattr(app, "build_plan", overflowing_plan)
+    monkeypatch.setattr(runtimes, "build_plan", overflowing_plan)
     assert main(["check-config", str(EXAMPLE)]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     names = [q["name"] for q in yaml.safe_load(EXAMPLE.read_text())["queries"]]

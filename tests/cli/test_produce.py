@@ -17,7 +17,7 @@ from stream_dp.cli import produce
 from stream_dp.cli.main import main
 from stream_dp.config import parse_config
 from stream_dp.windows.decoding import EventDecoder
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "queries.example.yaml"
 

@@ -14,7 +14,7 @@ from stream_dp.budget.store import DEFAULT_INPUT_RETENTION_MS
 from stream_dp.cli.plan import plan_config
 from stream_dp.config import ConfigError, parse_config
 from stream_dp.config.implied import implied_settings
-from stream_dp.worker.app import build_worker_parts
+from stream_dp.worker.assemble.runtimes import build_worker_parts
 from stream_dp.worker.query.runtime import charged_settings, settings_fingerprint
 
 CORPUS = Path(__file__).resolve().parent / "corpus"

@@ -18,7 +18,7 @@ import yaml
 
 from stream_dp.config import Settings, load_config
 from stream_dp.metrics.http import make_app
-from stream_dp.worker.app import build_worker_parts
+from stream_dp.worker.assemble.runtimes import build_worker_parts
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.30.0"  # the oldest release still widely run that these manifests target

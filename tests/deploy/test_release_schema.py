@@ -169,7 +169,7 @@ def test_the_records_of_a_window_released_as_if_empty_are_valid_and_say_so():
 
     from stream_dp.config import parse_config
     from stream_dp.dp import OpenDPNoise
-    from stream_dp.worker.app import build_runtimes
+    from stream_dp.worker.assemble.runtimes import build_runtimes
     from stream_dp.worker.release.build import build_release
 
     query = {

@@ -8,6 +8,7 @@ bins and run a chi-square test of homogeneity.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -15,7 +16,13 @@ from scipy import stats
 
 from stream_dp.dp import OpenDPNoise
 from stream_dp.dp.measurements import float_vector_measurement, integer_vector_measurement
-from stream_dp.dp.vectorised_noise import VectorisedExactNoise, grid_to_floats, noise_source, round_to_grid
+from stream_dp.dp.vectorised_noise import (
+    SPLIT_DRAW_MIN,
+    VectorisedExactNoise,
+    grid_to_floats,
+    noise_source,
+    round_to_grid,
+)
 
 P_MIN = 1e-4
 OPENDP_DRAWS = 60_000  # OpenDP draws ~10 us each
@@ -170,3 +177,41 @@ def test_noise_source_by_name() -> None:
     assert type(noise_source("opendp")) is OpenDPNoise
     with pytest.raises(ValueError, match="exact, opendp"):
         noise_source("numpy")
+
+
+class CountingExecutor(ThreadPoolExecutor):
+    """Two threads that count the vectors handed to them."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=2)
+        self.maps = 0
+
+    def map(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.maps += 1
+        return super().map(*args, **kwargs)
+
+
+@pytest.mark.parametrize("scale", [0.9, 3.7])
+def test_a_long_vector_drawn_in_two_halves_follows_the_exact_law_with_independent_halves(scale: float) -> None:
+    """Each half against the exact discrete Laplace pmf ``(1 - q) / (1 + q) q^|z|``, ``q = exp(-1 / scale)``;
+    the halves against each other: the share of positions where both halves drew the same value is the
+    collision probability ``sum p(z)^2`` of two independent draws (a binomial test)."""
+    executor = CountingExecutor()
+    try:
+        noise = VectorisedExactNoise(executor=executor).integers(np.zeros(DRAWS, dtype=np.int64), kind="laplace",
+                                                                 scale=scale)
+    finally:
+        executor.shutdown()
+    assert DRAWS >= SPLIT_DRAW_MIN and executor.maps == 1  # drawn in halves
+    q = math.exp(-1 / scale)
+    support = np.arange(-80, 81)
+    pmf = (1 - q) / (1 + q) * q ** np.abs(support)
+    half = DRAWS // 2
+    for part in (noise[:half], noise[half:]):
+        observed = np.array([np.count_nonzero(part == z) for z in support])
+        keep = pmf * part.size >= 5  # chi-square needs expected counts of 5 or more: pool the tails
+        observed = np.append(observed[keep], part.size - observed[keep].sum())
+        expected = np.append(pmf[keep], 1 - pmf[keep].sum()) * part.size
+        assert stats.chisquare(observed, expected).pvalue > P_MIN
+    collisions = int(np.count_nonzero(noise[:half] == noise[half:]))
+    assert stats.binomtest(collisions, half, float((pmf ** 2).sum())).pvalue > P_MIN

@@ -20,7 +20,7 @@ import numpy as np
 from stream_dp.config import parse_config
 from stream_dp.dp import OpenDPNoise
 from stream_dp.dp.histogram import SparseHistogram
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.combine.combiner import CombinedWindow
 from stream_dp.worker.release.build import build_release
 

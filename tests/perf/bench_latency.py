@@ -20,8 +20,11 @@ it, never by the idle timeout.
   adds (reading, closing, budget charges, partials, noise, publishing).
 * **Offered and achieved rate**: what the producer offered, per second of its
   run, and whether it kept up.
-* **Memory**: the worker's RSS every 100 ms; reported at the start of the
-  measured windows, at their end, and its maximum -- the soak.
+* **Memory** (the soak): the worker's RSS every 100 ms; reported as each
+  measured window is released (printed as it happens, with the 1-minute load
+  average), after the third window, after the last, their ratio, the largest
+  deviation of a later window from the third (the goal: within 10%) and the
+  maximum.
 * **CPU-s per million events**: the worker's user + system CPU over the
   measured windows, per million events in them.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import sys
 import tempfile
 import time
@@ -92,6 +96,52 @@ def produce_at_rate(bootstrap: str, topic: str, rate: float, stop_wall: float, u
         Path(log_path).write_text(json.dumps(ticks))
 
 
+def rss_at(poller: watch.Poller, wall: float) -> float:
+    """The worker's RSS (bytes) at the last poll at or before epoch time ``wall``."""
+    before = [rss for t, _, rss in poller.usage if t <= wall]
+    return float(before[-1] if before else (poller.usage[0][2] if poller.usage else "nan"))
+
+
+def follow_windows(reader: watch.OutputReader, poller: watch.Poller, measured: list[int],
+                   producer: multiprocessing.process.BaseProcess, deadline: float) -> list[dict[str, float]]:
+    """While the soak runs, print each measured window as it is released: the worker's RSS then
+    and the 1-minute load average; returns those rows."""
+    rows: list[dict[str, float]] = []
+    while len(rows) < len(measured) and time.time() < deadline:
+        start = measured[len(rows)]
+        done = reader.completed_wall.get(start)
+        if done is None:
+            if not producer.is_alive() and producer.exitcode not in (0, None):
+                break
+            time.sleep(0.2)
+            continue
+        row = {"window_ms": start, "released_wall": done, "rss_mb": rss_at(poller, done) / 2**20,
+               "load_1m": os.getloadavg()[0]}
+        rows.append(row)
+        print(f"    window {len(rows):>3} {time.strftime('%H:%M', time.gmtime(start / 1000))} released "
+              f"{done - (start + perfkit.WINDOW_MS + LATENESS_MS) / 1000:5.2f} s after close; worker RSS "
+              f"{row['rss_mb']:6.0f} MB; load {row['load_1m']:.2f}", flush=True)
+    return rows
+
+
+def soak_rss(usage: list[tuple[float, float, int]], per_window: list[dict[str, float]]) -> dict[str, Any]:
+    """The soak's memory line: RSS (MB) at the start, after the third window's release, at the end (the last
+    window's release), the maximum, end / after-third, and the largest deviation from after-third in any
+    later window (the "flat" criterion: within +-10%)."""
+    windows = [row["rss_mb"] for row in per_window]
+    third = windows[2] if len(windows) >= 3 else float("nan")
+    later = windows[3:]
+    return {
+        "start": usage[0][2] / 2**20,
+        "after_third": third,
+        "end": windows[-1] if windows else usage[-1][2] / 2**20,
+        "max": max(r for _, _, r in usage) / 2**20,
+        "ratio_end_to_third": windows[-1] / third if later else float("nan"),
+        "max_deviation_from_third": max(abs(w / third - 1) for w in later) if later else float("nan"),
+        "windows": windows,
+    }
+
+
 def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs: list[float]) -> list[float]:
     order = np.argsort(values)
     cumulative = np.cumsum(weights[order])
@@ -123,7 +173,8 @@ def measure(services: perfkit.Services, *, rate: float, minutes: int, units: int
         producer.start()
         print(f"  latency: offering {rate:,.0f} events/s for {stop_wall - start_wall:.0f} s; measuring the "
               f"{minutes} windows from {time.strftime('%H:%M:%S', time.gmtime(first_window_ms / 1000))} UTC", flush=True)
-        producer.join(stop_wall - time.time() + 120)
+        per_window = follow_windows(reader, poller, measured, producer, deadline=stop_wall + 120)
+        producer.join(max(0.0, stop_wall - time.time() + 120))
         if producer.exitcode != 0:
             raise RuntimeError(f"the producer failed (exit {producer.exitcode})")
         if not reader.wait_windows(measured, timeout_s=120):
@@ -152,9 +203,8 @@ def measure(services: perfkit.Services, *, rate: float, minutes: int, units: int
             "latency_s": {"p50": p50, "p99": p99, "max": top},
             "close_to_release_s": {"p50": float(np.median(close_to_release)), "max": float(max(close_to_release)),
                                    "windows": close_to_release},
-            "rss_mb": {"start": usage[0][2] / 2**20, "end": usage[-1][2] / 2**20,
-                       "max": max(r for _, _, r in usage) / 2**20,
-                       "per_minute": [r / 2**20 for t, _, r in usage[:: max(1, int(60 / poller.interval_s))]]},
+            "rss_mb": soak_rss(usage, per_window),
+            "per_window": per_window,
             "cpu_s_per_million": (usage[-1][1] - usage[0][1]) / events * 1e6,
         }
     finally:
@@ -178,19 +228,32 @@ def print_result(r: dict[str, Any]) -> None:
           f"{r['windows']} one-minute windows, {r['events']:,} events, {r['late']:.0f} late:")
     print(f"  event to release p50 {lat['p50']:.2f} s, p99 {lat['p99']:.2f} s, max {lat['max']:.2f} s; "
           f"close to release median {ctr['p50']:.2f} s, max {ctr['max']:.2f} s")
-    print(f"  worker RSS {rss['start']:.0f} MB at the start, {rss['end']:.0f} MB at the end, max {rss['max']:.0f} MB; "
-          f"{r['cpu_s_per_million']:.2f} CPU-s per million events")
+    flat = "within 10%" if rss["max_deviation_from_third"] <= 0.10 else "NOT within 10%"
+    print(f"  {soak_line(rss)} ({flat}); {r['cpu_s_per_million']:.2f} CPU-s per million events")
+    print("  RSS per window (MB): " + " ".join(f"{w:.0f}" for w in rss["windows"]))
+
+
+def soak_line(rss: dict[str, Any]) -> str:
+    """The soak's memory figures in one line (``soak_rss``)."""
+    return (f"soak: worker RSS {rss['after_third']:.0f} MB after the third window, {rss['end']:.0f} MB after the last "
+            f"({rss['ratio_end_to_third']:.2f} x), max {rss['max']:.0f} MB; later windows within "
+            f"{rss['max_deviation_from_third'] * 100:.0f}% of the third")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=100_000, help="events per second offered")
     parser.add_argument("--minutes", type=int, default=10, help="one-minute windows measured")
+    parser.add_argument("--json", type=Path, help="also write the result to this file")
     args = parser.parse_args()
     services = perfkit.Services.from_env()
     services.check()
-    print_result(measure(services, rate=args.rate, minutes=args.minutes,
-                         workdir=Path(tempfile.mkdtemp(prefix="bench-latency-"))))
+    workdir = Path(tempfile.mkdtemp(prefix="bench-latency-"))
+    print(f"worker log in {workdir}", flush=True)
+    result = measure(services, rate=args.rate, minutes=args.minutes, workdir=workdir)
+    print_result(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=float))
 
 
 if __name__ == "__main__":

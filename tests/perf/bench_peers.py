@@ -1,4 +1,4 @@
-"""Peers on the same events: a faust-streaming worker and PipelineDP's local engine.
+"""Peers on the same events: a faust-streaming worker, a Kafka Streams application and PipelineDP's local engine.
 
     .venv/bin/python tests/perf/bench_peers.py [--events 200000] [--repeat 3] [--faust-events 30000]
 
@@ -6,6 +6,13 @@
   bounded counts) reads the topic from the start in a fresh process; its rate
   counts from its first progress line to ``--faust-events`` events (faust
   runs at a few thousand events/s, so it reads a prefix of the topic).
+* Kafka Streams 4.1 (``kstreams/``, Java, built here with ``mvn -q package``
+  from Maven Central on first use): one stream thread, default settings, a
+  tumbling one-minute count per record key (the unit) in its RocksDB window
+  store, in a fresh JVM reading the whole topic from the start. Its rate counts
+  from its first progress line (the first record counted, so the JVM's start and
+  the group's first assignment are left out) to the last event. It decodes no
+  JSON: less work per event than the worker, in Kafka Streams' favour.
 * PipelineDP (``pipeline-dp``, local backend, in a fresh process): the same
   events, already in memory, decoded from the same JSON bytes; per one-minute
   window one ``DPEngine.aggregate`` with the worker's bounds (3 groups per
@@ -41,17 +48,10 @@ HERE = Path(__file__).resolve().parent
 # -- faust ------------------------------------------------------------------------------
 
 
-def faust_once(services: perfkit.Services, topic: str, *, events: int, partitions: int, timeout_s: float = 600) -> dict[str, Any]:
-    app_id = perfkit.unique_name("faust")
-    datadir = Path(tempfile.mkdtemp(prefix="bench-faust-"))
-    log_path = datadir / "faust.log"
-    report_every = max(1_000, events // 20)
-    process = subprocess.Popen(
-        [sys.executable, str(HERE / "faust_peer.py"), "--bootstrap", services.bootstrap, "--topic", topic,
-         "--app-id", app_id, "--partitions", str(partitions), "--stop-after", str(events),
-         "--report-every", str(report_every), "--datadir", str(datadir / "data")],
-        stdout=subprocess.PIPE, stderr=open(log_path, "wb"), text=True,
-    )
+def _progress_rate(command: list[str], *, events: int, log_path: Path, name: str, timeout_s: float) -> dict[str, Any]:
+    """Runs a peer that prints ``progress <unix time> <events>`` lines and ``done``; its rate counts from its
+    first progress line to ``events`` events. The process is stopped afterwards."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=open(log_path, "wb"), text=True)
     reports: list[tuple[float, int]] = []
     finished = threading.Event()
 
@@ -69,17 +69,69 @@ def faust_once(services: perfkit.Services, topic: str, *, events: int, partition
     try:
         finished.wait(timeout_s)
         if len(reports) < 2 or reports[-1][1] < events:
-            raise RuntimeError(f"faust peer stopped after {reports[-1:]} of {events} events; log {log_path}:\n"
+            raise RuntimeError(f"{name} peer stopped after {reports[-1:]} of {events} events; log {log_path}:\n"
                                + log_path.read_text(errors="replace")[-2000:])
         (t0, n0), (t1, n1) = reports[0], reports[-1]
         return {"rate": (n1 - n0) / (t1 - t0), "events": n1}
     finally:
         process.terminate()
         try:
-            process.wait(20)
+            process.wait(40)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(10)
+
+
+def faust_once(services: perfkit.Services, topic: str, *, events: int, partitions: int, timeout_s: float = 600) -> dict[str, Any]:
+    app_id = perfkit.unique_name("faust")
+    datadir = Path(tempfile.mkdtemp(prefix="bench-faust-"))
+    try:
+        return _progress_rate(
+            [sys.executable, str(HERE / "faust_peer.py"), "--bootstrap", services.bootstrap, "--topic", topic,
+             "--app-id", app_id, "--partitions", str(partitions), "--stop-after", str(events),
+             "--report-every", str(max(1_000, events // 20)), "--datadir", str(datadir / "data")],
+            events=events, log_path=datadir / "faust.log", name="faust", timeout_s=timeout_s)
+    finally:
+        perfkit.delete_topics(services.bootstrap, app_id)
+        perfkit.delete_groups(services.bootstrap, [app_id])
+        shutil.rmtree(datadir, ignore_errors=True)
+
+
+# -- Kafka Streams ----------------------------------------------------------------------
+
+KSTREAMS_DIR = HERE / "kstreams"
+KSTREAMS_JAR = KSTREAMS_DIR / "target" / "kstreams-peer.jar"
+
+
+def build_kstreams() -> Path:
+    """``mvn -q package`` in tests/perf/kstreams (Kafka Streams from Maven Central) unless the jar is newer
+    than every source file; returns the runnable jar."""
+    sources = [KSTREAMS_DIR / "pom.xml", *(KSTREAMS_DIR / "src").rglob("*")]
+    if KSTREAMS_JAR.exists() and KSTREAMS_JAR.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
+        return KSTREAMS_JAR
+    if shutil.which("mvn") is None or shutil.which("java") is None:
+        raise RuntimeError("the Kafka Streams peer needs Maven and a JDK 17+ (`apt-get install maven openjdk-17-jdk`)")
+    completed = subprocess.run(["mvn", "-q", "-B", "package"], cwd=KSTREAMS_DIR, capture_output=True, text=True,
+                               timeout=900)
+    if completed.returncode != 0 or not KSTREAMS_JAR.exists():
+        raise RuntimeError(f"building the Kafka Streams peer failed (exit {completed.returncode}):\n"
+                           f"{completed.stdout[-2000:]}{completed.stderr[-2000:]}")
+    return KSTREAMS_JAR
+
+
+def kstreams_once(services: perfkit.Services, topic: str, *, events: int, timeout_s: float = 900) -> dict[str, Any]:
+    """``KStreamsPeer`` (one stream thread, default settings, tumbling one-minute count per key) in a fresh JVM
+    over the whole topic."""
+    jar = build_kstreams()
+    app_id = perfkit.unique_name("kstreams")
+    datadir = Path(tempfile.mkdtemp(prefix="bench-kstreams-"))
+    try:
+        return _progress_rate(
+            ["java", "-jar", str(jar), "--bootstrap", services.bootstrap, "--topic", topic, "--app-id", app_id,
+             "--stop-after", str(events), "--report-every", str(max(1_000, events // 20)),
+             "--state-dir", str(datadir / "state")],
+            events=events, log_path=datadir / "kstreams.log", name="Kafka Streams", timeout_s=timeout_s)
+    finally:
         perfkit.delete_topics(services.bootstrap, app_id)
         perfkit.delete_groups(services.bootstrap, [app_id])
         shutil.rmtree(datadir, ignore_errors=True)
@@ -149,9 +201,17 @@ def pipelinedp_once(events: perfkit.SyntheticEvents, args: argparse.Namespace, t
 
 
 def measure(services: perfkit.Services, topic: str, events: perfkit.SyntheticEvents, args: argparse.Namespace) -> dict[str, Any]:
-    faust_runs, pdp_runs, pdp_decode_runs = [], [], []
+    faust_runs, kstreams_runs, pdp_runs, pdp_decode_runs = [], [], [], []
     faust_events = min(args.faust_events, len(events))
+    with_kstreams = not getattr(args, "no_kstreams", False)
+    if with_kstreams:
+        build_kstreams()  # before the first round: a first build downloads Kafka Streams from Maven Central
     for round_ in range(args.repeat):
+        if with_kstreams:
+            kstreams = kstreams_once(services, topic, events=len(events))
+            kstreams_runs.append(kstreams["rate"])
+            print(f"  Kafka Streams round {round_ + 1}: {kstreams['rate']:>10,.0f} events/s ({len(events):,} events)",
+                  flush=True)
         if faust_events:
             faust = faust_once(services, topic, events=faust_events, partitions=args.partitions)
             faust_runs.append(faust["rate"])
@@ -164,6 +224,7 @@ def measure(services: perfkit.Services, topic: str, events: perfkit.SyntheticEve
                   f"({pdp['rate_with_decode']:,.0f} with JSON decoding)", flush=True)
     return {
         "faust": perfkit.summarize(faust_runs) | {"events": faust_events},
+        "kstreams": perfkit.summarize(kstreams_runs) | {"events": len(events) if with_kstreams else 0},
         "pipelinedp": perfkit.summarize(pdp_runs),
         "pipelinedp_with_decode": perfkit.summarize(pdp_decode_runs),
     }
@@ -184,6 +245,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--faust-events", type=int, default=30_000, help="events the faust peer reads per run (0: skip)")
     parser.add_argument("--no-pipelinedp", action="store_true")
+    parser.add_argument("--no-kstreams", action="store_true", help="leave out the Kafka Streams peer (needs mvn and a JDK)")
     parser.add_argument("--pipelinedp-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--first-window-ms", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -1,6 +1,7 @@
 """Release latency: from the watermark passing a window's end to the window's last record on the output topic.
 
     .venv/bin/python tests/perf/bench_release.py [--groups 1000,10000,100000,1000000] [--repeat 3]
+    .venv/bin/python tests/perf/bench_release.py --groups 100000 --ab DIR [--rounds 2]   # this tree vs DIR's stream_dp
 
 For each number of groups G, one worker (public groups /g0 .. /g{G-1}, one-
 minute windows, allowed lateness 1 s, idle timeout 1 h so that only events
@@ -41,36 +42,42 @@ PARTITIONS = 4
 
 
 def _send_closers(services: perfkit.Services, topic: str, ts_ms: int) -> float:
-    """``PRODUCER_QUORUM`` events at ``ts_ms`` on every partition, each of a unit of its own (as many units as
-    move a trusted producer clock);
-    returns the monotonic time just before sending."""
+    """``PRODUCER_QUORUM`` events at ``ts_ms`` on every partition, each of a unit of its own whose key murmur2
+    places on that partition (a unit on another partition is dead-lettered and moves no clock): as many units
+    as move a trusted producer clock; returns the monotonic time just before sending."""
     from confluent_kafka import Producer
 
+    units = perfkit._units_on_each_partition(PARTITIONS, first=2 * 10**9, per_partition=PRODUCER_QUORUM).tolist()
     producer = Producer({"bootstrap.servers": services.bootstrap, "acks": "all", "linger.ms": 0, "log_level": 3})
     producer.list_topics(topic, timeout=10)  # connect first: the clock should not count the handshake
     started = time.monotonic()
-    for partition in range(PARTITIONS):
+    for i, unit in enumerate(units):
+        partition = i // PRODUCER_QUORUM
         # Stamped with its event time as a live producer's record would be: a wall-clock stamp would move the
         # worker's record clock past every later (back-dated) window of the run and close them as they fill.
-        for i in range(PRODUCER_QUORUM):
-            unit = b"closer-%d-%d" % (partition, i)
-            value = b'{"user_id":"%s","ts":%d,"page":"/g0","value":1.0}' % (unit, ts_ms)
-            producer.produce(topic, value=value, key=unit, partition=partition, timestamp=ts_ms)
+        value = b'{"user_id":"u%d","ts":%d,"page":"/g0","value":1.0}' % (unit, ts_ms)
+        producer.produce(topic, value=value, key=b"u%d" % unit, partition=partition, timestamp=ts_ms)
     if producer.flush(30):
         raise RuntimeError(f"closing events to {topic} were not acknowledged")
     return started
 
 
-def _worker_latency(port: int, name: str) -> tuple[float, float]:
+STAGES = ("charge", "partial_send", "decode", "combine", "noise", "encode", "ledger", "render", "publish")
+
+
+def _worker_latency(port: int, name: str) -> tuple[float, float, dict[str, float]]:
+    """The worker's release latency histogram (sum, count) and its seconds so far in each release stage."""
     text = watch.scrape(port)
+    stages = {stage: watch.metric_sum(text, "stream_dp_release_stage_seconds_sum", query=name, operation=stage)
+              for stage in STAGES}
     return (watch.metric_sum(text, "stream_dp_release_latency_seconds_sum", query=name),
-            watch.metric_sum(text, "stream_dp_release_latency_seconds_count", query=name))
+            watch.metric_sum(text, "stream_dp_release_latency_seconds_count", query=name), stages)
 
 
 def run_groups(services: perfkit.Services, groups: int, *, windows: int, events_per_window: int,
-               workdir: Path, profile_to: Path | None = None) -> dict[str, Any]:
+               workdir: Path, profile_to: Path | None = None, pythonpath: Path | None = None) -> dict[str, Any]:
     """``windows`` releases of ``groups`` groups; with ``profile_to``, py-spy samples one more release,
-    which is left out of the latencies."""
+    which is left out of the latencies; with ``pythonpath``, the worker runs that copy of ``stream_dp``."""
     name = perfkit.unique_name(f"rl{groups}")
     topic = f"{name}-in"
     n_events = max(2 * groups, events_per_window)
@@ -88,7 +95,8 @@ def run_groups(services: perfkit.Services, groups: int, *, windows: int, events_
     try:
         perfkit.create_topic(services.bootstrap, topic, PARTITIONS)
         worker = perfkit.WorkerProcess(config, services=services, group_id=f"{name}-g", internal_prefix=f"{name}.",
-                                       metrics_port=perfkit.free_port(), log_path=workdir / f"{name}.log")
+                                       metrics_port=perfkit.free_port(), log_path=workdir / f"{name}.log",
+                                       pythonpath=pythonpath)
         poller = watch.Poller([worker.port]).start()
         reader = watch.OutputReader(services.bootstrap, f"{name}-out", expected_per_window=groups)
         produced = 0
@@ -122,8 +130,10 @@ def run_groups(services: perfkit.Services, groups: int, *, windows: int, events_
                 time.sleep(0.05)
                 after = _worker_latency(worker.port, name)
             inside.append((after[0] - before[0]) / max(1.0, after[1] - before[1]))
+            stages = {stage: after[2][stage] - before[2][stage] for stage in STAGES}
             print(f"  release {groups:>7,} groups, window {k + 1}: {latencies[-1]:6.3f} s "
-                  f"(worker's own measure {inside[-1]:.3f} s)", flush=True)
+                  f"(worker's own measure {inside[-1]:.3f} s; stages "
+                  + ", ".join(f"{stage} {seconds:.3f}" for stage, seconds in stages.items()) + ")", flush=True)
         return {"groups": groups, "events_per_window": n_events, "latency_s": perfkit.summarize(latencies),
                 "worker_latency_s": perfkit.summarize(inside)}
     finally:
@@ -161,10 +171,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="windows measured per group count")
     parser.add_argument("--events-per-window", type=int, default=20_000)
     parser.add_argument("--profile", action="store_true", help="sample the largest group count's last release with py-spy")
+    parser.add_argument("--ab", type=Path, help="a directory holding another copy of stream_dp (e.g. an earlier commit's): "
+                        "per group count, --rounds rounds each run one worker of this tree and one of that copy, "
+                        "--repeat windows each, and print the latencies side by side with their ratio")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of an --ab comparison")
     args = parser.parse_args()
     services = perfkit.Services.from_env()
     services.check()
     workdir = Path(tempfile.mkdtemp(prefix="bench-release-"))
+    if args.ab is not None:
+        compare(services, [int(g) for g in args.groups.split(",")], args.ab, rounds=args.rounds, windows=args.repeat,
+                events_per_window=args.events_per_window, workdir=workdir)
+        return
     result = measure(services, [int(g) for g in args.groups.split(",")], repeat=args.repeat,
                      events_per_window=args.events_per_window, workdir=workdir, profile=args.profile)
     print(f"{'groups':>8} {'events':>8} {'latency s (median)':>19} {'spread':>8} {'worker-side s':>14}")
@@ -175,6 +193,35 @@ def main() -> None:
         if "profile" in r:
             print_profile(r["profile"], f"py-spy, release of {r['groups']:,} groups")
     print(f"worker logs in {workdir}")
+
+
+def compare(services: perfkit.Services, group_counts: list[int], other: Path, *, rounds: int, windows: int,
+            events_per_window: int, workdir: Path) -> dict[str, Any]:
+    """This tree's worker against ``other``'s, alternating in rounds, each on a fresh topic: medians per worker
+    and the median of the per-round ratios (this tree over the other), so drifting load hits both alike."""
+    out: dict[str, Any] = {}
+    for g in group_counts:
+        mine: list[float] = []
+        theirs: list[float] = []
+        ratios: list[float] = []
+        for round_ in range(rounds):
+            runs = {}
+            for label, path in (("this tree", None), (str(other), other)) if round_ % 2 == 0 else \
+                    ((str(other), other), ("this tree", None)):
+                print(f"round {round_ + 1}, {g:,} groups: {label}", flush=True)
+                runs[path] = run_groups(services, g, windows=windows, events_per_window=events_per_window,
+                                        workdir=workdir, pythonpath=path)["latency_s"]["median"]
+            mine.append(runs[None])
+            theirs.append(runs[other])
+            ratios.append(runs[None] / runs[other])
+            print(f"  round {round_ + 1}: this tree {runs[None]:.3f} s, {other} {runs[other]:.3f} s, "
+                  f"ratio {ratios[-1]:.2f}", flush=True)
+        out[str(g)] = {"this": perfkit.summarize(mine), "other": perfkit.summarize(theirs),
+                       "ratio": perfkit.summarize(ratios)}
+        print(f"{g:>9,} groups: this tree {out[str(g)]['this']['median']:.3f} s, {other} "
+              f"{out[str(g)]['other']['median']:.3f} s (medians of each round's median); per-round ratio "
+              + " ".join(f"{r:.2f}" for r in ratios), flush=True)
+    return out
 
 
 def print_profile(summary: dict[str, Any], title: str, top: int = 12) -> None:

@@ -1,7 +1,7 @@
 """Every stream-dp benchmark in one run, on one machine: a table and a JSON file.
 
     .venv/bin/python tests/perf/run_all.py                                  # 200k events, ~10 minutes
-    .venv/bin/python tests/perf/run_all.py --full --json out.json           # the RESULTS.md run, ~45 minutes
+    .venv/bin/python tests/perf/run_all.py --full --json out.json           # the RESULTS.md run, ~95 minutes
 
 Needs the local services (``bash deploy/services.sh start all`` and
 ``eval "$(bash deploy/services.sh env)"``) and the bench extra
@@ -17,15 +17,17 @@ Needs the local services (``bash deploy/services.sh start all`` and
    --processes 2`` end to end (``bench_worker.py``). Drifting load thus hits
    every command alike, and each round gives a paired worker/raw ratio. Every
    figure is given as min / median / max over the rounds.
-2. **Peers** on the largest topic: faust-streaming and PipelineDP (``bench_peers.py``).
+2. **Peers** on the largest topic: faust-streaming, Kafka Streams 4.1 (``kstreams/``, built with
+   ``mvn -q package`` on first use) and PipelineDP (``bench_peers.py``).
 3. **Release latency** for 1k, 10k, 100k and 1M groups per window (``bench_release.py``).
 4. **Budget store** (``bench_budget.py``) and **noise** (``bench_noise.py``).
 5. **Memory** per open (unit, group) pair and per budgeted unit (``bench_memory.py``), and per
    local-DP report of either mechanism in one window (``bench_local_dp.py``).
 6. **Latency at a fixed offered rate** (``bench_latency.py``): half the median
    end-to-end rate of one worker on the largest topic (``--latency-rate``
-   overrides), for ``--latency-minutes`` one-minute windows (``--full``: 10),
-   with the worker's RSS and CPU over that soak.
+   overrides), for ``--latency-minutes`` one-minute windows (``--full``: 60, the
+   one-hour soak), with the worker's RSS per window (after the third, after the
+   last, their ratio, the largest deviation from the third, the maximum) and CPU.
 
 The 1-minute load average is sampled every 5 s and reported. Everything the
 run creates (topics, consumer groups, Redis keys, processes) is removed.
@@ -99,10 +101,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, help="rounds of the compared commands (default 3; --full 5)")
     parser.add_argument("--clients", default=",".join(bench_consume.CLIENTS))
     parser.add_argument("--faust-events", type=int, help="events the faust peer reads per run (default 10000; --full 50000)")
+    parser.add_argument("--no-kstreams", action="store_true", help="leave the Kafka Streams peer out (needs mvn, a JDK)")
     parser.add_argument("--pairs", type=int, help="open pairs of the engine memory run (default 1000000; --full 10000000)")
     parser.add_argument("--release-groups", default="1000,10000,100000,1000000")
     parser.add_argument("--latency-rate", type=float, help="events/s offered (default: half of one worker's median)")
-    parser.add_argument("--latency-minutes", type=int, help="windows measured (default 2; --full 10)")
+    parser.add_argument("--latency-minutes", type=int, help="windows measured (default 2; --full 60)")
     parser.add_argument("--skip", default="", help=f"comma-separated parts to leave out: {', '.join(PARTS)}")
     parser.add_argument("--profile", action="store_true", help="also sample a worker run and the largest release with py-spy")
     parser.add_argument("--json", type=Path, help="write every number to this file")
@@ -114,7 +117,7 @@ def main() -> None:
     repeat = args.repeat or (5 if args.full else 3)
     faust_n = args.faust_events if args.faust_events is not None else (50_000 if args.full else 10_000)
     pairs = args.pairs or (10_000_000 if args.full else 1_000_000)
-    minutes = args.latency_minutes or (10 if args.full else 2)
+    minutes = args.latency_minutes or (60 if args.full else 2)
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]
 
     services = perfkit.Services.from_env()
@@ -153,7 +156,8 @@ def main() -> None:
             perfkit.create_topic(services.bootstrap, topic, args.partitions)
             perfkit.produce(services.bootstrap, topic, peer_events)
             peer_args = argparse.Namespace(units=args.units, groups=args.groups, partitions=args.partitions, seed=1,
-                                           repeat=3, faust_events=faust_n, no_pipelinedp=False)
+                                           repeat=3, faust_events=faust_n, no_pipelinedp=False,
+                                           no_kstreams=args.no_kstreams)
             part("peers", lambda: bench_peers.measure(services, topic, peer_events, peer_args))
         finally:
             perfkit.delete_topics(services.bootstrap, topic)

@@ -18,7 +18,7 @@ from stream_dp.dp.local import REPORT_TAG_FIELD
 from stream_dp.producer import EventError, EventProducer
 from stream_dp.windows.decoding import EventDecoder
 from stream_dp.windows.partitioning import expected_partitions
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 
 pytestmark = pytest.mark.services
 

@@ -15,7 +15,7 @@ from stream_dp.config import parse_config
 from stream_dp.producer import EventError
 from stream_dp.producer.events import EventChecker
 from stream_dp.windows.decoding import EventDecoder
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "queries.example.yaml"
 CONFIG = parse_config(yaml.safe_load(EXAMPLE.read_text()))

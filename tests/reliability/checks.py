@@ -330,6 +330,11 @@ def check_partials(observed: Observed, truth: Truth, partitions: int, report: Ch
         if (found[0].units_charged, found[0].units_excluded) != (charged, excluded):
             report.fail("exclusion differs", f"partial {key}: {found[0].units_charged} units charged and "
                                              f"{found[0].units_excluded} excluded, the model has {charged} and {excluded}")
+        public = [tuple(g) for g in observed.public_groups.get(key[0]) or []]
+        positions = [public.index(g) if g in public else -1 for g in found[0].groups]
+        if public and found[0].public_positions != positions:
+            report.fail("partial differs", f"partial {key}: public positions {found[0].public_positions} are not the "
+                                           f"groups' places in the public list {positions}")
         if found[0].input_partitions != partitions:
             report.fail("partial differs",
                         f"partial {key}: says {found[0].input_partitions} input partitions, the topic has {partitions}")

@@ -132,6 +132,8 @@ class Partial:
     distinct_units: list[int]
     units_charged: int
     units_excluded: int
+    #: each group's position in the query's public list (-1: not in it), when the writer gave them
+    public_positions: list[int] | None = None
 
     def same_as(self, other: Partial) -> bool:
         """Identical contents (``closed_at_ms`` aside: it is the close time, not data)."""
@@ -148,11 +150,14 @@ def decode_partial(frame: bytes) -> Partial:
         sums = sections.get("sum")
         if len(count) != rows or len(distinct) != rows or (sums is not None and len(sums) != rows):
             raise EvidenceError(f"a partial's columns are not all {rows} long")
+        positions = sections.get("public.position") if header.get("public_positions") else None
+        if header.get("public_positions") and (not isinstance(positions, list) or len(positions) != rows):
+            raise EvidenceError(f"a partial says it has public positions but no public.position section of {rows}")
         return Partial(str(header["query"]), int(header["window_start_ms"]), int(header["window_end_ms"]),
                        int(header["partition"]), int(header["input_partitions"]),
                        group_keys(header["groups"], sections, rows), list(count),
                        None if sums is None else list(sums), list(distinct),
-                       int(header["units_charged"]), int(header["units_excluded"]))
+                       int(header["units_charged"]), int(header["units_excluded"]), positions)
     except (KeyError, TypeError) as exc:
         raise EvidenceError(f"corrupt partial: {exc!r}") from None
 

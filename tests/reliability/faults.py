@@ -122,11 +122,17 @@ class RedisOutage:
         outage(ctx, ctx.uniform(3.0, 8.0), crash=self.crash, kind=self.kind)
 
 
+HELD_WAIT_S = 30.0
+
+
 def outage(ctx: RunContext, seconds: float, *, crash: bool, kind: str, during=None) -> None:
-    """Stop Redis for ``seconds``; ``during(ctx)`` runs while it is down.
+    """Stop Redis for ``seconds``, and on until windows are held or a charge failed closed (at most
+    ``HELD_WAIT_S`` more); ``during(ctx)`` runs while it is down.
 
     Expected: windows held (window partials waiting for their charge, or charges that failed closed) and
-    nothing published while Redis was away (a release needs its ledger entry)."""
+    nothing published while Redis was away (a release needs its ledger entry). Only a worker that owns
+    partitions closes windows: an outage that fell inside a rebalance (a killed worker's session timing out,
+    seen with *combined*, seed 450) would otherwise end before any window needed a charge."""
     if ctx.redis.running:
         ctx.injected(f"redis {'killed' if crash else 'shut down'}")
     ctx.redis.stop(crash=crash)
@@ -148,6 +154,10 @@ def outage(ctx: RunContext, seconds: float, *, crash: bool, kind: str, during=No
         if during is not None:
             during(ctx)
         time.sleep(max(0.0, ends - time.monotonic()))
+        if not (seen["held"] or seen["failures"]):
+            waited = time.monotonic()
+            wait_until(lambda: seen["held"] > 0 or seen["failures"] > 0, HELD_WAIT_S, 0.5)
+            ctx.note(f"redis kept down {time.monotonic() - waited:.1f}s more, until windows were held")
     finally:
         back.set()
         sampler.join(10)

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-import glob
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from tests.reliability.checks import CheckReport
 from tests.reliability.harness import RunContext
@@ -15,17 +16,14 @@ SKEW_S = 600
 
 
 def faked_clock_env(offset_s: int = SKEW_S) -> dict[str, str]:
-    """Environment that runs a process on Debian's libfaketime with its wall clock ``offset_s`` off.
+    """Environment that runs a worker with its wall clock ``offset_s`` off (``skewed_clock/sitecustomize.py``).
 
-    The wall clock is ``offset_s`` off from the start; the monotonic clock runs at its true rate (timeouts
-    and retries last what they should, as on a host whose NTP is wrong), from another origin: libfaketime
-    moves it with the wall clock. Leaving it alone (``FAKETIME_DONT_FAKE_MONOTONIC=1``) breaks
-    ``time.sleep``, which then fails with EINVAL (libfaketime 0.9.10 translates its absolute monotonic
-    deadline as a faked one), so any blocking retry loop of the worker crashed it."""
-    libraries = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
-    if not libraries:
-        raise RuntimeError("libfaketime is missing: install Debian's faketime package (deploy/install.sh does)")
-    return {"LD_PRELOAD": libraries[0], "FAKETIME": f"{offset_s:+d}s", "FAKETIME_NO_CACHE": "1"}
+    Only the wall clock moves: the monotonic clock (timeouts, retries) stays true, as on a host whose
+    NTP is wrong. Only Python's wall clock moves, which is every read of it in stream_dp: libfaketime moved the
+    C library's too but not the kernel's, and librdkafka (the output producer) sets its timed waits' deadlines
+    on the C library's wall clock, so every wait of it lasted ``offset_s`` longer and it never connected."""
+    path = [str(Path(__file__).parent / "skewed_clock"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": os.pathsep.join(path), "FAULT_CLOCK_SKEW_S": str(offset_s)}
 
 
 @dataclass

@@ -22,7 +22,7 @@ from stream_dp.budget import MemoryBudgetStore
 from stream_dp.budget import policy_from_config
 from stream_dp.config import PipelineConfig
 from stream_dp.windows import RawBatch, RejectReason
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from tests.reliability.topics import TopicRecord
 
 CLOSE_EVERYTHING_MS = 10**12  # a clock this far ahead makes every partition idle and closes every window

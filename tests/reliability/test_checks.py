@@ -55,12 +55,14 @@ def world(tmp_path_factory):
                                   start_ms + int(event.at_s * 1000)))
     truth = compute_truth(config, SECRET, inputs)
     partials = []
+    public = {q.name: [tuple(g) for g in q.public_group_keys() or []] for q in config.queries}
     for i, ((query, start, partition), p) in enumerate(sorted(truth.partials.items())):
         groups = sorted(p.groups)
+        positions = np.array([public[query].index(g) for g in groups], dtype=np.int64) if public[query] else None
         partials.append(TopicRecord(0, i, None, encode_partial(PartialAggregate(
             query, start, start + 2000, partition, PARTITIONS, groups, np.array([p.groups[g][0] for g in groups]),
             np.array([p.groups[g][1] for g in groups]), np.array([p.groups[g][2] for g in groups]),
-            len(p.units) - len(p.excluded), len(p.excluded), start + 3000)), {}))
+            len(p.units) - len(p.excluded), len(p.excluded), start + 3000, public_positions=positions)), {}))
     outputs: dict[str, list[TopicRecord]] = {}
     for query in truth.namespace:
         for start in sorted(truth.windows(query)):
@@ -244,6 +246,20 @@ def test_partials_check_rejects_a_wrong_partial(world, changes, kind):
     report = CheckReport()
     check_partials(_doctor_partial(observed, 0, **changed), truth, PARTITIONS, report)
     assert report.kinds[kind] == 1, report.violations
+
+
+def test_partials_check_rejects_public_positions_that_are_not_the_groups_places(world):
+    """A public-groups partial names each group's place in the public list (``public.position``); the release
+    adds partials up by them, so a wrong one would count a group's data under another group."""
+    observed, truth, _ = world
+    from stream_dp.worker.partials.wire import decode_internal
+
+    index = next(i for i, r in enumerate(observed.partials) if len(decode_internal(r.value).groups) > 1)
+    original = decode_internal(observed.partials[index].value)
+    for positions in (original.public_positions[::-1].copy(), None):  # swapped, or left out
+        report = CheckReport()
+        check_partials(_doctor_partial(observed, index, public_positions=positions), truth, PARTITIONS, report)
+        assert report.kinds == {"partial differs": 1}, report.violations
 
 
 def test_partials_check_rejects_a_lost_and_a_differing_copy(world):

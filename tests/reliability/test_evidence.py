@@ -58,9 +58,19 @@ def test_partials_of_every_group_layout_read_back_exactly(layout):
     assert got.groups == partial.groups and got.count == partial.count.tolist()
     assert got.sum == (partial.sum.tolist() if partial.sum is not None else None)
     assert got.distinct_units == partial.distinct_units.tolist()
+    assert got.public_positions is None  # a partial of no public groups has none
     assert (got.query, got.window_start_ms, got.window_end_ms, got.partition, got.input_partitions,
             got.units_charged, got.units_excluded) == ("q", 4_000, 6_000, 1, 3, 9, 2)
     assert (copy.offset, copy.timestamp) == (len(chunks) - 1, 100 + len(chunks) - 1)  # stamped by its last chunk
+
+
+def test_a_partials_public_positions_read_back_exactly():
+    partial = _partial("strings", n=50)
+    positions = np.array([-1 if i % 7 == 0 else 49 - i for i in range(50)], dtype=np.int64)
+    partial = PartialAggregate(**{**partial.__dict__, "public_positions": positions})
+    records = [TopicRecord(0, i, None, value, {}, 100 + i) for i, value in enumerate(partial_records(partial, 5_120))]
+    (copy,), errors = read_partials(records)
+    assert errors == [] and copy.partial.public_positions == positions.tolist()
 
 
 def test_an_incomplete_or_altered_partial_is_not_read_as_whole():

@@ -47,8 +47,8 @@ def test_step_predicates_and_trigger_counting():
 
 def test_the_skewed_clock_of_the_clock_skew_fault_is_ahead_and_sleeps_work():
     """A process on ``faked_clock_env`` sees the wall clock ten minutes ahead, durations true, and can block in
-    ``time.sleep`` (the worker's retry loops do): with libfaketime's monotonic clock left alone, sleep failed
-    with EINVAL and crashed the skewed worker on its first retry."""
+    ``time.sleep`` (the worker's retry loops do): on libfaketime with its monotonic clock left alone, sleep
+    failed with EINVAL and crashed the skewed worker on its first retry."""
     import os
     import subprocess
     import sys

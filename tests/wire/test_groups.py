@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_dp.wire import WireFormatError, decode_frame, encode_frame
-from stream_dp.wire.groups import decode_columns, encode_columns, json_values, key_columns, keys_from_columns
+from stream_dp.wire.groups import KeyRows, decode_columns, encode_columns, json_values, key_columns, keys_from_columns
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 TEXT = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=12)  # no lone surrogates: JSON refuses them
@@ -69,3 +69,24 @@ def test_corrupt_columns_raise_one_error_type():
                           max_size=30)))
 def test_json_values_are_orjsons_exactly(column):
     assert json_values(column) == [orjson.dumps(v) for v in column]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 3).flatmap(lambda w: st.tuples(st.just(w), st.lists(st.tuples(*[VALUE] * w), max_size=12))),
+       st.integers(-15, 15), st.integers(-15, 15), st.integers(-3, 3).filter(bool))
+def test_key_rows_read_as_the_list_of_tuples_they_hold(case, start, stop, step):
+    """``KeyRows`` (tuples built when read) against the plain list of the same keys: length, each index
+    (negative ones too, and out of range), slices, iteration and equality."""
+    width, keys = case
+    rows = KeyRows(key_columns(keys, width), len(keys))
+    assert len(rows) == len(keys) and list(rows) == keys and rows == keys and keys == rows
+    for index in range(-len(keys) - 2, len(keys) + 2):
+        if -len(keys) <= index < len(keys):
+            assert rows[index] == keys[index]
+        else:
+            with pytest.raises(IndexError):
+                rows[index]
+    assert rows[start:stop:step] == keys[start:stop:step]
+    assert rows != keys + [()] and (not keys or rows != keys[:-1])
+    if keys and width:
+        assert rows != [tuple(f"~{value}" for value in keys[0])] + keys[1:]  # another first key

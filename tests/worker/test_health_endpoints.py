@@ -86,7 +86,7 @@ def test_readiness_follows_the_group_and_redis_liveness_the_event_loop(tmp_path,
         assert _get(port, "/healthz") == (200, "ok\n")
 
         redis_server.stop()
-        assert "Redis does not answer" in _wait(port, "/readyz", 503)
+        assert "Redis cannot be used" in _wait(port, "/readyz", 503)
         assert _get(port, "/healthz") == (200, "ok\n")  # holding and retrying, not dead
 
         redis_server.start()

@@ -75,12 +75,17 @@ def merge_partials(
     block_parts: list[BlockValues] = []
     for partial in partials:
         # Groups outside the public list are dropped here (-1): they are never released.
-        positions = np.fromiter((index.get(g, -1) for g in partial.groups), dtype=np.int64, count=len(partial.groups))
+        positions = None if public_index is None else _public_positions(partial, groups)
+        # Checked to name each group once, public positions are added with one fancy-indexed +=.
+        add = _add_once if positions is not None else np.add.at
+        if positions is None:
+            positions = np.fromiter((index.get(g, -1) for g in partial.groups), dtype=np.int64,
+                                    count=len(partial.groups))
         keep = positions >= 0
-        np.add.at(count, positions[keep], partial.count[keep])
-        np.add.at(distinct, positions[keep], partial.distinct_units[keep])
+        add(count, positions[keep], partial.count[keep])
+        add(distinct, positions[keep], partial.distinct_units[keep])
         if sums is not None and partial.sum is not None:
-            np.add.at(sums, positions[keep], partial.sum[keep])
+            add(sums, positions[keep], partial.sum[keep])
         if partial.histogram is not None:
             histograms.append(partial.histogram.take_groups(positions, n))
         if features is not None and partial.features is not None:
@@ -98,3 +103,34 @@ def merge_partials(
                                      else np.zeros(0, dtype) for name, dtype in
                                      (("group", np.int32), ("block", np.int32), ("value", np.float64))))
     return groups, count, sums, distinct, histogram, features, block_values
+
+
+_CHECKED_KEYS = 64
+
+
+def _add_once(total: np.ndarray, at: np.ndarray, values: np.ndarray) -> None:
+    total[at] += values  # ``at`` holds no position twice
+
+
+def _public_positions(partial: PartialAggregate, public_groups: list[GroupKey]) -> np.ndarray | None:
+    """The partial's own positions of its groups in the public list (``PartialAggregate.public_positions``),
+    checked: in range, each at most once, and the keys of up to 64 rows spread over the partial are those of
+    their positions; None when the partial has none. A partial is combined only under the settings it was
+    charged under, which fix the public list and its order, so a failed check is a fault of the writer: it
+    raises, and the window is released as if empty (``combine.combiner``)."""
+    positions = partial.public_positions
+    if positions is None:
+        return None
+    listed = positions[positions >= 0]
+    n = len(public_groups)
+    if len(positions) != len(partial.groups) or (len(listed) and (int(listed.max()) >= n or int(positions.min()) < -1)):
+        raise ValueError(f"partial of partition {partial.partition} names public positions outside 0..{n - 1}")
+    if len(listed) and int(np.bincount(listed, minlength=n).max()) > 1:
+        raise ValueError(f"partial of partition {partial.partition} names a public position twice")
+    rows = np.unique(np.linspace(0, len(positions) - 1, num=min(_CHECKED_KEYS, len(positions)), dtype=np.int64))
+    for row in rows.tolist():
+        position = int(positions[row])
+        if position >= 0 and tuple(partial.groups[row]) != tuple(public_groups[position]):
+            raise ValueError(f"partial of partition {partial.partition}: group {partial.groups[row]!r} is not public "
+                             f"group {position} ({public_groups[position]!r})")
+    return positions

@@ -49,6 +49,7 @@ def partial_message(query: Any, partial: Any, totals: Any, *, input_partitions: 
         features=totals.features,
         blocks=totals.blocks,
         settings=settings_fingerprint(query),
+        public_positions=totals.positions,
     )
 
 

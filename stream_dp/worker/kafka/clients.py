@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import GroupAuthorizationFailedError
 
 from stream_dp.worker.kafka.columnar_consumer import ColumnarConsumer
+from stream_dp.worker.kafka.output_producer import OutputProducer, rdkafka_options  # noqa: F401 (the app imports it here)
 
 from stream_dp.worker.kafka.topic_setup import PRODUCER_MAX_REQUEST_BYTES, TopicLimits
 from stream_dp.worker.kafka.topics import RECORD_HEADROOM
@@ -26,7 +27,7 @@ METADATA_MAX_AGE_MS = 3_000
 @dataclass(frozen=True)
 class KafkaClients:
     producer: AIOKafkaProducer  # partials (in chunks), progress, alerts, dead letters
-    output_producer: AIOKafkaProducer  # release records
+    output_producer: OutputProducer  # release records (librdkafka: batches and lz4 outside the event loop)
     ingest_consumer: ColumnarConsumer  # fetched record batches as columns, no object per record
     release_consumer: AIOKafkaConsumer
 
@@ -78,10 +79,11 @@ def release_poll_interval_ms(together_release_ms: float) -> int:
     return max(DEFAULT_MAX_POLL_INTERVAL_MS, int(2 * together_release_ms) + 60_000)
 
 
-def kafka_clients(aio: dict[str, Any], *, client_id: str, group_id: str, limits: TopicLimits,
+def kafka_clients(aio: dict[str, Any], *, rdkafka: dict[str, Any], client_id: str, group_id: str, limits: TopicLimits,
                   session_timeout_ms: int = 10_000,
                   max_poll_interval_ms: int = DEFAULT_MAX_POLL_INTERVAL_MS) -> KafkaClients:
-    """``aio``: connection options in aiokafka's terms (``Settings.aiokafka_options``);
+    """``aio``: connection options in aiokafka's terms (``Settings.aiokafka_options``); ``rdkafka``: the same in
+    librdkafka's (``kafka.output_producer.rdkafka_options``), for the output producer;
     ``max_poll_interval_ms``: the release consumer's (``release_poll_interval_ms``)."""
     group = {"session_timeout_ms": session_timeout_ms, "heartbeat_interval_ms": min(3_000, session_timeout_ms // 3)}
     return KafkaClients(
@@ -90,11 +92,9 @@ def kafka_clients(aio: dict[str, Any], *, client_id: str, group_id: str, limits:
                                   max_batch_size=internal_batch_bytes(limits)),
         # Release records repeat their window's JSON (privacy block, times) in every record: lz4
         # shrinks a batch several times over for the broker, and consumers decompress on their own.
-        output_producer=AIOKafkaProducer(
-            **aio, client_id=f"{client_id}-output", acks="all", enable_idempotence=True, linger_ms=5,
-            compression_type="lz4", max_batch_size=limits.output_batch_bytes,
-            max_request_size=max(PRODUCER_MAX_REQUEST_BYTES, limits.output_batch_bytes + RECORD_HEADROOM,
-                                 *(size + RECORD_HEADROOM for size in limits.output_record_bytes.values())),
+        output_producer=OutputProducer(
+            rdkafka, client_id=f"{client_id}-output", batch_bytes=limits.output_batch_bytes,
+            max_record_bytes=max([limits.output_batch_bytes, *limits.output_record_bytes.values()]) + RECORD_HEADROOM,
         ),
         ingest_consumer=ColumnarConsumer(
             **aio, client_id=f"{client_id}-ingest", group_id=group_id, enable_auto_commit=False,

@@ -4,7 +4,9 @@ aiokafka fetches whole record batches into memory and then, per message, builds
 a ``ConsumerRecord`` in Python; in the worker that object alone cost more than
 decoding the event. ``ColumnarConsumer.getmany`` takes the same fetched batches
 and reads each partition's records into ``RecordColumns`` with one pass of the
-client's compiled batch reader, so no Python code runs per message.
+client's compiled batch reader, so no Python code runs per message. Record
+batches are read only as far as a ``getmany`` reaches (``max_records``): a
+fetch waiting to be returned stays in its compact wire form (see ``_Parsed``).
 
 Everything else is aiokafka's own: group membership, rebalances and their
 listener, positions, ``seek``, commits with metadata, highwater marks, fetch
@@ -38,15 +40,32 @@ _PARSED = "_stream_dp_columns"
 
 
 class _Parsed:
-    """A fetched partition's records as columns, and how far ``getmany`` has returned them."""
+    """A fetched partition's records read into columns as ``getmany`` asks for them, and how far it has
+    returned them.
 
-    __slots__ = ("columns", "cursor", "end_offset", "error")
+    A fetch holds up to ``max_partition_fetch_bytes`` of one partition (some 100,000 small records when the
+    worker is behind); read into columns at once they cost several times their raw bytes as Python objects
+    for as long as the fetch is being returned. Record batches are therefore read only as far as the
+    records asked for (``getmany``'s ``max_records``) reach: what waits in memory is the fetched bytes,
+    plus at most ``max_records`` records and one record batch as columns.
+    """
 
-    def __init__(self, columns: RecordColumns, end_offset: int, error: Exception | None) -> None:
-        self.columns = columns
-        self.cursor = 0
-        self.end_offset = end_offset  # the fetch position once every record is returned
-        self.error = error  # raised once the records before it are returned
+    __slots__ = ("columns", "cursor", "end_offset", "error", "exhausted")
+
+    def __init__(self, records: PartitionRecords) -> None:
+        # ``records`` itself is not kept: it holds this object, and a cycle would keep the fetch until a collection
+        self.columns = RecordColumns.empty()
+        self.cursor = 0  # records of ``columns`` already returned
+        self.end_offset = records.next_fetch_offset  # the fetch position once every record read is returned
+        self.error: Exception | None = None  # raised once the records before it are returned
+        self.exhausted = False  # every record batch of the fetch has been read
+
+    @property
+    def waiting(self) -> int:
+        return len(self.columns) - self.cursor
+
+    def all_returned(self) -> bool:
+        return self.exhausted and self.error is None and self.cursor == len(self.columns)
 
 
 def check_compatible() -> None:
@@ -62,8 +81,9 @@ def check_compatible() -> None:
                            "uses; install a supported aiokafka (see pyproject.toml)")
 
 
-def parse_partition(records: PartitionRecords) -> _Parsed:
-    """Read every record batch of one fetch response for one partition into columns.
+def parse_partition(records: PartitionRecords, parsed: _Parsed, wanted: int | None) -> None:
+    """Read record batches of ``records`` (one fetch response for one partition) into ``parsed.columns`` until at least
+    ``wanted`` records (None: all) wait to be returned, the fetch is read to its end, or a batch is corrupt.
 
     The same rules as ``PartitionRecords._unpack_records``: records below the fetch
     offset (the part of a batch before the requested position) and control batches
@@ -71,13 +91,16 @@ def parse_partition(records: PartitionRecords) -> _Parsed:
     CRC does not match ends the reading with ``CorruptRecordException``.
     """
     memory = records._records
-    position = records.next_fetch_offset
-    parts: list[RecordColumns] = []
-    error: Exception | None = None
-    while memory.has_next():
+    position = parsed.end_offset
+    parts: list[RecordColumns] = [parsed.columns[parsed.cursor:]] if parsed.waiting else []
+    waiting = parsed.waiting
+    while (wanted is None or waiting < wanted) and parsed.error is None:
+        if not memory.has_next():
+            parsed.exhausted = True
+            break
         batch = memory.next_batch()
         if records._check_crcs and not batch.validate_crc():
-            error = CorruptRecordException(f"Invalid CRC - {records._tp}")
+            parsed.error = CorruptRecordException(f"Invalid CRC - {records._tp}")
             break
         if getattr(batch, "is_control_batch", False):
             position = batch.next_offset
@@ -95,8 +118,11 @@ def parse_partition(records: PartitionRecords) -> _Parsed:
                 columns = columns.from_offset(position)
             if columns:
                 parts.append(columns)
+                waiting += len(columns)
         position = max(position, batch.next_offset)
-    return _Parsed(RecordColumns.concat(parts), position, error)
+    parsed.columns = RecordColumns.concat(parts)
+    parsed.cursor = 0
+    parsed.end_offset = position
 
 
 class ColumnarConsumer(AIOKafkaConsumer):
@@ -177,8 +203,10 @@ def _take(result: FetchResult, max_records: int | None) -> RecordColumns:
         return RecordColumns.of_records(result.getall(max_records))  # aiokafka filters or converts per record
     parsed: _Parsed | None = getattr(records, _PARSED, None)
     if parsed is None:
-        parsed = parse_partition(records)
+        parsed = _Parsed(records)
         setattr(records, _PARSED, parsed)
+    if max_records is None or parsed.waiting < max_records:
+        parse_partition(records, parsed, max_records)
     columns = parsed.columns
     total, start = len(columns), parsed.cursor
     if start == total and parsed.error is not None:
@@ -191,6 +219,6 @@ def _take(result: FetchResult, max_records: int | None) -> RecordColumns:
         records.next_fetch_offset = int(columns.offsets[stop - 1]) + 1
     parsed.cursor = stop
     result._update_position()
-    if stop == total and parsed.error is None:
+    if parsed.all_returned():
         result._partition_records = None  # all returned: the fetcher asks for more
     return columns if (start == 0 and stop == total) else columns[start:stop]

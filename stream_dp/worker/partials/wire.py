@@ -19,7 +19,12 @@ none and read with ``settings`` None, which the release stage does not
 combine (``combine.checks.settings_conflict``). Workers of earlier
 versions ignore the field, so they read these partials -- and combine
 them unchecked: roll out a version that writes it before changing a
-query's settings. Progress markers stay JSON
+query's settings. A partial of a query with public groups also names each
+group's position in that list (section ``public.position``, int64, -1 for a
+group not in it): the release adds the partial up by them
+(``combine.totals``), which is sound because the settings fingerprint it is
+combined under covers the list and its order; without them (earlier
+versions) groups are matched by key. Progress markers stay JSON
 (wire version 1, a few dozen bytes). Partials of version 1 (one JSON
 record each) are still read.
 
@@ -59,10 +64,10 @@ from stream_dp.wire.frame import (
     read_prefix,
 )
 from stream_dp.wire.groups import (
+    KeyRows,
     decode_columns,
     encode_columns,
     key_columns,
-    keys_from_columns,
 )
 
 WIRE_VERSION = 1  # JSON records: progress markers, and the partials of earlier versions
@@ -102,6 +107,9 @@ class PartialAggregate:
     #: ``settings_fingerprint`` of the ingest worker's query: the settings its units were charged under
     #: (None: written by a version that did not say).
     settings: str | None = None
+    #: Each group's position in the public list of the query under ``settings`` (int64, -1: not public);
+    #: None for queries without one and partials of earlier versions.
+    public_positions: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,12 @@ def encode_partial_payload(partial: PartialAggregate) -> bytes:
     extra: dict[str, Any] = {}
     if partial.settings is not None:
         extra["settings"] = partial.settings
+    if partial.public_positions is not None:
+        if len(partial.public_positions) != len(partial.groups):
+            raise ValueError(f"a partial has {len(partial.public_positions)} public positions for "
+                             f"{len(partial.groups)} groups; build them from the same group totals")
+        extra["public_positions"] = True
+        sections["public.position"] = np.asarray(partial.public_positions, dtype=np.int64)
     if partial.histogram is not None:
         if partial.histogram.n_groups != len(partial.groups):
             raise ValueError(
@@ -224,7 +238,7 @@ def decode_partial_payload(payload: bytes) -> PartialAggregate:
         if data.get("type") != "partial":
             raise WireFormatError(f"expected a partial frame, got type {data.get('type')!r}")
         rows = int(data["rows"])
-        groups = keys_from_columns(decode_columns(data["groups"], sections, rows), rows)
+        groups = KeyRows(decode_columns(data["groups"], sections, rows), rows)  # tuples built when read
         arrays = [sections["count"], sections["distinct_units"], sections.get("sum")]
         if any(a is not None and len(a) != rows for a in arrays):
             raise WireFormatError(f"a partial's columns are not all {rows} long")
@@ -247,11 +261,23 @@ def decode_partial_payload(payload: bytes) -> PartialAggregate:
             features=_decode_features(data.get("features"), sections, rows),
             blocks=_decode_blocks(data.get("blocks"), sections, rows),
             settings=_decode_settings(data.get("settings")),
+            public_positions=_decode_positions(data.get("public_positions"), sections, rows),
         )
     except WireFormatError:
         raise
     except (KeyError, TypeError, ValueError) as exc:
         raise WireFormatError(f"corrupt partial frame: {exc!r}") from None
+
+
+def _decode_positions(present: Any, sections: dict[str, Any], rows: int) -> np.ndarray | None:
+    """A partial's public positions, or None when its writer gave none."""
+    if not present:
+        return None
+    positions = sections["public.position"]
+    if positions.dtype != np.int64 or len(positions) != rows:
+        raise WireFormatError(f"a partial's public positions are {len(positions)} of {positions.dtype}, "
+                              f"expected {rows} int64")
+    return positions
 
 
 def _decode_settings(settings: Any) -> str | None:

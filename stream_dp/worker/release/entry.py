@@ -74,16 +74,23 @@ class ReleaseEntry:
 
     def render(self, start: int = 0, stop: int | None = None) -> list[Record]:
         """Records ``start`` .. ``stop`` of ``total``: rows first, then the extra records."""
-        stop = self.total if stop is None else min(stop, self.total)
-        rows = self._render_rows(start, min(stop, self.rows))
-        if stop > self.rows:
-            rows += list(self.extras[max(0, start - self.rows):stop - self.rows])
-        return rows
+        keys, values = self.render_columns(start, stop)
+        return list(zip(keys, values))
 
-    def _render_rows(self, start: int, stop: int) -> list[Record]:
+    def render_columns(self, start: int = 0, stop: int | None = None) -> tuple[list[bytes], list[bytes]]:
+        """``render``'s records as two lists, their keys and their values (no tuple per record)."""
+        stop = self.total if stop is None else min(stop, self.total)
+        keys, values = self._render_rows(start, min(stop, self.rows))
+        if stop > self.rows:
+            extras = self.extras[max(0, start - self.rows):stop - self.rows]
+            keys += [key for key, _ in extras]
+            values += [value for _, value in extras]
+        return keys, values
+
+    def _render_rows(self, start: int, stop: int) -> tuple[list[bytes], list[bytes]]:
         n = max(0, stop - start)
         if n == 0:
-            return []
+            return [], []
         fields = [json_values(column[start:stop]) for column in self.groups]
         keys = _wrap(b"[", b"]", _join_fields(fields, [b""] + [b","] * (len(fields) - 1), n))
         names = [orjson.dumps(name) + b":" for name in self.group_names]
@@ -92,21 +99,27 @@ class ReleaseEntry:
         opening = self.prefix + b',"release_id":' + orjson.dumps(f"{self.query}:{self.window_start_ms}:")[:-1]
         value = {name: self._column(name, start, stop) for name in VALUE_COLUMNS}
         ci_count, ci_sum = self.ci
+        closing = b"}" + b"," + self.tail
+        if self.row_extra is None:  # one constant piece fewer per record
+            ending = [repeat(closing)]
+        else:
+            ending = [repeat(b"}"), self.row_extra[start:stop], repeat(b"," + self.tail)]
         records = list(map(b"".join, zip(
             repeat(opening), ids, repeat(b'","group":{'), members,
             repeat(b'},"count":'), value["count"], repeat(b',"sum":'), value["sum"],
             repeat(b',"mean":'), value["mean"],
             repeat(b',"ci95":{"count":' + ci_count + b',"sum":' + ci_sum + b',"mean":'), value["mean_ci"],
-            repeat(b"}"), repeat(b"", n) if self.row_extra is None else self.row_extra[start:stop],
-            repeat(b"," + self.tail),
+            *ending,
         )))
-        return list(zip(keys, records))
+        return keys, records
 
     def _release_ids(self, keys: list[bytes]) -> list[bytes]:
         """Hex digests of ``stream_dp.worker.release.ids.release_id`` for each key (its JSON array)."""
         head = b"[" + orjson.dumps(self.query) + b"," + str(self.window_start_ms).encode() + b","
         blake2b = hashlib.blake2b
-        digests = b"".join([blake2b(head + key + b"]", digest_size=12).digest() for key in keys])
+        # each hashed text built by one join and one split (JSON text holds no NUL) rather than a concatenation each
+        texts = _wrap(head, b"]", keys)
+        digests = b"".join([blake2b(text, digest_size=12).digest() for text in texts])
         raw = np.frombuffer(digests, dtype=np.uint8).reshape(len(keys), 12)
         text = np.empty((len(keys), 24), dtype=np.uint8)
         text[:, 0::2] = _HEX[raw >> 4]
@@ -262,6 +275,10 @@ class StoredRecords:
 
     def render(self, start: int = 0, stop: int | None = None) -> list[Record]:
         return self.records[start:stop]
+
+    def render_columns(self, start: int = 0, stop: int | None = None) -> tuple[list[bytes], list[bytes]]:
+        records = self.records[start:stop]
+        return [key for key, _ in records], [value for _, value in records]
 
 
 def decode_entry(payload: bytes) -> ReleaseEntry | StoredRecords:

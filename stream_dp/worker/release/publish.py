@@ -3,10 +3,14 @@
 Records are rendered from the release entry in slices (``release.entry``),
 their partitions computed for a whole slice with the vectorised murmur2 of
 ``stream_dp.windows.partitioning`` (the same partition Kafka's default
-partitioner gives the key), and appended to one open batch per partition,
-sent whenever it is full. At most ``max_pending_bytes`` of sent batches wait
-for acknowledgement before the next slice is rendered, so a window of a
-million groups is never all in memory.
+partitioner gives the key). The worker's output producer
+(``kafka.output_producer``, librdkafka) takes each record with its partition
+and batches and compresses in its own threads; its queue holds a bounded
+number of bytes, so a window of a million groups is never all in memory.
+With an aiokafka producer (tools, tests) the records are appended to one open
+batch per partition, sent whenever it is full, and at most
+``max_pending_bytes`` of sent batches wait for acknowledgement before the
+next slice is rendered.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2 as murmur2_one
 
 from stream_dp.windows.partitioning import expected_partitions
+from stream_dp.worker.kafka.output_producer import OutputProducer
 from stream_dp.worker.release.entry import Record, ReleaseEntry, StoredRecords, build_entry
 
 log = logging.getLogger(__name__)
@@ -59,7 +64,7 @@ class RecordTooLarge(ValueError):
 
 
 async def publish_release(
-    producer: AIOKafkaProducer,
+    producer: OutputProducer | AIOKafkaProducer,
     topic: str,
     release: ReleaseEntry | StoredRecords,
     *,
@@ -82,6 +87,8 @@ async def publish_release(
     """
     record_limit = max_batch_bytes if max_record_bytes is None else max_record_bytes
     partitions = sorted(await producer.partitions_for(topic))
+    if isinstance(producer, OutputProducer):
+        return await _publish_through(producer, topic, release, partitions, record_limit, on_too_large, slice_rows)
     open_batches: dict[int, object] = {}
     pending: list[tuple[asyncio.Future, int]] = []
     pending_bytes = 0
@@ -121,3 +128,45 @@ async def publish_release(
         await send(partition)
     await asyncio.gather(*(future for future, _ in pending))
     return published, rendering_s
+
+
+async def _publish_through(producer: OutputProducer, topic: str, release: ReleaseEntry | StoredRecords,
+                           partitions: list[int], record_limit: int, on_too_large: Callable[[int], None],
+                           slice_rows: int) -> tuple[int, float]:
+    """``publish_release`` through librdkafka: each slice's keys, values and partitions handed over in one loop
+    of ``produce`` calls (``RecordSender.send_many``); batches are built and compressed in librdkafka's threads."""
+    sender = producer.records_to(topic)
+    rendering_s = 0.0
+    identity = partitions == list(range(len(partitions)))
+    for start in range(0, release.total, slice_rows):
+        started = time.perf_counter()
+        keys, values = release.render_columns(start, start + slice_rows)
+        targets = output_partitions(keys, len(partitions)).tolist()
+        if not identity:
+            targets = [partitions[i] for i in targets]
+        if keys and max(map(len, keys)) + max(map(len, values)) + RECORD_OVERHEAD > record_limit:
+            keys, values, targets = _within_limit(keys, values, targets, record_limit, on_too_large)
+        rendering_s += time.perf_counter() - started
+        done = 0
+        while done < len(keys):
+            done = sender.send_many(keys, values, targets, done)
+            if done < len(keys):
+                await sender.make_room()  # the queue is full: waits for the broker
+        sender.serve()
+        await asyncio.sleep(0)  # heartbeats and fetches between slices
+    await sender.wait()
+    return sender.sent, rendering_s
+
+
+def _within_limit(keys: list[bytes], values: list[bytes], targets: list[int], record_limit: int,
+                  on_too_large: Callable[[int], None]) -> tuple[list[bytes], list[bytes], list[int]]:
+    """The records that fit ``record_limit``; each other one's size goes to ``on_too_large``."""
+    kept: tuple[list[bytes], list[bytes], list[int]] = ([], [], [])
+    for key, value, target in zip(keys, values, targets):
+        if len(key) + len(value) + RECORD_OVERHEAD > record_limit:
+            on_too_large(len(key) + len(value))
+        else:
+            kept[0].append(key)
+            kept[1].append(value)
+            kept[2].append(target)
+    return kept

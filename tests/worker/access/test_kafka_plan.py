@@ -63,7 +63,8 @@ def test_the_worker_groups_are_the_ones_its_clients_join():
     from stream_dp.worker.kafka.topic_setup import TopicLimits
 
     async def groups() -> tuple[str, str]:  # built, never started: nothing connects
-        clients = kafka_clients({"bootstrap_servers": "127.0.0.1:1"}, client_id="c", group_id="grp",
+        clients = kafka_clients({"bootstrap_servers": "127.0.0.1:1"}, rdkafka={"bootstrap.servers": "127.0.0.1:1"},
+                                client_id="c", group_id="grp",
                                 limits=TopicLimits(1, 100_000, 100_000, 100_000))
         try:
             return clients.ingest_consumer._group_id, clients.release_consumer._group_id

@@ -401,3 +401,49 @@ def test_partials_that_cannot_be_added_up_make_a_window_released_as_if_empty(cap
     assert window.withheld == "combine_failed"
     assert window.groups == [("a",), ("b",)] and window.count.tolist() == [0, 0] and window.sum.tolist() == [0.0, 0.0]
     assert "its partials cannot be added up; it is released as if empty" in caplog.text
+
+
+def _with_positions(partial, public):
+    """The partial as a worker with ``public`` writes it: each group's position in the list (-1: not in it)."""
+    index = {g: i for i, g in enumerate(public)}
+    return replace(partial, public_positions=np.array([index.get(g, -1) for g in partial.groups], dtype=np.int64))
+
+
+def test_public_positions_add_up_to_the_same_window_as_the_keys():
+    # The reference is the same window combined by key from partials without positions (earlier versions).
+    rng = np.random.default_rng(7)  # synthetic counts only
+    public = [(f"/p{i}",) for i in range(500)]
+    partials = []
+    for partition in range(3):
+        rows = np.sort(rng.choice(520, size=300, replace=False))  # a few groups outside the list too
+        counts = rng.integers(1, 50, size=len(rows))
+        partials.append(_partial(partition, 0, [(f"/p{i}",) for i in rows.tolist()], counts.tolist(),
+                                 (counts * 1.5).tolist(), parts=3))
+    windows = []
+    for with_positions in (False, True):
+        c = _combiner(public=public, timeout=1)
+        for partial in partials:
+            c.add_partial(_with_positions(partial, public) if with_positions else partial, now_ms=0)
+        windows.append(c.take(0))
+    by_key, by_position = windows
+    assert by_position.withheld is None and by_position.groups == public
+    assert by_position.count.tolist() == by_key.count.tolist() and by_position.count.sum() > 0
+    assert by_position.sum.tolist() == by_key.sum.tolist()
+    assert by_position.distinct_units.tolist() == by_key.distinct_units.tolist()
+
+
+@pytest.mark.parametrize("doctor", ["shifted", "twice", "outside"])
+def test_public_positions_that_do_not_name_their_groups_make_the_window_released_as_if_empty(doctor):
+    public = [(f"/p{i}",) for i in range(100)]
+    partial = _with_positions(_partial(0, 0, [(f"/p{i}",) for i in range(0, 100, 2)], [3] * 50, parts=1), public)
+    positions = partial.public_positions.copy()
+    if doctor == "shifted":
+        positions = (positions + 1) % 100  # in range, each once, but the groups of other rows
+    elif doctor == "twice":
+        positions[1] = positions[0]
+    else:
+        positions[-1] = 100
+    c = _combiner(public=public, timeout=1)
+    c.add_partial(replace(partial, public_positions=positions), now_ms=0)
+    window = c.take(0)
+    assert window.withheld == "combine_failed" and window.count.sum() == 0

@@ -27,7 +27,7 @@ from aiokafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry
 
 from stream_dp.config import parse_config
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.combine.combiner import WindowCombiner
 from stream_dp.worker.ingest.partials_out import partial_message
 from stream_dp.worker.partials.wire import PartialAggregate, Progress, encode_progress, partial_records

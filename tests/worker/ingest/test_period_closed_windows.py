@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from stream_dp.config import parse_config
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.windows.partial import WindowPartial
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.ingest.closed_windows import Emitter, HeldPartial, window_charge
 from stream_dp.worker.query.runtime import ContinualCharging
 from stream_dp.worker.store.ledger import LedgerUnavailable

@@ -16,7 +16,7 @@ import orjson
 
 from stream_dp.config import parse_config
 from stream_dp.windows import RawBatch
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.ingest.partials_out import partial_message
 
 SECRET = b"test-secret-0123456789abcdef"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import pytest
@@ -102,6 +103,58 @@ def test_reading_from_inside_a_record_batch_skips_what_lies_before(kafka_bootstr
     theirs = asyncio.run(_read(AIOKafkaConsumer, kafka_bootstrap, topic, expect=expect - 134, max_records=50, start=start))
     assert per_partition(ours[0]) == per_partition(theirs[0]) and ours[1][-1] == theirs[1][-1]
     assert min(o for p, o, *_ in ours[0] if p == 0) == 33 and min(o for p, o, *_ in ours[0] if p == 1) == 101
+
+
+async def _held_while_reading(bootstrap: str, topic: str, *, records: int, max_records: int) -> tuple[int, int]:
+    """Read ``records`` records of partition 0, ``max_records`` per poll: (records read, most records of the
+    current fetch held as columns after any poll)."""
+    consumer = ColumnarConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1024 * 1024)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        read, held, polls = 0, 0, 0
+        while read < records and polls < 1_000:
+            polls += 1
+            read += sum(len(r) for r in (await consumer.getmany(timeout_ms=500, max_records=max_records)).values())
+            result = consumer._fetcher._records.get(tp)
+            partition_records = getattr(result, "_partition_records", None)
+            parsed = getattr(partition_records, "_stream_dp_columns", None)
+            if parsed is not None:
+                held = max(held, len(parsed.columns))
+                # no cycle back to the fetch: reference counting frees it once returned, without a collection
+                assert not any(ref is partition_records for ref in gc.get_referents(parsed))
+        return read, held
+    finally:
+        await consumer.stop()
+
+
+def test_a_fetch_is_read_into_columns_only_as_far_as_a_poll_returns(kafka_bootstrap, new_topic):
+    """A fetch of many records waits in its wire form: after each poll of ``max_records``, the columns held for
+    the rest of it are at most ``max_records`` and one record batch, not the whole fetch (which as Python
+    objects cost several times its bytes, for as long as the worker took to return it)."""
+    topic = new_topic(partitions=1)
+    records, max_records, per_batch = 5_000, 50, 40
+
+    async def produce() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=50)
+        await producer.start()
+        try:
+            for first in range(0, records, per_batch):  # record batches of ``per_batch`` records each
+                batch = producer.create_batch()
+                for i in range(first, min(records, first + per_batch)):
+                    batch.append(key=b"k%d" % i, value=b'{"n": %d}' % i, timestamp=None)
+                batch.close()
+                await (await producer.send_batch(batch, topic, partition=0))
+        finally:
+            await producer.stop()
+
+    asyncio.run(produce())
+    read, held = asyncio.run(_held_while_reading(kafka_bootstrap, topic, records=records, max_records=max_records))
+    assert read == records
+    assert 0 < held <= max_records + per_batch, f"{held} records of a fetch held as columns after a poll of {max_records}"
 
 
 @pytest.mark.parametrize("isolation_level", ["read_uncommitted", "read_committed"])

@@ -25,9 +25,10 @@ from stream_dp.config import Settings, load_config
 from stream_dp.wire import is_binary, read_prefix
 from stream_dp.wire.chunks import payload_digest
 from stream_dp.wire.letters import DEAD_LETTER_HEAD_BYTES, reassemble
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.kafka.admin import describe_topics
 from stream_dp.worker.kafka.clients import kafka_clients
+from stream_dp.worker.kafka.output_producer import rdkafka_options
 from stream_dp.worker.kafka.topic_setup import prepare_topics
 from stream_dp.worker.kafka.topics import RECORD_HEADROOM, TopicSettingsError
 from stream_dp.worker.release.entry import decode_entry
@@ -107,7 +108,8 @@ def test_an_output_topic_takes_a_top_k_list_of_k_groups_each_as_long_as_an_event
     assert limits.output_batch_bytes >= largest
 
     async def publish() -> None:
-        clients = kafka_clients(settings.aiokafka_options(), client_id=unique_name, group_id=unique_name,
+        clients = kafka_clients(settings.aiokafka_options(), rdkafka=rdkafka_options(settings.kafka_client_options()),
+                                client_id=unique_name, group_id=unique_name,
                                 limits=limits)
         try:  # incompressible, so that lz4 does not shrink it below the limits
             await clients.output_producer.start()
@@ -225,7 +227,8 @@ def test_a_top_k_record_larger_than_another_output_topics_batches_is_published(
     too_large: list[int] = []
 
     async def publish() -> int:
-        clients = kafka_clients(settings.aiokafka_options(), client_id=unique_name, group_id=unique_name,
+        clients = kafka_clients(settings.aiokafka_options(), rdkafka=rdkafka_options(settings.kafka_client_options()),
+                                client_id=unique_name, group_id=unique_name,
                                 limits=limits)
         try:
             await clients.output_producer.start()

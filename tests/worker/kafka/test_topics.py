@@ -10,7 +10,7 @@ import pytest
 from stream_dp.budget import StoreOptions
 from stream_dp.config import ConfigError, QueryConfig
 from stream_dp.config.loader import parse_config
-from stream_dp.worker.app import build_worker_parts
+from stream_dp.worker.assemble.runtimes import build_worker_parts
 from stream_dp.worker.kafka.topics import (
     RECORD_HEADROOM,
     TopicSettingsError,

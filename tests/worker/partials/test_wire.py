@@ -102,3 +102,12 @@ def test_a_settings_fingerprint_that_is_not_a_string_is_corrupt(settings):
     frame = decode_frame(encode_partial_payload(_partial(settings="5150007720abc2fc")))
     with pytest.raises(WireFormatError, match="settings fingerprint"):
         decode_partial_payload(encode_frame({**frame.fields, "settings": settings}, frame.sections))
+
+
+def test_a_partial_carries_its_groups_public_positions_or_none():
+    positions = np.array([7, -1], dtype=np.int64)
+    decoded = decode_internal(encode_partial(_partial(public_positions=positions)))
+    assert decoded.public_positions.dtype == np.int64 and decoded.public_positions.tolist() == [7, -1]
+    assert decode_internal(encode_partial(_partial())).public_positions is None
+    with pytest.raises(ValueError, match="public positions"):
+        encode_partial(_partial(public_positions=np.array([1], dtype=np.int64)))

@@ -20,7 +20,7 @@ import pytest
 from stream_dp.config import parse_config
 from stream_dp.dp import OpenDPNoise
 from stream_dp.windows import RawBatch
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.ingest.partials_out import partial_message
 from stream_dp.worker.release.build import build_release
 

@@ -26,7 +26,7 @@ import pytest
 
 from stream_dp.config import parse_config
 from stream_dp.dp.vectorised_noise import VectorisedExactNoise
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.combine.combiner import CombinedWindow
 from stream_dp.worker.query.runtime import settings_fingerprint
 from stream_dp.worker.release.build import build_release

@@ -35,7 +35,7 @@ import pytest
 from stream_dp.config import parse_config
 from stream_dp.dp import noise_source
 from stream_dp.dp.hierarchy import aggregate_to_levels, rollup_levels
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.release.build import build_release
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "deploy/schemas/release.schema.json").read_text())

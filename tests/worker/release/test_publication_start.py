@@ -23,7 +23,7 @@ from aiokafka.structs import TopicPartition
 
 from stream_dp.config import parse_config
 from stream_dp.windows import RawBatch
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.ingest.partials_out import partial_message
 from stream_dp.worker.partials.wire import Progress, encode_progress, partial_records
 from stream_dp.worker.store.ledger import LedgerUnavailable, MemoryReleaseLedger

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from pathlib import Path
 
 import jsonschema
@@ -16,8 +17,9 @@ from aiokafka.partitioner import murmur2
 
 from stream_dp.config import parse_config
 from stream_dp.dp import OpenDPNoise
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.combine.combiner import CombinedWindow
+from stream_dp.worker.kafka.output_producer import OutputProducer, OutputPublishFailed
 from stream_dp.worker.release.entry import build_entry
 from stream_dp.worker.release.publish import encode_releases, output_partitions, publish_release
 from tests.worker._support import consume_all
@@ -80,8 +82,17 @@ def test_output_partitions_are_kafkas_default_partitioner_for_any_key():
         assert output_partitions(keys, partitions).tolist() == expected
 
 
+def _producer(kind: str, bootstrap: str, batch_bytes: int):
+    """The worker's output producer (librdkafka), or an aiokafka producer as tools and earlier versions use."""
+    if kind == "output":
+        return OutputProducer({"bootstrap.servers": bootstrap}, client_id="test-output", batch_bytes=batch_bytes,
+                              max_record_bytes=batch_bytes)
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, max_batch_size=batch_bytes, linger_ms=5, compression_type="lz4")
+
+
 @pytest.mark.services
-def test_a_release_is_published_in_batches_within_the_limit_each_record_once(kafka_bootstrap, new_topic):
+@pytest.mark.parametrize("kind", ["output", "aiokafka"])
+def test_a_release_is_published_in_batches_within_the_limit_each_record_once(kafka_bootstrap, new_topic, kind):
     topic = new_topic("out", partitions=3)
     runtime = _runtime({"select": {"delta": 1e-6}})
     n = 30_000
@@ -91,8 +102,7 @@ def test_a_release_is_published_in_batches_within_the_limit_each_record_once(kaf
     too_large: list[int] = []
 
     async def publish() -> int:
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, max_batch_size=64 * 1024, linger_ms=5,
-                                    compression_type="lz4")
+        producer = _producer(kind, kafka_bootstrap, 64 * 1024)
         await producer.start()
         try:
             published, _ = await publish_release(producer, topic, entry, max_batch_bytes=64 * 1024,
@@ -107,6 +117,29 @@ def test_a_release_is_published_in_batches_within_the_limit_each_record_once(kaf
     assert sorted(r.key for r in records) == sorted(k for k, _ in entry.render()[:n])
     assert all(r.partition == (murmur2(r.key) & 0x7FFFFFFF) % 3 for r in records)
     assert dict((r.key, r.value) for r in records) == dict(entry.render()[:n])
+
+
+@pytest.mark.services
+def test_a_record_the_broker_refuses_fails_the_publish(kafka_bootstrap, new_topic):
+    """A record the output topic does not take (larger than its max.message.bytes, though within the producer's
+    limit) is reported by librdkafka: the publish raises, so the window is not marked published."""
+    topic = new_topic("small", configs={"max.message.bytes": "20000"})
+    # records of ~60 KB whose random group names lz4 cannot shrink below the topic's limit
+    runtime = _runtime({"public": ["/" + secrets.token_hex(30_000) for _ in range(3)]})
+    window = _window(list(runtime.public_groups), [5, 6, 7])
+    noisy = runtime.plan.release(window.count, window.sum, window.distinct_units, OpenDPNoise())
+    entry = build_entry(runtime, window, noisy, 0)
+
+    async def publish() -> None:
+        producer = _producer("output", kafka_bootstrap, 256 * 1024)
+        await producer.start()
+        try:
+            await publish_release(producer, topic, entry, max_batch_bytes=256 * 1024, on_too_large=lambda size: None)
+        finally:
+            await producer.stop()
+
+    with pytest.raises(OutputPublishFailed, match="not acknowledged"):
+        asyncio.run(publish())
 
 
 def test_the_documented_example_record_is_one_the_worker_would_publish():

@@ -30,7 +30,7 @@ from stream_dp.dp.plan import ReleasePlan
 from stream_dp.dp.sample_aggregate import SampleAggregatePlan
 from stream_dp.dp.vectors import VectorPlan
 from stream_dp.windows.partial import BlockValues
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.combine.combiner import CombinedWindow
 from stream_dp.worker.release import draw as release_draw
 from stream_dp.worker.release.build import build_release

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from stream_dp.config import parse_config
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.combine.combiner import CombinedWindow
 from stream_dp.worker.release import stage as release_module
 from stream_dp.worker.release.stage import _Unpublished

@@ -22,7 +22,7 @@ import pytest
 
 from stream_dp.config import parse_config
 from stream_dp.dp import OpenDPNoise
-from stream_dp.worker.app import build_runtimes
+from stream_dp.worker.assemble.runtimes import build_runtimes
 from stream_dp.worker.release.build import _top_k_record, build_release
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "deploy/schemas/release.schema.json").read_text())
