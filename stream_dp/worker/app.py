@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from stream_dp.budget import BudgetStore, RedisBudgetStore
+from stream_dp.budget import BudgetStore
 from stream_dp.budget.redis_nodes import ping as redis_ping
 from stream_dp.budget.redis_restarts import ServerWatch
 from stream_dp.budget.redis_url import client_from_url, is_cluster_url
@@ -89,7 +89,7 @@ class Worker:
         if ledger is None:
             self._redis = client_from_url(url, timeout_s=settings.redis_timeout_s, **watched)
             self._markers_redis = client_from_url(url, timeout_s=settings.redis_timeout_s)
-            self._rights = RedisRights(self._redis, url, cluster=is_cluster_url(url))
+            self._rights = RedisRights(self._redis, url, cluster=is_cluster_url(url), replicas=self._wait_replicas > 0)
         self.budget = budget or open_budget_store(url, parts.policy, settings, registry, wait, **watched)
         self.ledger = ledger or RedisReleaseLedger(self._redis, ttl_s=settings.ledger_ttl_s, wait=wait)
         # Continual queries' registrations live beside the ledger, as long as the budget store accepts their charges.

@@ -85,10 +85,17 @@ _KEYLESS: dict[str, tuple[Any, ...]] = {
 }
 
 
-def probes(rule: RedisRule, token: str) -> list[Probe]:
-    """The calls that try each command of ``rule`` (the keyed ones on every key pattern). Pure."""
+#: Commands a worker can do without: ``info`` only feeds the durability warnings at start (without it the
+#: worker says it could not check them); ``role`` and ``wait`` serve only charges that wait for replicas.
+OPTIONAL = frozenset({"info"})
+ONLY_WITH_REPLICAS = frozenset({"role", "wait"})
+
+
+def probes(rule: RedisRule, token: str, *, replicas: bool = True) -> list[Probe]:
+    """The calls that try each command of ``rule`` (the keyed ones on every key pattern), without ``role``
+    and ``wait`` unless charges wait for replicas. Pure."""
     keyed = [p for pattern in rule.key_patterns for p in _keyed_probes(pattern, token)]
-    keyless = [Probe(c, args, None) for c, args in _KEYLESS.items()]
+    keyless = [Probe(c, args, None) for c, args in _KEYLESS.items() if replicas or c not in ONLY_WITH_REPLICAS]
     return [p for p in keyless + keyed if p.command in rule.commands]
 
 
@@ -121,8 +128,10 @@ def redis_user(url: str) -> str:
 class RedisRights:
     """Whether the worker's Redis user may do what the worker does; verified once, then remembered."""
 
-    def __init__(self, client: Any, url: str, *, cluster: bool) -> None:
+    def __init__(self, client: Any, url: str, *, cluster: bool, replicas: bool = False) -> None:
+        """``replicas``: charges wait for replicas (``STREAM_DP_REDIS_WAIT_REPLICAS``), which needs ROLE and WAIT."""
         self._client = client
+        self._replicas = replicas
         self.user = redis_user(url)
         self.rule = worker_redis_rule(self.user, cluster=cluster)
         self._verified = False
@@ -134,7 +143,11 @@ class RedisRights:
         with self._lock:
             if self._verified:
                 return
-            short = refused(self._client.execute_command, probes(self.rule, secrets.token_hex(8)))
+            tried = probes(self.rule, secrets.token_hex(8), replicas=self._replicas)
+            short = refused(self._client.execute_command, [p for p in tried if p.command not in OPTIONAL])
+            for missing in refused(self._client.execute_command, [p for p in tried if p.command in OPTIONAL]):
+                log.warning("the worker's Redis user %r may not run %s: it cannot check Redis's durability "
+                            "settings at start (check them on the server)", self.user, missing)
             if short:
                 raise RedisAccessError(
                     f"the worker's Redis user {self.user!r} may not run: " + "; ".join(short)

@@ -31,6 +31,7 @@ def test_every_command_of_the_rule_is_tried_on_every_prefix():
     rule = worker_redis_rule("u")
     tried = probes(rule, "t0")
     assert {p.command for p in tried} == set(WORKER_COMMANDS)  # a command added to the rule needs a probe
+    assert {p.command for p in probes(rule, "t0", replicas=False)} == set(WORKER_COMMANDS) - {"role", "wait"}
     for pattern in rule.key_patterns:
         keyed = [p for p in tried if p.pattern == pattern]
         base = pattern.rstrip("*") + "{probe-t0}"
@@ -78,6 +79,17 @@ def test_a_rule_without_one_command_is_refused_naming_it_on_every_prefix(acl_red
     for pattern in worker_redis_rule("x").key_patterns:
         assert f"HSET on keys {pattern!r}" in message, message
     assert "HGET" not in message and "ACL SETUSER" in message and "+hset" in message, message
+
+
+def test_role_and_wait_are_needed_only_for_replicas_and_info_only_warns(acl_redis, caplog):
+    """A user of ``+@all -@dangerous`` (no ROLE, no INFO) runs a worker that does not wait for replicas."""
+    url = _user(acl_redis, ["~dp:*", "~stream-dp:*", "&*", "+@all", "-@dangerous"])
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    with caplog.at_level(logging.WARNING, logger="stream_dp.worker.access.redis_probe"):
+        RedisRights(client, url, cluster=False).verify()
+    assert "may not run INFO" in caplog.text and "durability" in caplog.text, caplog.text
+    with pytest.raises(RedisAccessError, match="ROLE"):
+        RedisRights(client, url, cluster=False, replicas=True).verify()
 
 
 def test_a_read_only_prefix_is_refused_naming_its_writes(acl_redis):
