@@ -132,6 +132,13 @@ class Scenario:
         self._producer.flush()
         return [f.get(timeout=30).offset for f in futures]
 
+    def close_producer(self) -> None:
+        """Close the harness's producer (before a broker stops: kafka-python leaks a socket on every
+        reconnect it tries meanwhile); ``produce`` opens a new one."""
+        if self._producer is not None:
+            self._producer.close(timeout=5)
+            self._producer = None
+
     def start_worker(self, timeout_s: float = 60.0) -> None:
         """Start the worker and wait until it owns the input partitions."""
         before = self.worker.log_size()
@@ -170,8 +177,7 @@ class Scenario:
         self.worker.kill()
         self.proxy.close()
         self.redis.stop()
-        if self._producer is not None:
-            self._producer.close(timeout=5)
+        self.close_producer()
         delete_topics(self.bootstrap, [self.input_topic, self.output_topic, f"{self.prefix}partials",
                                        f"{self.prefix}alerts", f"{self.prefix}dead-letter"])
 

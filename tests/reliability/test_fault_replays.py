@@ -172,3 +172,39 @@ def test_empty_windows_are_released_on_every_home(scenario):
         f"windows with data {with_data} (home {data_home}) were released, empty windows {empty} (other home) "
         f"were not: {sorted(k for k in empty if s.window_start(k) not in s.releases())} missing"
     )
+
+
+@pytest.mark.parametrize("outage_s", [6.0, 50.0], ids=["within_the_topic_wait", "longer_than_the_topic_wait"])
+def test_a_broker_killed_as_a_window_is_published_holds_it_until_the_broker_returns(tmp_path, outage_s):
+    """The broker dies between the ledger claim and the publish: the worker waits for it (or, past the
+    output producer's 40 s topic wait, holds the window and tries again), keeps running, and publishes
+    the window once the broker is back: its records, once per group."""
+    from tests.reliability.redis_proxy import is_ledger_claim
+    from tests.reliability.services import PrivateKafka
+
+    kafka = PrivateKafka(tmp_path / "kafka")
+    kafka.start()
+    s = Scenario(tmp_path, kafka.bootstrap)
+    try:
+        units = _units("b", 20)
+        s.start_worker()
+        entry = f"stream-dp:ledger:{{{s.query}}}:{s.window_start(0)}".encode()  # window 0's ledger entry
+        s.proxy.hold(lambda command: is_ledger_claim(command) and command[3] == entry)
+        s.produce([s.event(u, 0, page=("home", "search")[i % 2]) for i, u in enumerate(units)] + s.closers(0))
+        assert wait_until(lambda: s.proxy.holding >= 1, 40, 0.1), "the worker never claimed window 0"
+        s.close_producer()
+        kafka.stop(crash=True)
+        s.proxy.release_holds()  # the claim reaches Redis; the publish finds no broker
+        time.sleep(outage_s)
+        assert s.worker.alive, f"the worker exited ({s.worker.reap()}) while the broker was down; see {s.worker.log_path}"
+        kafka.start()
+        wait_until(lambda: s.window_start(0) in s.releases() or not s.worker.alive, 90, 1.0)
+        assert s.worker.alive, f"the worker exited ({s.worker.reap()}) after the outage; see {s.worker.log_path}"
+        assert s.wait_released(0, 1), f"window 0 was never released after the broker returned; see {s.worker.log_path}"
+        time.sleep(3)  # a second publish of the window would follow at once
+        records = s.releases()[s.window_start(0)]
+        assert sorted(r["group"]["page"] for r in records) == ["home", "search"], records
+        assert s.worker.alive, f"the worker exited ({s.worker.reap()}); see {s.worker.log_path}"
+    finally:
+        s.close()
+        kafka.stop(crash=True)

@@ -20,8 +20,6 @@ and those on the broker whose disk fills up.
 
 from __future__ import annotations
 
-import gc
-import warnings
 
 import pytest
 
@@ -31,17 +29,6 @@ from tests.reliability.report import describe
 from tests.reliability.services import PrivateKafka, PrivateKafkaCluster, SmallDiskKafka
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
-
-
-@pytest.fixture(autouse=True)
-def _collect_sockets_of_refused_connects():
-    """kafka-python 3 leaks a socket on each refused connect, and the harness's clients meet brokers a fault
-    stopped or cut off: collect those sockets here, after the run that refused them, instead of letting them
-    surface as ResourceWarnings in whichever test this process runs next."""
-    yield
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
 
 
 @pytest.fixture(scope="module")

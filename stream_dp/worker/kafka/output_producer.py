@@ -10,7 +10,11 @@ so the event loop only renders records and hands them over
 A topic that is missing or has no leader yet is waited for, as aiokafka's
 ``partitions_for`` waits: an output topic deleted while the worker runs is
 created again by the broker on the first request for it
-(``auto.create.topics.enable``), and the window publishes into it.
+(``auto.create.topics.enable``), and the window publishes into it. A broker
+that cannot be reached (stopped, killed, restarting) is waited for the same
+way; after ``topic_wait_s`` the release stage holds the window
+(``OutputTopicUnavailable``) and tries it again later, the same records from
+the ledger.
 
 Delivery reports (of failed records only) are served by ``poll`` and
 ``flush``, run in a thread so the event loop keeps both consumers' heartbeats
@@ -43,6 +47,10 @@ _TOPIC_RETRY_S = 0.25
 #: or being created. Any other error (e.g. not authorised) is raised at once.
 _TOPIC_COMING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.LEADER_NOT_AVAILABLE,
                            KafkaError._UNKNOWN_TOPIC})
+#: Errors of a metadata request no broker answered: the broker is down or restarting, and is waited for.
+_BROKER_AWAY = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                          KafkaError._RESOLVE, KafkaError.REQUEST_TIMED_OUT,
+                          KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.BROKER_NOT_AVAILABLE})
 
 
 def rdkafka_options(client_options: dict[str, Any]) -> dict[str, Any]:
@@ -68,7 +76,7 @@ class OutputPublishFailed(RuntimeError):
 
 
 class OutputTopicUnavailable(KafkaException):
-    """An output topic did not exist (with partitions) within ``TOPIC_WAIT_S``."""
+    """An output topic did not exist (with partitions), or no broker answered for it, within ``TOPIC_WAIT_S``."""
 
 
 class OutputProducer:
@@ -114,18 +122,32 @@ class OutputProducer:
         return self._producer
 
     async def partitions_for(self, topic: str) -> set[int]:
-        """The topic's partitions, once it exists with some (see the module docstring); raises
-        ``OutputTopicUnavailable`` after ``topic_wait_s``, at once on any other metadata error."""
+        """The topic's partitions, once it exists with some and a broker answers (see the module docstring);
+        raises ``OutputTopicUnavailable`` after ``topic_wait_s``, at once on any other metadata error."""
         deadline = time.monotonic() + self._topic_wait_s
         while True:
-            metadata = await asyncio.to_thread(self._client.list_topics, topic, 10)
-            described = metadata.topics.get(topic)
-            error = None if described is None else described.error
-            if described is not None and error is None and described.partitions:
-                return set(described.partitions)
-            if error is not None and error.code() not in _TOPIC_COMING:
-                raise KafkaException(error)
+            remaining_s = max(1.0, min(10.0, deadline - time.monotonic()))
+            try:
+                metadata = await asyncio.to_thread(self._client.list_topics, topic, remaining_s)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not isinstance(error, KafkaError) or error.code() not in _BROKER_AWAY:
+                    raise
+                away = True
+            else:
+                away = False
+                described = metadata.topics.get(topic)
+                error = None if described is None else described.error
+                if described is not None and error is None and described.partitions:
+                    return set(described.partitions)
+                if error is not None and error.code() not in _TOPIC_COMING:
+                    raise KafkaException(error)
             if time.monotonic() >= deadline:
+                if away:
+                    raise OutputTopicUnavailable(
+                        f"no Kafka broker answered for output topic {topic} in {self._topic_wait_s:.0f}s ({error}): "
+                        f"the window is held and published once a broker answers; check the brokers and "
+                        f"KAFKA_BOOTSTRAP_SERVERS")
                 raise OutputTopicUnavailable(
                     f"output topic {topic} has not existed with partitions for {self._topic_wait_s:.0f}s "
                     f"({error or 'not in the metadata'}): create it, or let the broker create topics on use "

@@ -38,6 +38,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.wire import WireFormatError
+from stream_dp.worker.kafka.output_producer import OutputPublishFailed, OutputTopicUnavailable
 from stream_dp.worker.combine.combiner import COMBINE_FAILED, CombinedWindow
 from stream_dp.worker.partials.wire import PartialAggregate
 from stream_dp.worker.query.runtime import QueryRuntime
@@ -72,6 +73,7 @@ class _Unpublished:
     attempts: int = 0
     next_attempt_s: float = -math.inf  # due at once, whatever the monotonic clock's zero
     opens_period: bool = False  # a continual window drawn as its query's first release of the period
+    claimed: bool = False  # this worker's claim wrote the ledger entry (in this or an earlier attempt)
 
 
 class ReleaseStage:
@@ -166,8 +168,7 @@ class ReleaseStage:
             await self._commit(force=True)
             for query in self.queries.values():
                 query.combiner.revoke(homes)
-            # Unpublished windows of those homes were never published: the new owner
-            # replays their partials and publishes (the ledger's stored values if any).
+            # Never published: the new owner replays their partials and publishes (the ledger's values if any).
             self._unpublished = [u for u in self._unpublished if u.query.combiner.home(u.window_start_ms) not in homes]
             self.intake.forget(homes)
             self.commits.forget(homes)
@@ -291,10 +292,11 @@ class ReleaseStage:
             attempted = True
             try:
                 await self._publish(item)
-            except LedgerUnavailable as exc:
-                item.attempts += 1
+            except (LedgerUnavailable, OutputTopicUnavailable, OutputPublishFailed) as exc:
+                item.attempts += 1  # the next attempt publishes what the ledger holds, if the claim went through
                 item.next_attempt_s = now_s + min(self.retry_backoff_max_s, self.retry_backoff_s * 2 ** (item.attempts - 1))
-                self.metrics.internal_errors.labels("ledger_unavailable").inc()
+                self.metrics.internal_errors.labels(
+                    "ledger_unavailable" if isinstance(exc, LedgerUnavailable) else "output_unavailable").inc()
                 log.warning("release of %s/%d held: %s", item.query.name, item.window_start_ms, exc)
                 hold(item)
         self._unpublished = remaining
@@ -310,12 +312,13 @@ class ReleaseStage:
         timing.labels(query.name, "ledger").observe(time.perf_counter() - started)
         if stored.published:
             return  # another worker or an earlier run published this window
-        if not stored.newly_written:
+        item.claimed = item.claimed or stored.newly_written
+        if not item.claimed:
             self.metrics.republished.labels(query.name).inc()
         started = time.perf_counter()
         try:
             # what this worker drew and read back, if that is what the ledger took; else what it holds
-            release = item.release if stored.newly_written and item.release is not None else decode_entry(stored.payload)
+            release = item.release if item.claimed and item.release is not None else decode_entry(stored.payload)
         except WireFormatError as exc:
             # Nothing else could publish it either: count it and never retry (a retry loop would stall the stage).
             self.metrics.internal_errors.labels("unreadable_ledger_entry").inc()
@@ -344,7 +347,7 @@ class ReleaseStage:
         home = query.combiner.home(item.window_start_ms)
         await asyncio.to_thread(self.ledger.raise_released_through, query.name, home, item.window_end_ms)
         timing.labels(query.name, "ledger").observe(time.perf_counter() - started)
-        if stored.newly_written and window is not None:
+        if item.claimed and window is not None:
             self._count_release(item, window, published)
 
     async def _draw(self, item: _Unpublished) -> bool:

@@ -7,24 +7,19 @@ command, a read-only key pattern), and the check must name exactly what Redis re
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 import time
 import uuid
 
 import pytest
 import redis
-import yaml
 
 from stream_dp.worker.access.redis_plan import WORKER_COMMANDS, worker_redis_rule
 from stream_dp.worker.access.redis_probe import RedisAccessError, RedisRights, probes, redis_user
 from tests.reliability.services import PrivateRedis
 from tests.worker._support import free_port
-from tests.worker.test_health_endpoints import _get, _stop, _wait
+from tests.worker.test_health_endpoints import _get, _stop, _wait, one_query_config, start_worker
 
 ADMIN = ("admin", "probe-admin-pw-51c2")
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def test_every_command_of_the_rule_is_tried_on_every_prefix():
@@ -111,40 +106,13 @@ def test_a_redis_that_does_not_answer_is_not_a_refusal(tmp_path, caplog):
         rights.verify()
 
 
-def _config(tmp_path, new_topic, unique_name):
-    name = unique_name.replace("-", "_")[-40:]
-    config = {
-        "namespaces": {f"{name}-users": {"budgets": [{"horizon": "1h", "epsilon": 10.0}]}},
-        "queries": [{
-            "name": name, "input_topic": new_topic("in", partitions=1), "output_topic": f"{unique_name}-out",
-            "privacy_unit": {"namespace": f"{name}-users", "field": "user_id"}, "timestamp_field": "ts",
-            "window": {"size": "10s"}, "group_by": ["page"], "groups": {"public": ["a"]},
-            "bounds": {"max_groups_per_unit": 1, "max_events_per_group": 1},
-            "aggregations": {"count": {}}, "epsilon": 1.0,
-        }],
-    }
-    path = tmp_path / "queries.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def _worker(config_path, kafka_bootstrap, unique_name, redis_url, port, log_path):
-    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, REDIS_URL=redis_url,
-               STREAM_DP_GROUP_ID=f"{unique_name}-g", STREAM_DP_INTERNAL_TOPIC_PREFIX=f"{unique_name}.",
-               STREAM_DP_CONTRIBUTION_SECRET="test-secret-0123456789abcdef", STREAM_DP_METRICS_PORT=str(port),
-               STREAM_DP_REDIS_TIMEOUT_S="0.5")
-    with open(log_path, "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(config_path)],
-                                env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=REPO)
-
-
 @pytest.mark.slow
 def test_a_worker_whose_redis_user_lacks_a_command_stops_at_start_naming_it(acl_redis, tmp_path, kafka_bootstrap,
                                                                            new_topic, unique_name):
     url = _user(acl_redis, [t for t in worker_redis_rule("x").tokens() if t != "+hset"])
     log_path = tmp_path / "worker.log"
-    worker = _worker(_config(tmp_path, new_topic, unique_name), kafka_bootstrap, unique_name, url, free_port(),
-                     log_path)
+    worker = start_worker(one_query_config(tmp_path, new_topic, unique_name, partitions=1), kafka_bootstrap,
+                          unique_name, url, free_port(), log_path, STREAM_DP_REDIS_TIMEOUT_S="0.5")
     try:
         assert worker.wait(timeout=90) == 1
     finally:
@@ -175,8 +143,9 @@ def test_a_redis_that_comes_up_refusing_keeps_the_worker_not_ready(tmp_path, kaf
                           acl=f"user default off\nuser {ADMIN[0]} on >{ADMIN[1]} ~* &* +@all\n"
                               f"user {name} on >{password} {short}\n")
     port = free_port()
-    worker = _worker(_config(tmp_path, new_topic, unique_name), kafka_bootstrap, unique_name,
-                     server.url(name, password), port, tmp_path / "worker.log")
+    worker = start_worker(one_query_config(tmp_path, new_topic, unique_name, partitions=1), kafka_bootstrap,
+                          unique_name, server.url(name, password), port, tmp_path / "worker.log",
+                          STREAM_DP_REDIS_TIMEOUT_S="0.5")
     try:
         assert "Redis cannot be used" in _not_ready_saying(port, "Redis cannot be used")
         server.start()
