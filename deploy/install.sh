@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything stream-dp needs on a new Debian/Ubuntu machine, idempotently:
-#   - Debian packages: redis-server, prometheus (brings promtool), curl, faketime (the reliability
-#     suite's clock-skew runs); Java 17 and Maven if missing
+#   - Debian packages: redis-server, prometheus (brings promtool), curl; Java 17 and Maven if missing
 #   - the Python virtualenv .venv with `pip install -e .[dev]` (re-run only when pyproject.toml changes)
 #   - the Apache Kafka broker jars from Maven Central (deploy/kafka/broker.sh fetch)
 set -euo pipefail
@@ -25,7 +24,6 @@ command -v redis-cli >/dev/null || apt_packages+=(redis-tools)
 command -v prometheus >/dev/null || apt_packages+=(prometheus)
 command -v promtool >/dev/null || apt_packages+=(prometheus)
 command -v curl >/dev/null || apt_packages+=(curl)
-command -v faketime >/dev/null || apt_packages+=(faketime)
 command -v java >/dev/null || apt_packages+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || apt_packages+=(maven)
 if [ ${#apt_packages[@]} -gt 0 ]; then
