@@ -7,6 +7,8 @@ import warnings
 
 import pytest
 
+from tests.reliability.scenario import Scenario
+
 
 @pytest.fixture(autouse=True)
 def _collect_sockets_of_refused_connects():
@@ -17,3 +19,18 @@ def _collect_sockets_of_refused_connects():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
+
+
+@pytest.fixture
+def scenario(tmp_path, kafka_bootstrap):
+    """Makes ``Scenario``s (a one-query worker on the suite's broker and a private Redis behind the fault
+    proxy) in this test's directory; closes them after it."""
+    made: list[Scenario] = []
+
+    def make(**kwargs) -> Scenario:
+        made.append(Scenario(tmp_path, kafka_bootstrap, **kwargs))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()

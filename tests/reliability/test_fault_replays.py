@@ -23,19 +23,6 @@ from tests.reliability.topics import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 
 
-@pytest.fixture
-def scenario(tmp_path, kafka_bootstrap):
-    made: list[Scenario] = []
-
-    def make(**kwargs) -> Scenario:
-        made.append(Scenario(tmp_path, kafka_bootstrap, **kwargs))
-        return made[-1]
-
-    yield make
-    for s in made:
-        s.close()
-
-
 def _units(prefix: str, n: int) -> list[str]:
     return [f"{prefix}-{i:03d}" for i in range(n)]
 

@@ -13,7 +13,6 @@ import time
 import pytest
 
 from stream_dp.windows.record_clock import PRODUCER_QUORUM
-from tests.reliability.scenario import Scenario
 from tests.reliability.topics import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
@@ -21,15 +20,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.services]
 UNITS = [f"m-{i:03d}" for i in range(20)]
 
 
-@pytest.fixture
-def scenario(tmp_path, kafka_bootstrap):
-    made = Scenario(tmp_path, kafka_bootstrap)
-    yield made
-    made.close()
-
-
 def test_a_full_redis_holds_the_window_until_it_has_room_then_releases_it_once(scenario):
-    s = scenario
+    s = scenario()
     s.start_worker()
     s.produce([s.event(u, 0) for u in UNITS] + s.closers(0))
     assert s.wait_released(0, 60), f"window 0 was never released; see {s.worker.log_path}"

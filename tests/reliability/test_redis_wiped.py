@@ -17,7 +17,6 @@ import pytest
 
 from tests.reliability.faults_network import STORE_LOST
 from tests.reliability.redis_proxy import is_budget_charge
-from tests.reliability.scenario import Scenario
 from tests.reliability.topics import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
@@ -25,15 +24,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.services]
 UNITS = [f"w-{i:03d}" for i in range(12)]
 
 
-@pytest.fixture
-def scenario(tmp_path, kafka_bootstrap):
-    made = Scenario(tmp_path, kafka_bootstrap)
-    yield made
-    made.close()
-
-
 def test_a_redis_restarted_empty_between_two_charges_stops_the_worker_before_it_charges_or_releases(scenario):
-    s = scenario
+    s = scenario()
     s.start_worker()
     s.produce([s.event(u, 0) for u in UNITS] + s.closers(0))
     assert s.wait_released(0, 60), f"window 0 was never released; see {s.worker.log_path}"
