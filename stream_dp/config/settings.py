@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     Redis Cluster, 0 on one Redis. A failover loses what no replica acknowledged (docs/operations/redis.md)."""
     redis_wait_timeout_ms: int = Field(500, alias="STREAM_DP_REDIS_WAIT_TIMEOUT_MS", gt=0)
     """How long a charge waits for those replicas; then it fails closed and is retried."""
+    output_wait_s: float = Field(40.0, alias="STREAM_DP_OUTPUT_WAIT_S", gt=0)
+    """How long a window's publish waits for a broker to answer for its output topic (or for the topic to
+    exist); then the window is held and tried again, with the records the ledger stored."""
     metrics_host: str = Field("127.0.0.1", alias="STREAM_DP_METRICS_HOST")
     metrics_port: int = Field(9108, alias="STREAM_DP_METRICS_PORT", ge=0, le=65535)
     """Serves ``/metrics``, ``/healthz`` (liveness) and ``/readyz`` (readiness)."""

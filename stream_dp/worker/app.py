@@ -151,6 +151,7 @@ class Worker:
         clients = kafka_clients(settings.aiokafka_options(), rdkafka=rdkafka_options(settings.kafka_client_options()),
                                 client_id=self.client_id, group_id=settings.group_id,
                                 limits=limits, session_timeout_ms=settings.consumer_session_timeout_ms,
+                                output_wait_s=settings.output_wait_s,
                                 max_poll_interval_ms=release_poll_interval_ms(together_ms))
         noise_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="noise")
         # Checked at every input assignment, before anything is charged or released.

@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import GroupAuthorizationFailedError
 
 from stream_dp.worker.kafka.columnar_consumer import ColumnarConsumer
-from stream_dp.worker.kafka.output_producer import OutputProducer, rdkafka_options  # noqa: F401 (the app imports it here)
+from stream_dp.worker.kafka.output_producer import TOPIC_WAIT_S, OutputProducer, rdkafka_options  # noqa: F401 (the app imports it here)
 
 from stream_dp.worker.kafka.topic_setup import PRODUCER_MAX_REQUEST_BYTES, TopicLimits
 from stream_dp.worker.kafka.topics import RECORD_HEADROOM
@@ -80,7 +80,7 @@ def release_poll_interval_ms(together_release_ms: float) -> int:
 
 
 def kafka_clients(aio: dict[str, Any], *, rdkafka: dict[str, Any], client_id: str, group_id: str, limits: TopicLimits,
-                  session_timeout_ms: int = 10_000,
+                  session_timeout_ms: int = 10_000, output_wait_s: float = TOPIC_WAIT_S,
                   max_poll_interval_ms: int = DEFAULT_MAX_POLL_INTERVAL_MS) -> KafkaClients:
     """``aio``: connection options in aiokafka's terms (``Settings.aiokafka_options``); ``rdkafka``: the same in
     librdkafka's (``kafka.output_producer.rdkafka_options``), for the output producer;
@@ -95,6 +95,7 @@ def kafka_clients(aio: dict[str, Any], *, rdkafka: dict[str, Any], client_id: st
         output_producer=OutputProducer(
             rdkafka, client_id=f"{client_id}-output", batch_bytes=limits.output_batch_bytes,
             max_record_bytes=max([limits.output_batch_bytes, *limits.output_record_bytes.values()]) + RECORD_HEADROOM,
+            topic_wait_s=output_wait_s,
         ),
         ingest_consumer=ColumnarConsumer(
             **aio, client_id=f"{client_id}-ingest", group_id=group_id, enable_auto_commit=False,
