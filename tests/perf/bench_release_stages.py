@@ -156,7 +156,7 @@ async def _measure(services: perfkit.Services, groups: int, repeat: int, produce
     noise, metrics = noise_source("exact", executor=pool), WorkerMetrics(CollectorRegistry())
     perfkit.create_topic(services.bootstrap, topic, PARTITIONS)
     producer = OutputProducer({"bootstrap.servers": services.bootstrap}, client_id=name, batch_bytes=BATCH_BYTES,
-                              max_record_bytes=BATCH_BYTES)
+                              max_record_bytes=BATCH_BYTES, topic_wait_s=40.0)
     aio_producer = None
     if "aiokafka" in producers:  # the output producer before librdkafka's
         aio_producer = AIOKafkaProducer(bootstrap_servers=services.bootstrap, acks="all", enable_idempotence=True,

@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import GroupAuthorizationFailedError
 
 from stream_dp.worker.kafka.columnar_consumer import ColumnarConsumer
-from stream_dp.worker.kafka.output_producer import TOPIC_WAIT_S, OutputProducer, rdkafka_options  # noqa: F401 (the app imports it here)
+from stream_dp.worker.kafka.output_producer import OutputProducer, rdkafka_options  # noqa: F401 (the app imports it here)
 
 from stream_dp.worker.kafka.topic_setup import PRODUCER_MAX_REQUEST_BYTES, TopicLimits
 from stream_dp.worker.kafka.topics import RECORD_HEADROOM
@@ -80,7 +80,7 @@ def release_poll_interval_ms(together_release_ms: float) -> int:
 
 
 def kafka_clients(aio: dict[str, Any], *, rdkafka: dict[str, Any], client_id: str, group_id: str, limits: TopicLimits,
-                  session_timeout_ms: int = 10_000, output_wait_s: float = TOPIC_WAIT_S,
+                  output_wait_s: float, session_timeout_ms: int = 10_000,
                   max_poll_interval_ms: int = DEFAULT_MAX_POLL_INTERVAL_MS) -> KafkaClients:
     """``aio``: connection options in aiokafka's terms (``Settings.aiokafka_options``); ``rdkafka``: the same in
     librdkafka's (``kafka.output_producer.rdkafka_options``), for the output producer;

@@ -39,9 +39,6 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 QUEUE_KBYTES = 64 * 1024
 _FLUSH_STEP_S = 0.5
 _ROOM_POLL_S = 0.002
-#: How long ``partitions_for`` waits for a topic to exist with partitions (aiokafka's default request timeout,
-#: which bounded the same wait of the aiokafka producer before).
-TOPIC_WAIT_S = 40.0
 _TOPIC_RETRY_S = 0.25
 #: Metadata errors of a topic that is not there yet: deleted (the request asks the broker to create it again)
 #: or being created. Any other error (e.g. not authorised) is raised at once.
@@ -49,8 +46,7 @@ _TOPIC_COMING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.LEADER_N
                            KafkaError._UNKNOWN_TOPIC})
 #: Errors of a metadata request no broker answered: the broker is down or restarting, and is waited for.
 _BROKER_AWAY = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
-                          KafkaError._RESOLVE, KafkaError.REQUEST_TIMED_OUT,
-                          KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.BROKER_NOT_AVAILABLE})
+                          KafkaError._RESOLVE, KafkaError.REQUEST_TIMED_OUT, KafkaError.BROKER_NOT_AVAILABLE})
 
 
 def rdkafka_options(client_options: dict[str, Any]) -> dict[str, Any]:
@@ -76,17 +72,18 @@ class OutputPublishFailed(RuntimeError):
 
 
 class OutputTopicUnavailable(KafkaException):
-    """An output topic did not exist (with partitions), or no broker answered for it, within ``TOPIC_WAIT_S``."""
+    """An output topic did not exist (with partitions), or no broker answered for it, within ``topic_wait_s`` (``STREAM_DP_OUTPUT_WAIT_S``)."""
 
 
 class OutputProducer:
     """An idempotent librdkafka producer of release records (see the module docstring)."""
 
     def __init__(self, options: dict[str, Any], *, client_id: str, batch_bytes: int, max_record_bytes: int,
-                 linger_ms: int = 5, topic_wait_s: float = TOPIC_WAIT_S) -> None:
+                 linger_ms: int = 5, topic_wait_s: float) -> None:
         """``options``: connection settings in librdkafka's names (``rdkafka_options``); ``batch_bytes``: the most
         one record batch holds, within what the output topics take; ``max_record_bytes``: the largest record
-        the producer accepts (the largest output topic record limit, with framing)."""
+        the producer accepts (the largest output topic record limit, with framing); ``topic_wait_s``: how long
+        ``partitions_for`` waits for a broker and the topic (``Settings.output_wait_s``)."""
         self._config = {
             **options, "client.id": client_id, "acks": "all", "enable.idempotence": True,
             "linger.ms": linger_ms, "compression.type": "lz4", "batch.size": batch_bytes,

@@ -38,8 +38,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.wire import WireFormatError
-from stream_dp.worker.kafka.output_producer import OutputPublishFailed, OutputTopicUnavailable
 from stream_dp.worker.combine.combiner import COMBINE_FAILED, CombinedWindow
+from stream_dp.worker.kafka.output_producer import OutputPublishFailed, OutputTopicUnavailable
 from stream_dp.worker.partials.wire import PartialAggregate
 from stream_dp.worker.query.runtime import QueryRuntime
 from stream_dp.worker.release.continual import PreviousTrees, opens_period

@@ -65,7 +65,7 @@ def test_the_worker_groups_are_the_ones_its_clients_join():
     async def groups() -> tuple[str, str]:  # built, never started: nothing connects
         clients = kafka_clients({"bootstrap_servers": "127.0.0.1:1"}, rdkafka={"bootstrap.servers": "127.0.0.1:1"},
                                 client_id="c", group_id="grp",
-                                limits=TopicLimits(1, 100_000, 100_000, 100_000))
+                                limits=TopicLimits(1, 100_000, 100_000, 100_000), output_wait_s=1.0)
         try:
             return clients.ingest_consumer._group_id, clients.release_consumer._group_id
         finally:

@@ -110,7 +110,7 @@ def test_an_output_topic_takes_a_top_k_list_of_k_groups_each_as_long_as_an_event
     async def publish() -> None:
         clients = kafka_clients(settings.aiokafka_options(), rdkafka=rdkafka_options(settings.kafka_client_options()),
                                 client_id=unique_name, group_id=unique_name,
-                                limits=limits)
+                                limits=limits, output_wait_s=settings.output_wait_s)
         try:  # incompressible, so that lz4 does not shrink it below the limits
             await clients.output_producer.start()
             await clients.output_producer.send_and_wait(out, key=b'["top_k"]', value=os.urandom(largest - 9))
@@ -229,7 +229,7 @@ def test_a_top_k_record_larger_than_another_output_topics_batches_is_published(
     async def publish() -> int:
         clients = kafka_clients(settings.aiokafka_options(), rdkafka=rdkafka_options(settings.kafka_client_options()),
                                 client_id=unique_name, group_id=unique_name,
-                                limits=limits)
+                                limits=limits, output_wait_s=settings.output_wait_s)
         try:
             await clients.output_producer.start()
             published, _ = await publish_release(

@@ -86,7 +86,7 @@ def _producer(kind: str, bootstrap: str, batch_bytes: int):
     """The worker's output producer (librdkafka), or an aiokafka producer as tools and earlier versions use."""
     if kind == "output":
         return OutputProducer({"bootstrap.servers": bootstrap}, client_id="test-output", batch_bytes=batch_bytes,
-                              max_record_bytes=batch_bytes)
+                              max_record_bytes=batch_bytes, topic_wait_s=40.0)
     return AIOKafkaProducer(bootstrap_servers=bootstrap, max_batch_size=batch_bytes, linger_ms=5, compression_type="lz4")
 
 
