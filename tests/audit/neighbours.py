@@ -31,6 +31,7 @@ from stream_dp.windows.record_clock import PRODUCER_QUORUM
 from tests.audit.claims import claim_problems
 from tests.audit.doctor import ENV as DOCTOR_ENV
 from tests.audit.doctor import local_epsilon
+from tests.redis_databases import delete_keys
 from tests.reliability.topics import _kafka, create_topic, delete_topics
 from tests.reliability.workers import WorkerProcess
 
@@ -579,6 +580,7 @@ class Deployment:
         for worker in self.workers:
             worker.stop(timeout_s=20)
         delete_topics(self.bootstrap, [*self.topics.values(), *self.outputs.values()])
+        delete_keys(self.redis_url, f"*{self.run}*")  # charges, spend and ledger entries, ~50k keys a stream
 
     def log_tails(self) -> str:
         return "\n".join(f"--- {self.label} {w.name}\n{w.log_text()[-2000:]}" for w in self.workers)

@@ -36,6 +36,7 @@ import pytest
 from tests.audit.doctor import from_environment
 from tests.audit.neighbours import SCENARIOS, START_AGO_S, Deployment, Scenario
 from tests.audit.verdict import Verdict, epsilon_bound, presence
+from tests.redis_databases import AUDIT_DB, with_database
 from tests.suite import FULL
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(3600 if FULL else 1500)]
@@ -54,8 +55,9 @@ DOCTORING = from_environment()  # workers doctored on purpose (doctor.py): the a
 def streams(tmp_path_factory, kafka_bootstrap, redis_url):
     start_ms = (int(time.time() * 1000) - START_AGO_S * 1000) // 1000 * 1000
     work = tmp_path_factory.mktemp("audit")
+    own_db = with_database(redis_url, AUDIT_DB)  # its ~100k keys would slow every other test's SCAN (redis_databases)
     pair = {
-        label: Deployment(label, work / label, kafka_bootstrap, redis_url, WINDOWS, start_ms, with_target,
+        label: Deployment(label, work / label, kafka_bootstrap, own_db, WINDOWS, start_ms, with_target,
                           doctoring=DOCTORING)
         for label, with_target in (("D", False), ("D'", True))
     }
