@@ -31,7 +31,10 @@ overflow uint64 are delegated to an :class:`~stream_dp.dp.noise.OpenDPNoise`.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from concurrent.futures import Executor
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -47,6 +50,7 @@ from stream_dp.dp.exact_sampling import (
 )
 from stream_dp.dp.measurements import NoiseKind
 from stream_dp.dp.noise import NoiseSource, OpenDPNoise
+from stream_dp.dp.noise_stash import DrawKey, NoiseStash
 
 NOISE_SAMPLERS = ("exact", "opendp")
 """Names of the production noise sources (the worker's ``STREAM_DP_NOISE_SAMPLER``)."""
@@ -81,6 +85,37 @@ class VectorisedExactNoise:
         self._bits: BitSource = bits if bits is not None else UrandomBits()
         self._fallback: NoiseSource = fallback if fallback is not None else OpenDPNoise(executor=executor)
         self._executor = executor
+        self._stash = NoiseStash()
+        self._context = threading.local()  # the owner whose release this thread builds, and its draws
+
+    @contextmanager
+    def drawing_for(self, owner: str) -> Iterator[list[DrawKey]]:
+        """In this thread, until the block ends: discrete Laplace vectors come from ``owner``'s stash when it
+        holds one of their scale and length (see :mod:`stream_dp.dp.noise_stash`), and the list yielded
+        collects the key of every vector drawn, for ``predraw``."""
+        drawn: list[DrawKey] = []
+        self._context.owner, self._context.drawn = owner, drawn
+        try:
+            yield drawn
+        finally:
+            self._context.owner = self._context.drawn = None
+
+    def predraw(self, owner: str, keys: list[DrawKey]) -> bool:
+        """Draw the vectors ``keys`` name into ``owner``'s stash, replacing what it held; False (and nothing
+        drawn) while another draw for ``owner`` is under way. Blocks for the draw: call it from a thread."""
+        if not self._stash.start_drawing(owner):
+            return False
+        try:
+            drawn = [(key, discrete_laplace(key[2], key[0], key[1], self._bits)) for key in keys]
+        except BaseException:
+            self._stash.abandon(owner)
+            raise
+        self._stash.fill(owner, drawn)
+        return True
+
+    def stashed(self, owner: str) -> int:
+        """How many vectors wait in ``owner``'s stash."""
+        return self._stash.held(owner)
 
     def integers(self, values: NDArray[np.int64], *, kind: NoiseKind, scale: float) -> NDArray[np.int64]:
         values = _one_dimensional(np.ascontiguousarray(values, dtype=np.int64))
@@ -101,8 +136,16 @@ class VectorisedExactNoise:
         return add_grid_noise(values, k, noise, huge)
 
     def _laplace(self, n: int, fraction: tuple[int, int]) -> tuple[NDArray[np.int64], dict[int, int]]:
-        """``n`` discrete Laplace draws of scale ``t / s``, in two halves on the executor when ``n`` is large."""
+        """``n`` discrete Laplace draws of scale ``t / s``: from the stash of the owner this thread draws for
+        when it holds such a vector, else drawn here, in two halves on the executor when ``n`` is large."""
         t, s = fraction
+        owner = getattr(self._context, "owner", None)
+        if owner is not None:
+            key = (t, s, n)
+            self._context.drawn.append(key)
+            ready = self._stash.take(owner, key)
+            if ready is not None:
+                return ready
         if self._executor is None or n < SPLIT_DRAW_MIN:
             return discrete_laplace(n, t, s, self._bits)
         half = n // 2

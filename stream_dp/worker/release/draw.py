@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from stream_dp.config.query_options import PublicGroups
 from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.worker.release.build import build_release
 from stream_dp.worker.release.entry import ReleaseEntry, StoredRecords, decode_entry, encode_entry
@@ -76,7 +77,8 @@ async def _draw(query: Any, window: Any, noise: Any, metrics: WorkerMetrics, rel
     try:
         # In a thread: a million groups take seconds of noise, and the event loop
         # must keep both consumers' heartbeats going meanwhile.
-        entry = await asyncio.to_thread(build_release, query, window, noise, released_at_ms, previous_state)
+        owner = query.name if _stashes_noise(query, noise) else None
+        entry, drawn = await asyncio.to_thread(_build, query, window, noise, released_at_ms, previous_state, owner)
     finally:
         if query.sandbox is not None:
             for reason, blocks in query.sandbox.take_failures().items():
@@ -94,4 +96,24 @@ async def _draw(query: Any, window: Any, noise: Any, metrics: WorkerMetrics, rel
         payload = encode_entry(entry)
         release = decode_entry(payload)
     timing.labels(query.name, "encode").observe(time.perf_counter() - started)
+    if drawn:  # the next window's noise, drawn while it is open (stream_dp.dp.noise_stash)
+        asyncio.get_running_loop().run_in_executor(None, noise.predraw, owner, drawn).add_done_callback(
+            lambda done: done.exception() and log.error("noise for the next window of %s was not drawn ahead: %r",
+                                                         owner, done.exception()))
     return Drawn(payload, release, window)
+
+
+def _stashes_noise(query: Any, noise: Any) -> bool:
+    """Whether ``query``'s draws are stashed ahead: public groups only, whose every vector's length comes from
+    the configuration (``stream_dp.dp.noise_stash`` says why), and a noise source that stashes."""
+    return hasattr(noise, "drawing_for") and isinstance(query.config.groups, PublicGroups)
+
+
+def _build(query: Any, window: Any, noise: Any, released_at_ms: int, previous_state: Any,
+           owner: str | None) -> tuple[ReleaseEntry, list]:
+    """``build_release``, and the discrete Laplace vectors it drew when drawing for ``owner``."""
+    if owner is None:
+        return build_release(query, window, noise, released_at_ms, previous_state), []
+    with noise.drawing_for(owner) as drawn:
+        entry = build_release(query, window, noise, released_at_ms, previous_state)
+    return entry, list(drawn)
