@@ -134,8 +134,9 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
     if "memory" in result:
         ratios["engine_bytes_per_pair"] = result["memory"]["engine"]["rss_bytes_per_pair"]
     soak = result.get("latency", {}).get("rss_mb", {})
-    if soak.get("max_deviation_from_third") == soak.get("max_deviation_from_third"):  # absent or NaN: too few windows
-        ratios["soak_rss_deviation"] = soak["max_deviation_from_third"]
+    deviation = soak.get("max_deviation_from_third")
+    if deviation is not None and deviation == deviation:  # absent (no soak run) or NaN (too few windows): no line
+        ratios["soak_rss_deviation"] = deviation
     goals = {key: goal(ratios[key], *GOALS[key]) for key in GOALS if key in ratios}
     return {"ratios": ratios, "goals": goals}
 
