@@ -92,6 +92,7 @@ def run_groups(services: perfkit.Services, groups: int, *, windows: int, events_
     worker = poller = reader = None
     latencies: list[float] = []
     inside: list[float] = []
+    stage_runs: list[dict[str, float]] = []
     try:
         perfkit.create_topic(services.bootstrap, topic, PARTITIONS)
         worker = perfkit.WorkerProcess(config, services=services, group_id=f"{name}-g", internal_prefix=f"{name}.",
@@ -131,11 +132,14 @@ def run_groups(services: perfkit.Services, groups: int, *, windows: int, events_
                 after = _worker_latency(worker.port, name)
             inside.append((after[0] - before[0]) / max(1.0, after[1] - before[1]))
             stages = {stage: after[2][stage] - before[2][stage] for stage in STAGES}
+            stage_runs.append(stages)
             print(f"  release {groups:>7,} groups, window {k + 1}: {latencies[-1]:6.3f} s "
                   f"(worker's own measure {inside[-1]:.3f} s; stages "
                   + ", ".join(f"{stage} {seconds:.3f}" for stage, seconds in stages.items()) + ")", flush=True)
         return {"groups": groups, "events_per_window": n_events, "latency_s": perfkit.summarize(latencies),
-                "worker_latency_s": perfkit.summarize(inside)}
+                "worker_latency_s": perfkit.summarize(inside),
+                # the worker's seconds in each release stage, median over the windows (where a missed goal points)
+                "stages_s": {stage: perfkit.summarize([run[stage] for run in stage_runs])["median"] for stage in STAGES}}
     finally:
         if reader is not None:
             reader.close()

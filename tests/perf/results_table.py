@@ -104,6 +104,15 @@ def goal(value: float, target: float, kind: str) -> str:
     return f"MISSED ({'short' if kind == 'at_least' else 'over'} by {short * 100:.0f}%)"
 
 
+def stage_line(stages: dict[str, float], latency_s: float) -> str:
+    """The worker's release stages, largest first, and the rest of the latency that no stage measures (closing
+    the window in the ingest stage, the trips through Kafka): where a missed release goal points."""
+    ranked = sorted(stages.items(), key=lambda kv: -kv[1])
+    rest = latency_s - sum(stages.values())
+    return ("stages (median s): " + ", ".join(f"{name} {seconds:.2f}" for name, seconds in ranked)
+            + f"; in no stage {rest:.2f}")
+
+
 def derive(result: dict[str, Any]) -> dict[str, Any]:
     """Ratios between medians measured in this run, and the goals they meet or miss."""
     ratios: dict[str, Any] = {}
@@ -195,6 +204,8 @@ def print_report(result: dict[str, Any], out=sys.stdout) -> None:
             goal_key = {"100000": "release_100k_s", "1000000": "release_1m_s"}.get(g)
             mark = (f"   <= {GOALS[goal_key][0]:g} s {goals[goal_key]}" if goal_key in goals else "")
             w(f"  {int(g):>7,} groups: {_mmm(r['latency_s'], '.3f')}; {r['worker_latency_s']['median']:.3f}{mark}")
+            if r.get("stages_s") and int(g) >= 100_000:
+                w("      " + stage_line(r["stages_s"], r["latency_s"]["median"]))
     lat = result.get("latency")
     if lat:
         w()
