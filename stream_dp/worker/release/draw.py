@@ -48,6 +48,8 @@ class Drawn:
     payload: bytes
     release: ReleaseEntry | StoredRecords
     window: Any
+    #: (noise source, query, vectors): the query's next window's noise, to draw once this one is published
+    ahead: tuple[Any, str, list] | None = None
 
 
 async def draw_payload(query: Any, window: Any, noise: Any, metrics: WorkerMetrics, released_at_ms: int,
@@ -96,11 +98,19 @@ async def _draw(query: Any, window: Any, noise: Any, metrics: WorkerMetrics, rel
         payload = encode_entry(entry)
         release = decode_entry(payload)
     timing.labels(query.name, "encode").observe(time.perf_counter() - started)
-    if drawn:  # the next window's noise, drawn while it is open (stream_dp.dp.noise_stash)
-        asyncio.get_running_loop().run_in_executor(None, noise.predraw, owner, drawn).add_done_callback(
-            lambda done: done.exception() and log.error("noise for the next window of %s was not drawn ahead: %r",
-                                                         owner, done.exception()))
-    return Drawn(payload, release, window)
+    return Drawn(payload, release, window, (noise, owner, drawn) if drawn else None)
+
+
+def draw_ahead(ahead: tuple[Any, str, list] | None) -> None:
+    """Start drawing a query's next window's noise in a thread (``Drawn.ahead``; stream_dp.dp.noise_stash); None.
+    Called once the window is published: drawn beside the publish, it slowed the publish on two cores."""
+    if ahead is None:
+        return None
+    noise, owner, keys = ahead
+    asyncio.get_running_loop().run_in_executor(None, noise.predraw, owner, keys).add_done_callback(
+        lambda done: done.exception() and log.error("noise for the next window of %s was not drawn ahead: %r",
+                                                     owner, done.exception()))
+    return None
 
 
 def _stashes_noise(query: Any, noise: Any) -> bool:

@@ -43,7 +43,7 @@ from stream_dp.worker.kafka.output_producer import OutputPublishFailed, OutputTo
 from stream_dp.worker.partials.wire import PartialAggregate
 from stream_dp.worker.query.runtime import QueryRuntime
 from stream_dp.worker.release.continual import PreviousTrees, opens_period
-from stream_dp.worker.release.draw import draw_payload
+from stream_dp.worker.release.draw import draw_ahead, draw_payload
 from stream_dp.worker.release.entry import ReleaseEntry, StoredRecords, decode_entry
 from stream_dp.worker.release.intake import PartialsIntake, too_old_to_release
 from stream_dp.worker.release.partials_commits import PartialsCommits
@@ -74,6 +74,7 @@ class _Unpublished:
     next_attempt_s: float = -math.inf  # due at once, whatever the monotonic clock's zero
     opens_period: bool = False  # a continual window drawn as its query's first release of the period
     claimed: bool = False  # this worker's claim wrote the ledger entry (in this or an earlier attempt)
+    ahead: tuple | None = None  # the next window's noise to draw once this one is published (``release.draw``)
 
 
 class ReleaseStage:
@@ -139,8 +140,7 @@ class ReleaseStage:
                                     partition_counts=input_partition_counts, broker_stamps=broker_stamps)
         self.intake = PartialsIntake(
             metrics, topic=partials_topic, age_limit_ms=release_age_limit_ms,
-            quiet_ms=lambda name: q.combiner.release_timeout_ms if (q := self.queries.get(name)) else None,
-        )
+            quiet_ms=lambda name: q.combiner.release_timeout_ms if (q := self.queries.get(name)) else None)
 
     def rebalance_listener(self) -> ConsumerRebalanceListener:
         stage = self
@@ -336,12 +336,11 @@ class ReleaseStage:
                       "raise the topic's max.message.bytes", size, query.name, item.window_start_ms, topic)
 
         published, rendering_s = await publish_release(
-            self.producer, topic, release,
-            max_batch_bytes=self.output_batch_bytes, on_too_large=too_large,
-            max_record_bytes=self.output_record_bytes.get(topic, self.output_batch_bytes),
-        )
+            self.producer, topic, release, max_batch_bytes=self.output_batch_bytes, on_too_large=too_large,
+            max_record_bytes=self.output_record_bytes.get(topic, self.output_batch_bytes))
         timing.labels(query.name, "render").observe(rendering_s)
         timing.labels(query.name, "publish").observe(time.perf_counter() - started - rendering_s)
+        item.ahead = draw_ahead(item.ahead)  # once published: drawn beside the publish, it slowed it
         started = time.perf_counter()
         await asyncio.to_thread(self.ledger.mark_published, query.name, item.window_start_ms)
         home = query.combiner.home(item.window_start_ms)
@@ -368,7 +367,7 @@ class ReleaseStage:
             item.payload = earlier.payload
         else:
             # the window as drawn: without its data if the build fell back (``withheld`` says why)
-            item.window, item.payload, item.release = drawn.window, drawn.payload, drawn.release
+            item.window, item.payload, item.release, item.ahead = drawn.window, drawn.payload, drawn.release, drawn.ahead
         return True
 
     def _count_release(self, item: _Unpublished, window: CombinedWindow, published: int) -> None:

@@ -1,8 +1,9 @@
-"""The release stage's draw stashes a public-groups query's next noise (``stream_dp.dp.noise_stash``).
+"""The release stage stashes a public-groups query's next noise (``stream_dp.dp.noise_stash``).
 
-Each window here is drawn by ``draw_payload``, as the release stage draws it: after a window of public
-groups, the same vectors are drawn for the next one in the background, and that window's release then
-draws no random word of its own. A query that selects groups never stashes: its vectors' lengths come
+Each window here goes through the release stage's own publish path (Kafka replaced by a list): once a
+window of public groups is published -- not before, where the draw would slow the publish -- the same
+vectors are drawn for the next one in the background, and that window's release then draws no random
+word of its own. A query that selects groups never stashes: its vectors' lengths come
 from the data. The law and the take-once rule of the stash are tested in ``tests/dp/test_noise_stash.py``.
 """
 
@@ -10,19 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from types import SimpleNamespace
 
 import numpy as np
-import orjson
-from prometheus_client import CollectorRegistry
 
 from stream_dp.config import parse_config
 from stream_dp.dp import OpenDPNoise
 from stream_dp.dp.vectorised_noise import VectorisedExactNoise
-from stream_dp.metrics.worker import WorkerMetrics
 from stream_dp.worker.assemble.runtimes import build_runtimes
+from stream_dp.worker.combine.combiner import CombinedWindow
 from stream_dp.worker.release import draw as release_draw
+from stream_dp.worker.release import stage as release_stage
+from stream_dp.worker.release.stage import _Unpublished
+from stream_dp.worker.store.ledger import MemoryReleaseLedger
 from tests.dp.test_noise_stash import CountingBits
+from tests.worker._offline_stage import offline_stage
 
 GROUPS = [f"/p{i}" for i in range(2_000)]
 
@@ -42,12 +44,10 @@ def _runtime(groups: dict):
     return runtime
 
 
-def _window(start_ms: int, counts: np.ndarray) -> SimpleNamespace:
-    return SimpleNamespace(
-        query="pages", window_start_ms=start_ms, window_end_ms=start_ms + 60_000, groups=[(g,) for g in GROUPS],
-        count=counts.astype(np.int64), sum=counts * 4.0, distinct_units=None,
-        histogram=None, features=None, blocks=None, withheld=None,
-    )
+def _window(runtime, start_ms: int) -> CombinedWindow:
+    counts = (np.arange(len(GROUPS)) % 7).astype(np.int64)
+    return CombinedWindow(runtime.name, start_ms, start_ms + 60_000, 0, list(runtime.public_groups), counts,
+                          counts * 4.0, counts.copy(), [], int(counts.sum()), 0, start_ms + 60_000)
 
 
 def _wait_for(condition, timeout_s: float = 20.0) -> None:
@@ -57,31 +57,39 @@ def _wait_for(condition, timeout_s: float = 20.0) -> None:
         time.sleep(0.01)
 
 
-def test_the_window_after_a_public_release_adds_noise_drawn_ahead_and_draws_none():
+def test_the_window_after_a_public_release_adds_noise_drawn_ahead_once_published(monkeypatch):
     runtime = _runtime({"public": GROUPS})
+    stage, _, published = offline_stage(runtime, monkeypatch, ledger=MemoryReleaseLedger(), consumer=None,
+                                        now_ms=10**12)
     bits = CountingBits()
-    noise = VectorisedExactNoise(bits=bits)
-    metrics = WorkerMetrics(CollectorRegistry())
-    counts = np.arange(len(GROUPS)) % 7
+    stage.noise = noise = VectorisedExactNoise(bits=bits)
+    seen_while_publishing: list[tuple[int, bool]] = []
+    publish = release_stage.publish_release
 
-    async def draw(start_ms: int):
-        return await release_draw.draw_payload(runtime, _window(start_ms, counts), noise, metrics, start_ms + 61_000)
+    async def watched(producer, topic, release, **options):  # the stash as each publish starts
+        seen_while_publishing.append((noise.stashed("pages"), "pages" in noise._stash._drawing))
+        return await publish(producer, topic, release, **options)
 
-    first = asyncio.run(draw(0))
-    _wait_for(lambda: noise.stashed("pages") == 2)  # the count's and the sum's vectors
+    monkeypatch.setattr(release_stage, "publish_release", watched)
+
+    async def release(start_ms: int) -> None:
+        await stage._publish(_Unpublished(runtime, start_ms, start_ms + 60_000, window=_window(runtime, start_ms)))
+
+    asyncio.run(release(0))
+    _wait_for(lambda: noise.stashed("pages") == 2)  # the count's and the sum's vectors, drawn after the publish
+    assert seen_while_publishing == [(0, False)], "the next window's noise was drawn beside the publish"
 
     later: list = []
     noise.predraw = lambda owner, keys: later.append((owner, keys)) or True  # no draw after the second window
     before = bits.words
-    second = asyncio.run(draw(60_000))
+    asyncio.run(release(60_000))
     assert bits.words == before, "the second window drew random words although its noise was drawn ahead"
     assert noise.stashed("pages") == 0
     assert [owner for owner, _ in later] == ["pages"] and [key[2] for key in later[0][1]] == [len(GROUPS)] * 2
 
-    records = [[orjson.loads(v) for _, v in drawn.release.render()] for drawn in (first, second)]
-    assert [len(r) for r in records] == [len(GROUPS)] * 2
-    noisy = [np.array([r["count"] for r in window]) for window in records]
-    assert not np.array_equal(noisy[0], noisy[1])  # new draws, not the first window's again
+    assert len(published) == 2 * len(GROUPS)
+    first, second = (np.array([r["count"] for r in published if r["window"]["start_ms"] == s]) for s in (0, 60_000))
+    assert not np.array_equal(first, second)  # new draws, not the first window's again
 
 
 def test_selected_groups_and_opendp_noise_are_never_drawn_ahead():
