@@ -25,13 +25,21 @@ def with_database(url: str, db: int) -> str:
     return urlunsplit(parts._replace(path=f"/{db}"))
 
 
-def delete_keys(url: str, pattern: str) -> int:
-    """Delete the keys matching ``pattern`` in ``url``'s database; how many there were."""
-    client = redis.Redis.from_url(url)
-    try:
+def delete_matching(client: redis.Redis, *patterns: str) -> int:
+    """Delete the keys matching any of ``patterns`` in ``client``'s database; how many there were."""
+    deleted = 0
+    for pattern in patterns:
         keys = list(client.scan_iter(match=pattern, count=10_000))
         for i in range(0, len(keys), 1_000):
             client.delete(*keys[i:i + 1_000])
-        return len(keys)
+        deleted += len(keys)
+    return deleted
+
+
+def delete_keys(url: str, pattern: str) -> int:
+    """``delete_matching`` on a client of ``url``'s database, closed after."""
+    client = redis.Redis.from_url(url)
+    try:
+        return delete_matching(client, pattern)
     finally:
         client.close()

@@ -105,7 +105,7 @@ class VectorisedExactNoise:
         drawn) while another draw for ``owner`` is under way. Blocks for the draw: call it from a thread."""
         if not self._stash.start_drawing(owner):
             return False
-        try:
+        try:  # not through ``_laplace``: its halves would wait for the executor's threads, which draws may hold
             drawn = [(key, discrete_laplace(key[2], key[0], key[1], self._bits)) for key in keys]
         except BaseException:
             self._stash.abandon(owner)

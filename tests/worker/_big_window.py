@@ -24,6 +24,7 @@ import orjson
 import redis
 import yaml
 
+from tests.redis_databases import delete_matching
 from tests.worker._support import BACKFILL
 
 GROUPS = 1_000_000
@@ -195,7 +196,4 @@ def released_groups(records: list[Any]) -> list[tuple[str, int, int]]:
 
 
 def delete_redis_keys(client: redis.Redis, *patterns: str) -> None:
-    for pattern in patterns:
-        keys = list(client.scan_iter(match=pattern, count=10_000))
-        for i in range(0, len(keys), 1_000):
-            client.delete(*keys[i:i + 1_000])
+    delete_matching(client, *patterns)

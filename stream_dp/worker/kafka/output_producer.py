@@ -72,7 +72,8 @@ class OutputPublishFailed(RuntimeError):
 
 
 class OutputTopicUnavailable(KafkaException):
-    """An output topic did not exist (with partitions), or no broker answered for it, within ``topic_wait_s`` (``STREAM_DP_OUTPUT_WAIT_S``)."""
+    """An output topic did not exist (with partitions), or no broker answered for it, within ``topic_wait_s``
+    (``STREAM_DP_OUTPUT_WAIT_S``)."""
 
 
 class OutputProducer:
