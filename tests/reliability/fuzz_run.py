@@ -95,8 +95,8 @@ def run_worker_fuzz(bootstrap: str, work_dir: Path, *, messages: int, seed: int)
         time.sleep(2.0)
         if not s.worker.alive:
             report.fail("crash", f"the worker died (exit {s.worker.reap()}); see {s.worker.log_path}")
-        elif "Traceback" in s.worker.log_text():
-            report.fail("traceback", f"the worker logged a traceback; see {s.worker.log_path}")
+        elif (logged := s.worker.first_traceback()) is not None:
+            report.fail("traceback", f"the worker logged a traceback; see {s.worker.log_path}:\n{logged}")
         _check(s, streams, report)
     finally:
         s.close()

@@ -391,8 +391,9 @@ class FaultRun:
             report.fail("release stalled", f"windows of the stream were still unreleased {self.completion_timeout_s:.0f}s "
                                            "after it ended (metrics saved beside the logs)")
         for worker in workers:
-            if "Traceback" in worker.log_text():
-                report.fail("traceback", f"{worker.name} logged a traceback (see {worker.log_path})")
+            logged = worker.first_traceback()
+            if logged is not None:
+                report.fail("traceback", f"{worker.name} logged a traceback (see {worker.log_path}):\n{logged}")
         (self.work_dir / "report.txt").write_text("\n".join([*ctx.notes, *report.violations, repr(report.stats)]) + "\n")
         return RunResult(self.fault.name, self.seed, ctx.notes, ctx.facts, report, time.monotonic() - started,
                          unexpected, self.work_dir, injections=ctx.injections,

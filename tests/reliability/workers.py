@@ -112,6 +112,20 @@ class WorkerProcess:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def first_traceback(self, max_lines: int = 30) -> str | None:
+        """The first traceback in the log, so a report shows it where the log is gone (CI keeps no tmp files)."""
+        lines = self.log_text().splitlines()
+        for start, line in enumerate(lines):
+            if "Traceback" in line:
+                block = [line]
+                for following in lines[start + 1:start + max_lines]:
+                    block.append(following)
+                    if following and not following.startswith((" ", "Traceback", "During handling",
+                                                               "The above exception")):
+                        break  # the exception line ends the traceback
+                return "\n".join(block)
+        return None
+
     def wait_for_log(self, needle: str, timeout_s: float, *, after: int = 0) -> bool:
         """Whether ``needle`` appears in the log past byte ``after`` within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s

@@ -108,9 +108,15 @@ def draw_ahead(ahead: tuple[Any, str, list] | None) -> None:
         return None
     noise, owner, keys = ahead
     asyncio.get_running_loop().run_in_executor(None, noise.predraw, owner, keys).add_done_callback(
-        lambda done: done.exception() and log.error("noise for the next window of %s was not drawn ahead: %r",
-                                                     owner, done.exception()))
+        lambda done: _report_predraw(done, owner))
     return None
+
+
+def _report_predraw(done: asyncio.Future, owner: str) -> None:
+    """A failed draw ahead costs nothing but time: the window draws its own noise. A cancelled one (the loop
+    stopping) is not an error; ``exception()`` of a cancelled future would raise in the callback."""
+    if not done.cancelled() and done.exception() is not None:
+        log.error("noise for the next window of %s was not drawn ahead: %r", owner, done.exception())
 
 
 def _stashes_noise(query: Any, noise: Any) -> bool:

@@ -97,3 +97,17 @@ def test_selected_groups_and_opendp_noise_are_never_drawn_ahead():
     assert not release_draw._stashes_noise(selected, VectorisedExactNoise())
     assert not release_draw._stashes_noise(public, OpenDPNoise())
     assert release_draw._stashes_noise(public, VectorisedExactNoise())
+
+
+def test_a_draw_ahead_that_fails_is_logged_and_one_cancelled_with_the_loop_is_not(caplog):
+    async def settle():
+        loop = asyncio.get_running_loop()
+        failed, cancelled = loop.create_future(), loop.create_future()
+        failed.set_exception(MemoryError("no room"))
+        cancelled.cancel()
+        for future in (failed, cancelled):
+            release_draw._report_predraw(future, "pages")  # a cancelled future's exception() would raise here
+
+    asyncio.run(settle())
+    logged = [r.getMessage() for r in caplog.records if "drawn ahead" in r.getMessage()]
+    assert logged == ["noise for the next window of pages was not drawn ahead: MemoryError('no room')"]
