@@ -7,6 +7,8 @@ answers carry no user data: only the state of the worker's own connections.
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
@@ -17,9 +19,21 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from stream_dp.metrics.health import Health, Verdict
 
+log = logging.getLogger(__name__)
+
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A scraper or probe that gave up on a busy worker resets its connection: a debug line, not
+        socketserver's traceback on stderr (the worker's log, where a traceback means a worker fault).
+        Anything else is logged with its traceback."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError):
+            log.debug("client %s closed the connection before its answer (%r)", client_address, error)
+            return
+        log.error("request from %s failed", client_address, exc_info=True)
 
 
 class _QuietHandler(WSGIRequestHandler):
