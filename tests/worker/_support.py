@@ -30,7 +30,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def consume_all(bootstrap: str, topic: str, *, until, timeout_s: float) -> list:
+def consume_all(bootstrap: str, topic: str, *, until, timeout_s: float, settle_s: float = 1.0) -> list:
+    """The records of ``topic`` from its start, read until ``until(records)`` holds (or ``timeout_s``), and then
+    to the ends its partitions had ``settle_s`` later: a window's records are on several partitions, each
+    acknowledged on its own, so the one that satisfies ``until`` can be read before its siblings."""
     consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
     records = []
     deadline = time.monotonic() + timeout_s
@@ -40,6 +43,13 @@ def consume_all(bootstrap: str, topic: str, *, until, timeout_s: float) -> list:
                 records.extend(batch)
             if until(records):
                 break
+        else:
+            return records
+        time.sleep(settle_s)
+        ends = consumer.end_offsets(list(consumer.assignment()))
+        while time.monotonic() < deadline and any(consumer.position(tp) < end for tp, end in ends.items()):
+            for batch in consumer.poll(timeout_ms=500).values():
+                records.extend(batch)
     finally:
         consumer.close()
     return records

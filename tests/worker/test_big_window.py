@@ -136,6 +136,7 @@ def _run(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name, *, partit
 
 @pytest.mark.slow
 @pytest.mark.heavy
+@pytest.mark.full  # the two-worker run below covers it: the same window, its partials crossing between workers
 @pytest.mark.timeout(240)
 def test_a_million_group_window_from_one_partition(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name):
     _run(tmp_path, kafka_bootstrap, redis_url, new_topic, unique_name, partitions=1, workers=1)

@@ -92,7 +92,9 @@ SCENARIOS = {
 
 @pytest.mark.slow
 @pytest.mark.heavy
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+# "small" in the full suite: "all_zero" is where a biased consistency step shows most (no estimate may be
+# pulled towards the others), and each scenario keeps the cores busy for a minute
+@pytest.mark.parametrize("scenario", [pytest.param(n, marks=pytest.mark.full) if n == "small" else n for n in sorted(SCENARIOS)])
 def test_consistent_values_are_unbiased_and_within_each_levels_ci95(scenario: str) -> None:
     counts = SCENARIOS[scenario]
     runtime, window, truth = _runtime(), _window(counts), _truth(counts)
