@@ -20,6 +20,9 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
 run_dir="${STREAM_DP_RUN_DIR:-$repo/.run}"
+# Where Redis and the Redis Cluster keep their append-only files and pid files (default: the run directory).
+# deploy/test.sh puts them on a tmpfs: see there why.
+redis_data_dir="${STREAM_DP_REDIS_DATA_DIR:-$run_dir}"
 redis_port="${REDIS_PORT:-6379}"
 prom_port="${PROMETHEUS_PORT:-9090}"
 cluster_port="${REDIS_CLUSTER_PORT:-7300}"
@@ -38,13 +41,13 @@ redis_ping() { redis-cli -h 127.0.0.1 -p "$redis_port" ping 2>/dev/null | grep -
 start_redis() {
   command -v redis-server >/dev/null || { log "redis-server is missing: run deploy/install.sh (apt-get install redis-server)"; exit 1; }
   if redis_ping; then log "redis already answers on 127.0.0.1:$redis_port"; return 0; fi
-  mkdir -p "$run_dir/redis"
+  mkdir -p "$redis_data_dir/redis"
   # The budget store and release ledger must survive a Redis restart and never be
   # evicted: append-only file fsynced on every write, no eviction.
   redis-server --port "$redis_port" --bind 127.0.0.1 --protected-mode yes \
-    --dir "$run_dir/redis" --appendonly yes --appendfsync always --maxmemory-policy noeviction --lazyfree-lazy-expire yes --save "" \
-    --daemonize yes --pidfile "$run_dir/redis/redis.pid" --logfile "$run_dir/redis/redis.log"
-  wait_for_redis "$redis_port" "$run_dir/redis"
+    --dir "$redis_data_dir/redis" --appendonly yes --appendfsync always --maxmemory-policy noeviction --lazyfree-lazy-expire yes --save "" \
+    --daemonize yes --pidfile "$redis_data_dir/redis/redis.pid" --logfile "$redis_data_dir/redis/redis.log"
+  wait_for_redis "$redis_port" "$redis_data_dir/redis"
 }
 
 # A Redis with a large append-only file answers LOADING for as long as it reads it back
@@ -64,12 +67,12 @@ wait_for_redis() {
 }
 
 stop_redis() {
-  if pid_alive "$run_dir/redis/redis.pid"; then
-    redis-cli -h 127.0.0.1 -p "$redis_port" shutdown nosave >/dev/null 2>&1 || kill "$(cat "$run_dir/redis/redis.pid")" || true
-    for _ in $(seq 1 50); do pid_alive "$run_dir/redis/redis.pid" || break; sleep 0.1; done
+  if pid_alive "$redis_data_dir/redis/redis.pid"; then
+    redis-cli -h 127.0.0.1 -p "$redis_port" shutdown nosave >/dev/null 2>&1 || kill "$(cat "$redis_data_dir/redis/redis.pid")" || true
+    for _ in $(seq 1 50); do pid_alive "$redis_data_dir/redis/redis.pid" || break; sleep 0.1; done
     log "redis stopped"
   fi
-  rm -f "$run_dir/redis/redis.pid"
+  rm -f "$redis_data_dir/redis/redis.pid"
 }
 
 cluster_ok() { redis-cli -h 127.0.0.1 -p "$cluster_port" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; }
@@ -90,7 +93,7 @@ cluster_synced() { local port; for port in $cluster_ports; do node_synced "$port
 
 start_redis_cluster() {
   command -v redis-server >/dev/null || { log "redis-server is missing: run deploy/install.sh (apt-get install redis-server)"; exit 1; }
-  local dir="$run_dir/redis-cluster" port alone=0
+  local dir="$redis_data_dir/redis-cluster" port alone=0
   # Every node not answering is started, also when the cluster answers without it (a node
   # killed by a test or a crash rejoins with its nodes.conf, as a replica if it was failed over).
   for port in $cluster_ports; do
@@ -126,7 +129,7 @@ start_redis_cluster() {
 }
 
 stop_redis_cluster() {
-  local dir="$run_dir/redis-cluster" stopped=0
+  local dir="$redis_data_dir/redis-cluster" stopped=0
   for port in $cluster_ports; do
     if pid_alive "$dir/$port/redis.pid"; then
       redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || kill "$(cat "$dir/$port/redis.pid")" || true

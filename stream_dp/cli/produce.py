@@ -140,9 +140,18 @@ def _fields(args: argparse.Namespace) -> _Fields:
 
 
 def synthetic_events(n: int, units: int, groups: int, fields: _Fields, *, seed: int, start_ms: int,
-                     step_ms: float) -> Iterator[tuple[bytes, bytes, int]]:
-    """(key, value, event time ms) of synthetic events; skewed activity, like real users."""
+                     step_ms: float, live: bool = False) -> Iterator[tuple[bytes, bytes, int]]:
+    """(key, value, event time ms) of synthetic events; skewed activity, like real users.
+
+    ``live``: event ``i`` is due ``i * step_ms`` after the first is taken (``start_ms`` is then unused); it is
+    held until then, and one taken late -- a starved process, a slow broker -- carries the time it is taken,
+    not the time it was due. Dated by its schedule it would reach the broker (whose clock closes the
+    windows) seconds after its window's events, late or in the next window, and a local_dp producer's one
+    report per unit and window would be placed in a window the worker does not count it in.
+    """
     rng = np.random.default_rng(seed)  # synthetic data only; never noise
+    if live:
+        start_ms = int(time.time() * 1000)
     chunk = 100_000
     for base in range(0, n, chunk):
         size = min(chunk, n - base)
@@ -155,6 +164,12 @@ def synthetic_events(n: int, units: int, groups: int, fields: _Fields, *, seed: 
         own = rng.normal(0.0, 0.5, (size, len(fields.vector)))
         vectors = np.round(np.asarray(fields.vector_means, dtype=float) + shared + own, 3)
         for i, (u, g, v, t) in enumerate(zip(unit_ids.tolist(), group_ids.tolist(), values.tolist(), times.tolist())):
+            if live:
+                now_ms = int(time.time() * 1000)
+                if t > now_ms:
+                    time.sleep((t - now_ms) / 1000)
+                else:
+                    t = now_ms
             unit = f"u{u}"
             # a public group is drawn whole (one value per group_by field); a made-up one repeats its name
             key = fields.public[g % len(fields.public)] if fields.public else (f"/g{g}",) * len(fields.group_by)
@@ -205,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
         # Event times end at the wall clock (future times would be rejected); with
         # --rate they follow the wall clock as events are sent.
         start = now_ms if args.rate > 0 else now_ms - int(args.synthetic * step)
-        events = synthetic_events(args.synthetic, args.units, args.groups, fields, seed=args.seed, start_ms=start, step_ms=step)
+        events = synthetic_events(args.synthetic, args.units, args.groups, fields, seed=args.seed, start_ms=start,
+                                  step_ms=step, live=args.rate > 0)
         total = args.synthetic
     else:
         try:  # before connecting: a missing file is the user's to fix, not a traceback after the broker's log

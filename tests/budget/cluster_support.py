@@ -46,6 +46,7 @@ class PrivateCluster:
         self._env = {
             **os.environ,
             "STREAM_DP_RUN_DIR": str(directory),
+            "STREAM_DP_REDIS_DATA_DIR": str(directory),  # its own, on disk, not the shared cluster's (deploy/test.sh)
             "REDIS_CLUSTER_PORT": str(self.base),
             "REDIS_CLUSTER_NODE_TIMEOUT_MS": "1000",
         }

@@ -97,3 +97,43 @@ def test_without_query_a_topic_whose_queries_disagree_is_refused_with_the_fix(mo
     err = capsys.readouterr().err
     assert "queries 'sensor_means' and 'sensor_covariance' both read 'events.sensors' but differ in groups.public" in err
     assert "name the query whose fields to fill with --query" in err
+
+
+class _Clock:
+    """A wall clock that moves only when slept on or pushed (``stall``)."""
+
+    def __init__(self, now_s: float) -> None:
+        self.now_s = now_s
+
+    def time(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+
+    def monotonic(self) -> float:
+        return self.now_s
+
+
+def test_live_synthetic_events_carry_the_time_they_are_taken_when_behind_their_schedule(monkeypatch):
+    # --rate 1000: one event due every millisecond from the first. After the fifth, the process stalls for a
+    # minute (a starved core): the events still due in the past go out at once, stamped with the clock then,
+    # so that they reach the broker in the window their time names, not a minute after it.
+    clock = _Clock(1_800_000_000.0)
+    monkeypatch.setattr(produce, "time", clock)
+    stamps: list[int] = []
+
+    def send(topic, events, *args, **kwargs):
+        for _key, value, event_ms in events:
+            assert orjson.loads(value)["ts"] == event_ms
+            stamps.append(event_ms)
+            if len(stamps) == 5:
+                clock.now_s += 60.0
+        return 0
+
+    monkeypatch.setattr(produce, "_send", send)
+    assert main(["produce", "--quiet", "--topic", "events.pageviews", "--synthetic", "10", "--rate", "1000",
+                 "--config", str(EXAMPLE), "--query", "pageviews_by_page"]) == 0
+    start_ms = 1_800_000_000_000
+    assert stamps[:5] == [start_ms + i for i in range(5)]  # on schedule: each held until it is due
+    assert stamps[5:] == [start_ms + 4 + 60_000] * 5  # behind it: the clock's time when taken, not the schedule's

@@ -29,7 +29,7 @@ def test_example_file_is_valid():
     assert query.aggregations.value_field == "value"
     users = config.namespaces["users"]
     assert users.accounting == "epsilon"
-    assert [(b.horizon_ms, b.limit) for b in users.budgets] == [(3_600_000, 16.0), (86_400_000, 30.0)]
+    assert [(b.horizon_ms, b.limit) for b in users.budgets] == [(3_600_000, 10.0), (86_400_000, 30.0)]
 
 
 def test_geometric_is_read_as_laplace_and_staircase_is_kept(example):

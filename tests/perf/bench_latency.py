@@ -152,7 +152,8 @@ def measure(services: perfkit.Services, *, rate: float, minutes: int, units: int
             partitions: int = 4, workdir: Path) -> dict[str, Any]:
     name = perfkit.unique_name("lat")
     topic = f"{name}-in"
-    perfkit.create_topic(services.bootstrap, topic, partitions)
+    # read live, a few seconds behind: half an hour kept is ample, and bounds the disk an hour's soak takes
+    perfkit.create_topic(services.bootstrap, topic, partitions, retention_ms=30 * 60_000)
     config = perfkit.write_config(workdir / f"{name}.yaml", perfkit.worker_config(
         name, topic, groups=groups, allowed_lateness=f"{LATENESS_MS}ms", idle_timeout="10s"))
     proc = poller = reader = producer = None

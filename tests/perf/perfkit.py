@@ -167,14 +167,18 @@ def admin(bootstrap: str) -> Any:
     return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
 
 
-def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+def create_topic(bootstrap: str, name: str, partitions: int, *, retention_ms: int | None = None) -> None:
     """An input topic whose producers stamp its records (CreateTime): the benchmarks backfill past windows with
-    records stamped with their event times, read by queries that trust them (``worker_config``)."""
+    records stamped with their event times, read by queries that trust them (``worker_config``).
+    ``retention_ms``: the broker deletes what is older, in 256 MB segments (a live soak's topic, read as it is
+    written, would otherwise fill the disk: an hour at 200k events/s is about 50 GB)."""
     from confluent_kafka.admin import NewTopic
 
+    config = {"message.timestamp.type": "CreateTime"}
+    if retention_ms is not None:
+        config |= {"retention.ms": str(retention_ms), "segment.bytes": str(256 * 2**20)}
     client = admin(bootstrap)  # kept referenced until the futures resolve
-    futures = client.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1,
-                                             config={"message.timestamp.type": "CreateTime"})])
+    futures = client.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)])
     futures[name].result(timeout=30)
 
 

@@ -191,10 +191,12 @@ def test_options_release_what_the_readme_says(tmp_path, kafka_bootstrap, redis_u
 
         got = {}
         for key, topic_name in outputs.items():
-            # a window's top_k record is published after its group records: wait for it, not for the first row
+            # a window's top_k record is published after its group records: wait for it, not for the first row,
+            # then read on to the partitions' ends (its group records may sit on a partition not yet read)
             kind = "top_k" if key in ("top", "topsel") else None
             got[key] = [orjson.loads(m.value) for m in consume_all(
-                kafka_bootstrap, topic_name, until=lambda rs: set(starts) <= windows_of(rs, kind), timeout_s=150)]
+                kafka_bootstrap, topic_name, until=lambda rs: set(starts) <= windows_of(rs, kind), timeout_s=150,
+                settle_s=1.0)]
             assert set(starts) <= {r["window"]["start_ms"] for r in got[key]}, f"{key}: missing windows; log {tmp_path}"
         metrics = _quiet_scrape(metrics_port)
     finally:
