@@ -20,8 +20,8 @@ the deploy files -- sized to finish in about a quarter of an hour on two cores.
 * the audit over 2,000 windows per stream instead of 800
   (``tests/audit/test_neighbouring_streams.py``; ``STREAM_DP_AUDIT_WINDOWS``
   sets any other number);
-* the audit's negative controls at twice their sample sizes, with each
-  scenario's second doctoring (``tests/audit/test_negative_controls.py``);
+* the audit's negative controls at twice their sample sizes, with the
+  costliest ones (``FULL_ONLY`` in ``tests/audit/test_negative_controls.py``);
 * a few runs whose case another default test covers, each marked ``full`` with
   the reason beside it (a million-group window from one partition, the
   hierarchy's non-zero counts, one local-DP law);
