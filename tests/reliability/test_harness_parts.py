@@ -1,13 +1,21 @@
-"""The harness's own pure parts: the RESP request parser and the fault triggers.
+"""The harness's own parts: the RESP request parser, the fault triggers and a worker process slot.
 
 (The invariant checks are shown to fail on doctored evidence in ``test_checks``.)
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
 import pytest
 
 from tests.reliability.redis_proxy import RespRequestParser, Trigger, is_budget_charge, is_ledger_claim, is_mark_published
+from tests.reliability.workers import WorkerProcess
 
 
 def _resp(*args: bytes) -> bytes:
@@ -62,3 +70,20 @@ def test_the_skewed_clock_of_the_clock_skew_fault_is_ahead_and_sleeps_work():
                          capture_output=True, text=True, timeout=60).stdout.split()
     assert float(out[0]) - before > SKEW_S - 60, out
     assert float(out[1]) >= 0.2, out
+
+
+def test_a_kill_while_a_leave_waits_empties_the_slot_once(tmp_path):
+    # A fault's thread kills a worker while another's SIGTERM waits for it (a combined run): the leave
+    # returns the kill's exit code instead of failing on the emptied slot, and one exit is recorded.
+    worker = WorkerProcess("w", tmp_path / "queries.yaml", dict(os.environ), tmp_path)
+    worker._process = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"])
+    time.sleep(0.5)  # its SIGTERM handler in place
+    killer = threading.Timer(0.5, worker.kill)
+    killer.start()
+    try:
+        assert worker.stop(timeout_s=10) == -signal.SIGKILL
+    finally:
+        killer.join()
+    assert worker.exits == [-signal.SIGKILL]
+    assert not worker.alive

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -51,6 +53,7 @@ class WorkerProcess:
         self.starts = 0
         self.exits: list[int] = []  # return codes of earlier incarnations (-9: killed by us)
         self._process: subprocess.Popen | None = None
+        self._slot_lock = threading.Lock()
 
     @property
     def alive(self) -> bool:
@@ -68,39 +71,47 @@ class WorkerProcess:
             )
         self.starts += 1
 
+    # A fault's threads and the harness's supervisor act on one slot at once (a kill while a leave waits for
+    # the process to exit): each method works on the process it found, and empties the slot only if that
+    # process is still in it.
+
+    def _release(self, process: subprocess.Popen, code: int) -> int:
+        with self._slot_lock:
+            if self._process is process:
+                self.exits.append(code)
+                self._process = None
+        return code
+
     def kill(self) -> None:
         """``kill -9``: no shutdown code runs."""
-        if self._process is None:
+        process = self._process
+        if process is None:
             return
-        if self._process.poll() is None:
-            os.kill(self._process.pid, signal.SIGKILL)
-        self.exits.append(self._process.wait())
-        self._process = None
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+        self._release(process, process.wait())
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM (a graceful leave), SIGKILL if it does not exit in time; returns the exit code."""
-        if self._process is None:
+        process = self._process
+        if process is None:
             return None
-        if self._process.poll() is None:
-            self._process.send_signal(signal.SIGTERM)
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
             try:
-                self._process.wait(timeout=timeout_s)
+                process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        code = self._process.returncode
-        self.exits.append(code)
-        self._process = None
-        return code
+                process.kill()
+                process.wait()
+        return self._release(process, process.returncode)
 
     def reap(self) -> int | None:
         """The exit code if the process ended on its own since it was started (the slot is then empty)."""
-        if self._process is None or self._process.poll() is None:
+        process = self._process
+        if process is None or process.poll() is None:
             return None
-        code = self._process.returncode
-        self.exits.append(code)
-        self._process = None
-        return code
+        return self._release(process, process.returncode)
 
     def scrape(self, timeout_s: float = 3.0) -> str | None:
         try:
