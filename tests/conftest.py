@@ -14,7 +14,7 @@ The default suite and the full one
 
 ``bash deploy/test.sh`` runs every kind of test -- unit, property, end to end on
 the real services, the neighbouring-stream audit, a share of the fault runs,
-the deploy files -- sized to finish in about a quarter of an hour on two cores.
+the deploy files -- in about half an hour on two cores (pytest's own time).
 ``STREAM_DP_FULL_TESTS=1 bash deploy/test.sh`` runs the full suite, which adds:
 
 * the audit over 2,000 windows per stream instead of 800

@@ -12,11 +12,13 @@ processes on two cores finish far sooner than one. These rules keep that safe:
 * **Tests marked ``heavy`` run one after the other, in one process** (one group):
   each keeps the cores busy for minutes (the audit's six worker processes, a
   million-group window), and two at once starved everything else.
-* **While the heavy group runs, the other processes take the short tests**,
-  which only share the cores; tests marked ``slow`` -- mostly end-to-end tests
-  that wait on timeouts and windows, and can miss them on starved cores -- go
-  first whenever no heavy test runs. So the long work starts early, and the many
-  short tests fill the gaps instead of a long one starting last.
+* **While the heavy group runs, one other process at a time takes a test marked
+  ``slow``** -- mostly end-to-end tests that wait on timeouts and windows, and
+  can miss them on starved cores, so never several beside the heavy group --
+  and the rest take the short tests; whenever no heavy test runs, the slow ones
+  go first. So the long work starts early, and the many short tests fill the
+  gaps instead of the slow ones queueing until the heavy group ends (a run's
+  last quarter of an hour was slow tests alone).
 
 The groups and marks are read where the tests are collected, in the worker
 processes, and written to a file the scheduler in the controlling process
@@ -108,6 +110,7 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
 
         _kinds: dict[str, str] | None = None
         _heavy: list[dict[str, bool]] = []  # the heavy units handed out: done when every test in them is
+        _slow: list[dict[str, bool]] = []  # the slow units handed out while a heavy one ran
 
         def _kind(self, unit: dict[str, bool]) -> str:
             kinds = {self._read_plan().get(nodeid, [None, SHORT])[1] for nodeid in unit}
@@ -122,12 +125,18 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
             for scope in self.workqueue:
                 left[self._kinds[scope]] += 1
             heavy_running = any(not all(unit.values()) for unit in self._heavy)
-            order = [HEAVY, SHORT, SLOW] if heavy_running else [HEAVY, SLOW, SHORT]
+            slow_running = any(not all(unit.values()) for unit in self._slow)
+            if heavy_running and slow_running:
+                order = [HEAVY, SHORT, SLOW]
+            else:  # beside a heavy one, one slow unit at a time; else the slow ones first
+                order = [HEAVY, SLOW, SHORT]
             wanted = next(kind for kind in order if left[kind])
             scope = next(s for s in self.workqueue if self._kinds[s] == wanted)
             self.workqueue.move_to_end(scope, last=False)
             if wanted == HEAVY:
                 self._heavy = [*self._heavy, self.workqueue[scope]]
+            elif wanted == SLOW and heavy_running:
+                self._slow = [*self._slow, self.workqueue[scope]]
             super()._assign_work_unit(node)
 
     config.option.loadscopereorder = False  # the order is ours
