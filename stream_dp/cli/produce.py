@@ -235,8 +235,8 @@ def run(args: argparse.Namespace) -> int:
     if local is not None:
         events = local.apply(events)
         total = None  # one report per unit per window: fewer are sent than read, so no bar to a total
-    # Synthetic events at a rate are timed by the wall clock: each goes out at its own time, also when a
-    # local_dp producer sends only some of them (one report per unit and window).
+    # Synthetic events at a rate are held until their time by synthetic_events itself, also when a
+    # local_dp producer sends only some of them (one report per unit and window): no pacing here.
     live = args.synthetic is not None and args.rate > 0
     return _send(args.topic, events, total, args.rate, quiet=args.quiet, record_time=args.record_time,
                  partitioner=args.partitioner or fields.partitioner, live=live,
@@ -275,8 +275,6 @@ def _send(topic: str, events, total: int | None, rate: float, *, quiet: bool, re
     last_report = -math.inf  # the first progress line at once, however long the machine has been up
     try:
         for key, value, event_ms in events:
-            if live and event_ms is not None and (ahead := event_ms / 1000 - time.time()) > 0:
-                time.sleep(ahead)  # not before its time: the event's time is the wall clock's when it is sent
             sender.send(key, value, event_ms if stamp_event_time else None)
             sent += 1
             if rate > 0 and not live:
