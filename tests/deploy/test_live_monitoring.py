@@ -208,7 +208,12 @@ def test_dashboard_queries_return_data_and_alerts_fire(
                 wait_for(all_fired, timeout_s=within_budget(45), interval_s=1, what="the expected alerts")
             except TimeoutError:
                 missing = [(n, labels) for n, labels in expected if not _has(seen, n, **labels)]
-                pytest.fail(f"alerts that never fired: {missing}; fired: {sorted({a['alertname'] for a in seen})}")
+                # What the alerts' ratios were computed from, so that a miss says which count fell short.
+                counts = {r["metric"].get("outcome"): r["value"][1] for r in prometheus.query(
+                    f'sum by (outcome) (stream_dp_events_total{{query="{healthy_name}"}})')}
+                pytest.fail(f"alerts that never fired: {missing}; fired: {sorted({a['alertname'] for a in seen})}; "
+                            f"the healthy query's events by outcome: {counts} (late events sent: {LATE_EVENTS}, "
+                            f"invalid: {INVALID_EVENTS}; logs in {tmp_path})")
 
             # The healthy query releases, so the stalled alert must clear for it
             # (it may fire at the start, before the first release).
