@@ -85,6 +85,11 @@ def configure_node(node: Any) -> None:
     node.workerinput[_SCHEDULE_DIR] = str(config.stash[_STASH])
 
 
+def _running(units: list[dict[str, bool]]) -> bool:
+    """Whether a unit handed out is not done yet (a unit maps its tests to whether each is done)."""
+    return any(not all(unit.values()) for unit in units)
+
+
 def make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadgroup" or _STASH not in config.stash:
         return None
@@ -124,9 +129,8 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
             left = {kind: 0 for kind in (HEAVY, SLOW, SHORT)}
             for scope in self.workqueue:
                 left[self._kinds[scope]] += 1
-            heavy_running = any(not all(unit.values()) for unit in self._heavy)
-            slow_running = any(not all(unit.values()) for unit in self._slow)
-            if heavy_running and slow_running:
+            heavy_running = _running(self._heavy)
+            if heavy_running and _running(self._slow):
                 order = [HEAVY, SHORT, SLOW]
             else:  # beside a heavy one, one slow unit at a time; else the slow ones first
                 order = [HEAVY, SLOW, SHORT]
