@@ -123,17 +123,22 @@ class WorkerProcess:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def first_traceback(self, max_lines: int = 30) -> str | None:
-        """The first traceback in the log, so a report shows it where the log is gone (CI keeps no tmp files)."""
+    def first_traceback(self, max_lines: int = 60) -> str | None:
+        """The first traceback in the log, so a report shows it where the log is gone (CI keeps no tmp files):
+        after the line before it, the record that logged it (its logger and message say who, and why), and
+        with the exceptions chained to it (a library's error often wraps the one that says what happened)."""
         lines = self.log_text().splitlines()
+        chained = ("Traceback", "During handling", "The above exception")
         for start, line in enumerate(lines):
             if "Traceback" in line:
-                block = [line]
-                for following in lines[start + 1:start + max_lines]:
-                    block.append(following)
-                    if following and not following.startswith((" ", "Traceback", "During handling",
-                                                               "The above exception")):
-                        break  # the exception line ends the traceback
+                block = lines[max(0, start - 1):start + 1]
+                following = lines[start + 1:start + max_lines]
+                for index, text in enumerate(following):
+                    block.append(text)
+                    if text and not text.startswith((" ", *chained)):  # an exception line
+                        rest = [t for t in following[index + 1:index + 3] if t]
+                        if not rest or not rest[0].startswith(chained):
+                            break  # nothing chained to it: the traceback ends here
                 return "\n".join(block)
         return None
 
