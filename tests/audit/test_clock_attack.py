@@ -1,7 +1,7 @@
 """One producer's record timestamp must not move a partition's window clock: neighbouring streams through
 real worker processes on the real broker.
 
-D is a backlog produced while no worker ran: WINDOWS one-minute windows of EVENTS_PER_WINDOW events two
+D is a backlog produced while no worker ran (once for the module: every attack is a D' of the same D): WINDOWS one-minute windows of EVENTS_PER_WINDOW events two
 hours old, on a CreateTime topic whose records are stamped with their event times (a backfill, so the query
 says ``trust_producer_timestamps: true``). D' is D plus records of one unit, sent after the first
 window's events, all keyed by that unit: one stamped 0 (which the broker takes with CreateTime), one stamped up
@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+import uuid
 
 import orjson
 import pytest
@@ -28,6 +28,7 @@ from kafka import KafkaProducer
 
 from stream_dp.windows.record_clock import PRODUCER_QUORUM
 from tests.conftest import PRODUCER_STAMPED
+from tests.reliability.topics import create_topic, delete_topics
 from tests.worker._support import consume_all, free_port, iso_ms, metric_sum, scrape
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -126,30 +127,47 @@ def run_stream(tmp_path, label: str, bootstrap: str, redis_url: str, unique_name
     }
 
 
-@pytest.mark.parametrize("target", sorted(TARGETS))
-def test_one_units_records_stamped_zero_or_an_hour_ahead_move_no_clock(tmp_path, kafka_bootstrap, redis_url,
-                                                                      new_topic, unique_name, target):
-    now_ms = int(time.time() * 1000)
-    start_ms = (now_ms - AGO_MS) // MIN * MIN
-    topics = {"D": new_topic("d", configs=PRODUCER_STAMPED), "D'": new_topic("dd", configs=PRODUCER_STAMPED)}
-    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=20, batch_size=256 * 1024)
-    for label, stamps in (("D", []), ("D'", TARGETS[target](now_ms))):
-        for key, value, record_ms in backlog(start_ms, stamps):
-            producer.send(topics[label], key=key, value=value, timestamp_ms=record_ms)
+def _produce(bootstrap: str, topic: str, start_ms: int, target: list[tuple[int, bool]]) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20, batch_size=256 * 1024)
+    for key, value, record_ms in backlog(start_ms, target):
+        producer.send(topic, key=key, value=value, timestamp_ms=record_ms)
     producer.flush()
     producer.close()
 
-    with ThreadPoolExecutor(2) as pool:  # no worker ran while the backlog was produced
-        d, dd = pool.map(lambda item: run_stream(tmp_path, "D" if item[0] == "D" else "Dp", kafka_bootstrap,
-                                                   redis_url, unique_name, item[1], start_ms), topics.items())
+
+@pytest.fixture(scope="module")
+def d_stream(tmp_path_factory, kafka_bootstrap, redis_url):
+    """D, released once by its own worker: its start, its releases by window and its event counts."""
+    start_ms = (int(time.time() * 1000) - AGO_MS) // MIN * MIN
+    name = f"t-clock-d-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, name, 1, PRODUCER_STAMPED)
+    try:
+        _produce(kafka_bootstrap, name, start_ms, [])  # no worker ran while the backlog was produced
+        d = run_stream(tmp_path_factory.mktemp("clock-d"), "D", kafka_bootstrap, redis_url, name, name, start_ms)
+        yield start_ms, d
+    finally:
+        delete_topics(kafka_bootstrap, [name])
+
+
+def test_the_backlog_alone_is_released_whole(d_stream):
+    _, d = d_stream
     sent = WINDOWS * EVENTS_PER_WINDOW
+    assert len(d["counts"]) == WINDOWS, f"windows released: {sorted(d['counts'])}\n{d['log']}"
+    assert d["accepted"] == sent and d["late"] == 0, f"D: late {d['late']:.0f}, accepted {d['accepted']:.0f}\n{d['log']}"
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_one_units_records_stamped_zero_or_an_hour_ahead_move_no_clock(tmp_path, kafka_bootstrap, redis_url,
+                                                                      new_topic, unique_name, target, d_stream):
+    start_ms, d = d_stream
+    topic = new_topic("dd", configs=PRODUCER_STAMPED)
+    _produce(kafka_bootstrap, topic, start_ms, TARGETS[target](int(time.time() * 1000)))
+    dd = run_stream(tmp_path, "Dp", kafka_bootstrap, redis_url, unique_name, topic, start_ms)
     summary = (f"D: late {d['late']:.0f}, accepted {d['accepted']:.0f}; D': late {dd['late']:.0f}, "
                f"accepted {dd['accepted']:.0f}; counts D {sorted(d['counts'].items())}, "
                f"D' {sorted(dd['counts'].items())}")
     print(summary)
-    logs = f"worker log of D:\n{d['log']}\nworker log of D':\n{dd['log']}"
-    assert d["counts"] and dd["counts"], f"{summary}\n{logs}"
-    assert d["accepted"] == sent and d["late"] == 0, f"{summary}\n{d['log']}"
+    assert d["counts"] and dd["counts"], f"{summary}\nworker log of D:\n{d['log']}\nworker log of D':\n{dd['log']}"
     assert dd["late"] == 0, f"{summary}\n{dd['log']}"
     for w in range(WINDOWS):
         start = start_ms + w * MIN
