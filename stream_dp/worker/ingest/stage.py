@@ -36,7 +36,7 @@ from stream_dp.worker.ingest.commit_plan import committable_offsets
 from stream_dp.worker.ingest.dead_letters import DeadLetters
 from stream_dp.worker.ingest.decode import raw_batch
 from stream_dp.worker.ingest.partials_out import PartialsOut
-from stream_dp.worker.ingest.progress_out import ProgressOut, progress_through
+from stream_dp.worker.ingest.progress_out import ProgressOut, earliest_held, progress_through
 from stream_dp.worker.kafka.commit_metadata import restored_partitions
 from stream_dp.worker.kafka.positions import PartitionPositions
 from stream_dp.worker.kafka.spacing import Spacing
@@ -351,12 +351,15 @@ class IngestStage:
         partitions = self.consumer.partitions_for_topic(topic)
         return len(partitions) if partitions else 0
 
-    def _progress_through(self, query: QueryRuntime, partition: int) -> int | None:
-        return progress_through(query, partition, self.emitter.held)
+    def _progress_through(self) -> Callable[[QueryRuntime, int], int | None]:
+        """How far each query has closed a partition, by the windows held now (held windows only leave
+        outside a step: a progress read later can only be lower than the truth, never higher)."""
+        earliest = earliest_held(self.emitter.held)
+        return lambda query, partition: progress_through(query, partition, earliest)
 
     async def _send_progress(self) -> None:
         await self.progress_out.send(
-            self.consumer.assignment(), self.by_topic, through=self._progress_through,
+            self.consumer.assignment(), self.by_topic, through=self._progress_through(),
             durable=self.positions.durable_through, partition_count=self._partition_count,
         )
 
@@ -364,7 +367,7 @@ class IngestStage:
         """Offsets (with metadata) safe to commit, and the closures that metadata makes durable."""
         return committable_offsets(
             self.by_topic, self.emitter.held, self.consumer.assignment(),
-            position=self.positions.position, progress_through=self._progress_through,
+            position=self.positions.position, progress_through=self._progress_through(),
             store=self.store.token,
         )
 
