@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from itertools import islice
 from typing import Any
 
@@ -41,15 +40,10 @@ QUEUE_KBYTES = 64 * 1024
 _FLUSH_STEP_S = 0.5
 _ROOM_POLL_S = 0.002
 _TOPIC_RETRY_S = 0.25
-#: How long a topic's partitions, once read, are taken as known: a release of many small windows asked the
-#: broker for them before every window (a round trip each). A failed publish forgets them at once.
-PARTITIONS_FRESH_S = 1.0
 #: Metadata errors of a topic that is not there yet: deleted (the request asks the broker to create it again)
 #: or being created. Any other error (e.g. not authorised) is raised at once.
 _TOPIC_COMING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.LEADER_NOT_AVAILABLE,
                            KafkaError._UNKNOWN_TOPIC})
-#: ``produce`` errors of a partition or topic that is not (or no longer) there.
-_PARTITION_GONE = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART})
 #: Errors of a metadata request no broker answered: the broker is down or restarting, and is waited for.
 _BROKER_AWAY = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
                           KafkaError._RESOLVE, KafkaError.REQUEST_TIMED_OUT, KafkaError.BROKER_NOT_AVAILABLE})
@@ -104,7 +98,6 @@ class OutputProducer:
         self._topic_wait_s = topic_wait_s
         self._producer: Producer | None = None
         self._failures: list[Any] = []
-        self._known: dict[str, tuple[set[int], float]] = {}  # topic: (partitions, monotonic time read)
 
     def _failed(self, error: Any, _message: Any) -> None:
         if error is not None:  # reported only for failures (``delivery.report.only.error``), checked anyway
@@ -128,11 +121,7 @@ class OutputProducer:
 
     async def partitions_for(self, topic: str) -> set[int]:
         """The topic's partitions, once it exists with some and a broker answers (see the module docstring);
-        raises ``OutputTopicUnavailable`` after ``topic_wait_s``, at once on any other metadata error. Read
-        again after ``PARTITIONS_FRESH_S``, and after a publish to the topic failed (``records_to``)."""
-        known = self._known.get(topic)
-        if known is not None and time.monotonic() - known[1] < PARTITIONS_FRESH_S:
-            return set(known[0])
+        raises ``OutputTopicUnavailable`` after ``topic_wait_s``, at once on any other metadata error."""
         deadline = time.monotonic() + self._topic_wait_s
         while True:
             remaining_s = max(1.0, min(10.0, deadline - time.monotonic()))
@@ -148,7 +137,6 @@ class OutputProducer:
                 described = metadata.topics.get(topic)
                 error = None if described is None else described.error
                 if described is not None and error is None and described.partitions:
-                    self._known[topic] = (set(described.partitions), time.monotonic())
                     return set(described.partitions)
                 if error is not None and error.code() not in _TOPIC_COMING:
                     raise KafkaException(error)
@@ -168,7 +156,7 @@ class OutputProducer:
         """A sender of records to ``topic`` that tells, at ``wait``, whether the broker took every one. One
         sender at a time: the release stage publishes one window after the other."""
         self._failures.clear()
-        return RecordSender(self._client, topic, self._failures, on_failure=lambda: self._known.pop(topic, None))
+        return RecordSender(self._client, topic, self._failures)
 
     async def send_and_wait(self, topic: str, *, key: bytes | None, value: bytes, partition: int | None = None) -> None:
         """One record, acknowledged (tools and tests)."""
@@ -182,12 +170,10 @@ class OutputProducer:
 class RecordSender:
     """Hands records of one topic to librdkafka and collects their delivery reports."""
 
-    def __init__(self, producer: Producer, topic: str, failures: list[Any], *,
-                 on_failure: Callable[[], object] = lambda: None) -> None:
+    def __init__(self, producer: Producer, topic: str, failures: list[Any]) -> None:
         self._producer = producer
         self._topic = topic
         self._failures = failures  # filled by the producer's delivery reports, served by poll and flush
-        self._on_failure = on_failure  # the topic may be gone or resized: its partitions are read again
         self.sent = 0
 
     def send_now(self, key: bytes, value: bytes, partition: int) -> bool:
@@ -196,8 +182,6 @@ class RecordSender:
             self._producer.produce(self._topic, value, key, partition)
         except BufferError:
             return False
-        except KafkaException as exc:
-            self._refused(exc)
         self.sent += 1
         return True
 
@@ -214,21 +198,8 @@ class RecordSender:
                 done += 1
         except BufferError:
             pass
-        except KafkaException as exc:
-            self.sent += done - start
-            self._refused(exc)
         self.sent += done - start
         return done
-
-    def _refused(self, exc: KafkaException) -> None:
-        """A record ``produce`` refused at once: a partition the topic no longer has (deleted and created
-        again with fewer, while its partitions were known) holds the window like a failed delivery; any
-        other refusal is raised as it is."""
-        error = exc.args[0] if exc.args else None
-        if not isinstance(error, KafkaError) or error.code() not in _PARTITION_GONE:
-            raise exc
-        self._on_failure()
-        raise OutputPublishFailed(f"a release record to {self._topic} was refused: {error}") from exc
 
     async def make_room(self) -> None:
         """Until the broker has taken half of what the full queue held (in a thread, serving delivery reports)."""
@@ -262,6 +233,5 @@ class RecordSender:
 
     def _raise_failures(self) -> None:
         if self._failures:
-            self._on_failure()
             raise OutputPublishFailed(f"{len(self._failures)} release record(s) to {self._topic} were not "
                                       f"acknowledged, the first: {self._failures[0]}")
