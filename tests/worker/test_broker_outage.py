@@ -82,8 +82,11 @@ def test_events_buffered_through_a_broker_outage_are_not_late(tmp_path, redis_ur
             time.sleep(0.5)
         text = _scrape(port)
         log_text = (tmp_path / "worker.log").read_text(errors="replace")
-        assert metric_sum(text, "stream_dp_events_total", query=name, outcome="late") == 0, log_text[-3000:]
-        assert metric_sum(text, "stream_dp_events_total", query=name, outcome="accepted") == sent, log_text[-3000:]
+        outcomes = {outcome: metric_sum(text, "stream_dp_events_total", query=name, outcome=outcome)
+                    for outcome in ("accepted", "late", "replayed", "rejected")}
+        said = f"of {sent} events sent: {outcomes}\n{log_text[-3000:]}"
+        assert outcomes["late"] == 0, said
+        assert outcomes["accepted"] == sent, said
     finally:
         worker.terminate()
         try:
