@@ -34,6 +34,7 @@ from stream_dp.worker.kafka.clients import kafka_clients, rdkafka_options, relea
 from stream_dp.worker.kafka.topic_setup import TopicLimits, prepare_topics
 from stream_dp.worker.kafka.topics import TopicSettingsError
 from stream_dp.worker.assemble.runtimes import build_worker_parts, contribution_secret
+from stream_dp.worker.process.loop_errors import quiet_connection_errors
 from stream_dp.worker.process.tuning import tune_process
 from stream_dp.worker.query.costs import WorkerConfigError
 from stream_dp.worker.release.partition_check import BrokerPartitions, committed_by
@@ -217,6 +218,7 @@ def run_worker(config: PipelineConfig, settings: Settings, *, config_source: str
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(quiet_connection_errors)  # a broker's reset socket is not a crash
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, worker.request_stop)
         await worker.run()
