@@ -1,16 +1,17 @@
 """One producer's record timestamp must not move a partition's window clock: neighbouring streams through
 real worker processes on the real broker.
 
-D is a backlog produced while no worker ran (once for the module: every attack is a D' of the same D): WINDOWS one-minute windows of EVENTS_PER_WINDOW events two
-hours old, on a CreateTime topic whose records are stamped with their event times (a backfill, so the query
-says ``trust_producer_timestamps: true``). D' is D plus records of one unit, sent after the first
-window's events, all keyed by that unit: one stamped 0 (which the broker takes with CreateTime), one stamped up
-to an hour ahead (the broker's default ``message.timestamp.after.max.ms``), a handful so stamped (one fewer than
-the quorum of units a trusted producer clock needs, ``stream_dp.windows.record_clock``), a hundred so stamped, or
-as many as that quorum so stamped that are not JSON (dead-lettered: they carry no unit but their key). The worker reads the backlog in batches of up to 20,000
-records; had that one record moved the clock to the wall clock, every event of a later batch would be late
-and the windows released without them. Neighbours must release the same windows with the same counts (up
-to noise) and call the same events late (none).
+D is a backlog produced while no worker ran (once for the module: every attack is a D' of the same D): WINDOWS
+one-minute windows of EVENTS_PER_WINDOW events two hours old, on a CreateTime topic whose records are stamped
+with their event times (a backfill, so the query says ``trust_producer_timestamps: true``). D' is D plus
+records of one unit, sent after the first window's events, all keyed by that unit: one stamped 0 (which the
+broker takes with CreateTime), one stamped up to an hour ahead (the broker's default
+``message.timestamp.after.max.ms``), a handful so stamped (one fewer than the quorum of units a trusted
+producer clock needs, ``stream_dp.windows.record_clock``), a hundred so stamped, or as many as that quorum so
+stamped that are not JSON (dead-lettered: they carry no unit but their key). The worker reads the backlog in
+batches of up to 20,000 records; had that one record moved the clock to the wall clock, every event of a later
+batch would be late and the windows released without them. Neighbours must release the same windows with the
+same counts (up to noise) and call the same events late (none).
 """
 
 from __future__ import annotations

@@ -27,10 +27,8 @@ def earliest_held(held: Iterable[HeldPartial]) -> dict[tuple[int, int], int]:
     holds thousands)."""
     earliest: dict[tuple[int, int], int] = {}
     for waiting in held:
-        key = (id(waiting.query), waiting.partial.partition)
-        start = waiting.partial.window_start_ms
-        if start < earliest.get(key, start + 1):
-            earliest[key] = start
+        key, start = (id(waiting.query), waiting.partial.partition), waiting.partial.window_start_ms
+        earliest[key] = min(start, earliest.get(key, start))
     return earliest
 
 
